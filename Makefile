@@ -1,0 +1,62 @@
+# Every target sets up its own virtual environment first (.venv), installing the CPU
+# build of torch 2.13.0 before anything that depends on torch.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+MODEL ?= transformer
+RUN_DIR ?= runs/demo
+
+.PHONY: venv demo test test-slow bench lint calibrate fidelity search validate report clean help
+
+help:
+	@echo "make demo        the whole loop on the default workload (start here)"
+	@echo "make test        the default test suite (no GPU, a few minutes on 2 cores)"
+	@echo "make test-slow   the slow tests"
+	@echo "make bench       benchmarks (executor overhead vs eager, simulator speed)"
+	@echo "make calibrate   full calibration of this machine -> traces/profile.json"
+	@echo "make fidelity    simulator vs executor on the built-in workloads and plans"
+	@echo "make lint        ruff and mypy"
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/schedlab demo --model $(MODEL) --run-dir $(RUN_DIR)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow
+
+bench: $(STAMP)
+	$(BIN)/python -m pytest -m bench --benchmark-enable -p no:cacheprovider tests/bench
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy schedlab exec sim calibrate search reports
+
+calibrate: $(STAMP)
+	$(BIN)/schedlab calibrate
+
+fidelity: $(STAMP)
+	$(BIN)/schedlab fidelity
+
+search: $(STAMP)
+	$(BIN)/schedlab search $(MODEL) --run-dir $(RUN_DIR)
+
+validate: $(STAMP)
+	$(BIN)/schedlab validate $(RUN_DIR)
+
+report: $(STAMP)
+	$(BIN)/schedlab report $(RUN_DIR)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

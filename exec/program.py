@@ -1,0 +1,166 @@
+"""Compile a Graph into Python callables once, so a step pays no per-op preparation.
+
+Two forms are generated from the same per-op call expressions:
+
+- `Program.op_fns[i](V)`: one small function per op reading and writing the shared value
+  list `V` (used by co-running workers, which pick ops dynamically);
+- `Program.straight_line(sequence, threads)`: one function running a fixed op sequence
+  with values in local variables, freeing each after its last use, and stamping
+  `perf_counter_ns()` between ops (used with one slot, where the order is static).
+
+Arguments are decoded from the Graph's JSON encoding (see `schedlab/graph.py`) at compile
+time; aten ops are resolved from their names, so a Graph loaded from JSON runs too.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from schedlab.errors import SchedlabError
+from schedlab.graph import Graph
+
+
+def resolve_target(target: str) -> tuple[Callable[..., Any], bool]:
+    """"aten.addmm.default" -> (the op's C++ callable, whether it returns a sequence).
+
+    The callable skips `OpOverload.__call__`'s Python frame.
+    """
+    parts = target.split(".")
+    if len(parts) != 3:
+        raise SchedlabError(f"op target {target!r} is not of the form namespace.op.overload")
+    ns, name, overload = parts
+    try:
+        packet = getattr(getattr(torch.ops, ns), name)
+        op = getattr(packet, overload)
+    except (AttributeError, RuntimeError):
+        raise SchedlabError(f"unknown op {target!r} in this torch {torch.__version__}") from None
+    returns = op._schema.returns
+    unpack = len(returns) > 1 or (len(returns) == 1 and isinstance(returns[0].type, torch.ListType))
+    return getattr(op, "_op", op), unpack
+
+
+def _decode_const(a: Any) -> Any:
+    if isinstance(a, dict):
+        if "dtype" in a:
+            return getattr(torch, a["dtype"])
+        if "device" in a:
+            return torch.device(a["device"])
+        if "layout" in a:
+            return getattr(torch, a["layout"])
+        if "memory_format" in a:
+            return getattr(torch, a["memory_format"])
+        raise SchedlabError(f"cannot decode op argument {a!r}")
+    return a
+
+
+class _Emitter:
+    """Turns encoded args into Python source, with constants in a shared table."""
+
+    def __init__(self) -> None:
+        self.consts: list[Any] = []
+
+    def const(self, x: Any) -> str:
+        self.consts.append(x)
+        return f"K[{len(self.consts) - 1}]"
+
+    def expr(self, a: Any, ref: Callable[[int], str]) -> str:
+        if isinstance(a, dict) and "v" in a:
+            return ref(int(a["v"]))
+        if isinstance(a, list):
+            return "[" + ", ".join(self.expr(x, ref) for x in a) + "]"
+        if a is None or isinstance(a, bool):
+            return repr(a)
+        if isinstance(a, int):
+            return repr(a)
+        if isinstance(a, float):
+            return repr(a) if math.isfinite(a) else self.const(a)
+        if isinstance(a, str):
+            return repr(a)
+        return self.const(_decode_const(a))
+
+
+@dataclass(frozen=True)
+class Program:
+    graph: Graph
+    fns: tuple[Callable[..., Any], ...]  # per op: the resolved aten callable
+    unpack: tuple[bool, ...]  # per op: whether it returns a sequence of tensors
+    call_src: tuple[str, ...]  # per op: "F[i](args...)" with refs left as {v} placeholders
+    consts: tuple[Any, ...]
+    op_fns: tuple[Callable[[list[Any]], None], ...]
+
+    def straight_line(
+        self, sequence: Sequence[int], threads: Sequence[int], keep: set[int]
+    ) -> Callable[[list[Any], list[int]], None]:
+        """A function `run(V, T)` that runs `sequence` in order.
+
+        `V` holds graph inputs on entry and the values in `keep` on return; `T[k]` gets
+        the `perf_counter_ns()` taken before the k-th op (and `T[n]` after the last).
+        """
+        g = self.graph
+        last_use: dict[int, int] = {}
+        for pos, i in enumerate(sequence):
+            for v in g.ops[i].inputs:
+                last_use[v] = pos
+        input_ids = [inp.value for inp in g.inputs]
+        lines = ["def run(V, T):"]
+        lines += [f"    v{v} = V[{v}]" for v in input_ids]
+        cur = -1
+        for pos, i in enumerate(sequence):
+            op = g.ops[i]
+            if threads[i] != cur:
+                lines.append(f"    S({threads[i]})")
+                cur = threads[i]
+            lines.append(f"    T[{pos}] = ns()")
+            lines.append("    " + self._assign(i, lambda v: f"v{v}"))
+            dead = [v for v in op.inputs if last_use.get(v) == pos and v not in keep and v not in input_ids]
+            dead += [v for v in op.outputs if v not in last_use and v not in keep]
+            if dead:
+                lines.append("    del " + ", ".join(f"v{v}" for v in dead))
+        lines.append(f"    T[{len(sequence)}] = ns()")
+        lines += [f"    V[{v}] = v{v}" for v in sorted(keep) if v not in input_ids]
+        namespace = {"F": self.fns, "K": self.consts, "S": torch.set_num_threads, "ns": time.perf_counter_ns}
+        exec(compile("\n".join(lines), f"<schedlab step {g.name}>", "exec"), namespace)  # noqa: S102
+        return namespace["run"]  # type: ignore[no-any-return]
+
+    def _assign(self, i: int, ref: Callable[[int], str]) -> str:
+        op = self.graph.ops[i]
+        call = self.call_src[i].format(**{f"v{v}": ref(v) for v in op.inputs})
+        outs = [ref(v) for v in op.outputs]
+        if not self.unpack[i]:
+            return f"{outs[0]} = {call}"
+        return ", ".join(outs) + (", = " if len(outs) == 1 else " = ") + call
+
+
+def compile_graph(graph: Graph) -> Program:
+    em = _Emitter()
+    fns: list[Callable[..., Any]] = []
+    unpack: list[bool] = []
+    call_src: list[str] = []
+    for op in graph.ops:
+        fn, multi = resolve_target(op.target)
+        fns.append(fn)
+        unpack.append(multi)
+
+        def ref(v: int) -> str:
+            return "{v%d}" % v
+
+        args = [em.expr(a, ref) for a in op.args]
+        kwargs = [f"{k}={em.expr(a, ref)}" for k, a in op.kwargs.items()]
+        call_src.append(f"F[{op.id}](" + ", ".join(args + kwargs) + ")")
+    consts = tuple(em.consts)
+    prog = Program(graph=graph, fns=tuple(fns), unpack=tuple(unpack), call_src=tuple(call_src), consts=consts, op_fns=())
+    # Per-op functions over the shared value list, compiled together in one module.
+    src = []
+    for op in graph.ops:
+        src.append(f"def op{op.id}(V):")
+        src.append("    " + prog._assign(op.id, lambda v: f"V[{v}]"))
+    namespace: dict[str, Any] = {"F": prog.fns, "K": consts}
+    exec(compile("\n".join(src) or "pass", f"<schedlab ops {graph.name}>", "exec"), namespace)  # noqa: S102
+    op_fns = tuple(namespace[f"op{op.id}"] for op in graph.ops)
+    return Program(graph=graph, fns=prog.fns, unpack=prog.unpack, call_src=prog.call_src, consts=consts, op_fns=op_fns)

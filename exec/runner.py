@@ -1,0 +1,234 @@
+"""Run a Graph under a Plan with real torch kernels on the CPU, and record a Trace.
+
+One slot: the order is static (the list schedule of the plan's priorities), so the step
+is one generated straight-line function (see `program.py`). Several slots: one worker
+thread per slot, each with its own intra-op thread count, taking the ready op of lowest
+priority from one shared heap; values are freed after their last use.
+"""
+
+from __future__ import annotations
+
+import heapq
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from exec.program import Program, compile_graph
+from schedlab.errors import SchedlabError
+from schedlab.graph import Graph, InputRole, OutputRole
+from schedlab.machine import Machine, detect_host
+from schedlab.plan import Plan, ResolvedPlan, resolve
+from schedlab.trace import Trace, TraceEvent, base_meta
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One executed step: per-op (start_ns, end_ns, worker), relative to the step start."""
+
+    spans: tuple[tuple[int, int, int], ...]  # indexed by op id
+    wall_ns: int
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    step_times_s: tuple[float, ...]
+    trace: Trace
+    outputs: dict[int, torch.Tensor]  # graph output value id -> tensor, of the last step
+
+    @property
+    def step_time_s(self) -> float:
+        return statistics.median(self.step_times_s)
+
+
+class OpFailed(SchedlabError):
+    pass
+
+
+def _failed(graph: Graph, op_id: int, e: BaseException) -> OpFailed:
+    op = graph.ops[op_id]
+    return OpFailed(f"op {op.id} ({op.name}, {op.target}) failed: {type(e).__name__}: {e}")
+
+
+class Executor:
+    """A Graph compiled once and bound to one resolved Plan; `step()` runs it."""
+
+    def __init__(self, graph: Graph, resolved: ResolvedPlan, program: Program | None = None) -> None:
+        self.graph = graph
+        self.resolved = resolved
+        self.program = program or compile_graph(graph)
+        self.keep = {o.value for o in graph.outputs}
+        self.input_ids = [i.value for i in graph.inputs]
+        n_values = len(graph.values)
+        self._n_values = n_values
+        if resolved.slots == 1:
+            self._straight = self.program.straight_line(resolved.sequence, resolved.threads, self.keep)
+        # Remaining-use counts for freeing values in the co-run path.
+        uses = [0] * n_values
+        for op in graph.ops:
+            for v in op.inputs:
+                uses[v] += 1
+        self._uses = uses
+        self._indeg = [len(p) for p in graph.preds]
+
+    def step(self, inputs: dict[int, torch.Tensor]) -> tuple[dict[int, torch.Tensor], StepRecord]:
+        V: list[Any] = [None] * self._n_values
+        for v in self.input_ids:
+            V[v] = inputs[v]
+        if self.resolved.slots == 1:
+            rec = self._step_one(V)
+        else:
+            rec = self._step_corun(V)
+        return {v: V[v] for v in self.keep}, rec
+
+    def _step_one(self, V: list[Any]) -> StepRecord:
+        seq = self.resolved.sequence
+        T = [0] * (len(seq) + 1)
+        prev = torch.get_num_threads()
+        try:
+            self._straight(V, T)
+        except Exception as e:  # noqa: BLE001 - re-raised naming the op
+            k = max(idx for idx, t in enumerate(T) if t) if any(T) else 0
+            raise _failed(self.graph, seq[min(k, len(seq) - 1)], e) from e
+        finally:
+            torch.set_num_threads(prev)
+        t0 = T[0]
+        spans: list[tuple[int, int, int]] = [(0, 0, 0)] * len(seq)
+        for pos, i in enumerate(seq):
+            spans[i] = (T[pos] - t0, T[pos + 1] - t0, 0)
+        return StepRecord(spans=tuple(spans), wall_ns=T[-1] - t0)
+
+    def _step_corun(self, V: list[Any]) -> StepRecord:
+        g = self.graph
+        res = self.resolved
+        n = len(g.ops)
+        prio = res.priority
+        succs = g.succs
+        op_fns = self.program.op_fns
+        keep = self.keep
+        inputs_of = [op.inputs for op in g.ops]
+        uses = list(self._uses)
+        indeg = list(self._indeg)
+        heap = [(prio[i], i) for i in range(n) if indeg[i] == 0]
+        heapq.heapify(heap)
+        cond = threading.Condition()
+        spans: list[tuple[int, int, int]] = [(0, 0, 0)] * n
+        state = {"done": 0}
+        errors: list[BaseException] = []
+        ns = time.perf_counter_ns
+        start_ns = ns()
+
+        def worker(w: int) -> None:
+            torch.get_num_threads()  # force ATen's per-thread init before setting (DESIGN.md)
+            cur = -1
+            while True:
+                with cond:
+                    while not heap and state["done"] < n and not errors:
+                        cond.wait()
+                    if state["done"] >= n or errors:
+                        return
+                    _, i = heapq.heappop(heap)
+                k = res.threads[i]
+                if k != cur:
+                    torch.set_num_threads(k)
+                    cur = k
+                t0 = ns()
+                try:
+                    op_fns[i](V)
+                except BaseException as e:  # noqa: BLE001 - handed to the caller
+                    with cond:
+                        errors.append(_failed(g, i, e))
+                        cond.notify_all()
+                    return
+                t1 = ns()
+                with cond:
+                    spans[i] = (t0 - start_ns, t1 - start_ns, w)
+                    for v in inputs_of[i]:
+                        uses[v] -= 1
+                        if uses[v] == 0 and v not in keep:
+                            V[v] = None
+                    woke = 0
+                    for s in succs[i]:
+                        indeg[s] -= 1
+                        if indeg[s] == 0:
+                            heapq.heappush(heap, (prio[s], s))
+                            woke += 1
+                    state["done"] += 1
+                    if state["done"] >= n:
+                        cond.notify_all()
+                    elif woke:
+                        cond.notify(woke)
+
+        threads = [threading.Thread(target=worker, args=(w,), name=f"schedlab-worker-{w}") for w in range(res.slots)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return StepRecord(spans=tuple(spans), wall_ns=ns() - start_ns)
+
+
+def next_inputs(graph: Graph, inputs: dict[int, torch.Tensor], outputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    """The inputs of the next training step: updated params, buffers and optimizer state."""
+    by_key = {(o.role.value, o.name): o.value for o in graph.outputs if o.role is not OutputRole.GRAD and o.role is not OutputRole.LOSS}
+    out = dict(inputs)
+    for i in graph.inputs:
+        if i.role in (InputRole.PARAM, InputRole.BUFFER, InputRole.OPT_STATE):
+            v = by_key.get((i.role.value, i.name))
+            if v is not None:
+                out[i.value] = outputs[v]
+    return out
+
+
+def run_steps(
+    graph: Graph,
+    input_values: dict[int, torch.Tensor],
+    plan: Plan,
+    machine: Machine | None = None,
+    steps: int = 5,
+    warmup: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+    workload: str = "",
+    executor: Executor | None = None,
+) -> ExecResult:
+    """Run `warmup` + `steps` training steps, feeding each step's updates to the next.
+
+    `executor`, if given, must be bound to `plan` already (it saves compiling twice).
+    """
+    if steps < 1 or warmup < 0:
+        raise SchedlabError("steps must be >= 1 and warmup >= 0")
+    machine = machine or detect_host()
+    ex = executor or Executor(graph, resolve(graph, plan, machine))
+    resolved = ex.resolved
+    inputs = {v: t.clone() for v, t in input_values.items()}
+    events: list[TraceEvent] = []
+    times: list[float] = []
+    outputs: dict[int, torch.Tensor] = {}
+    dev = resolved.device
+    for s in range(warmup + steps):
+        outputs, rec = ex.step(inputs)
+        inputs = next_inputs(graph, inputs, outputs)
+        if s >= warmup:
+            k = s - warmup
+            times.append(rec.wall_ns / 1e9)
+            for op in graph.ops:
+                a, b, w = rec.spans[op.id]
+                events.append(TraceEvent(op.id, op.name, op.kind.value, dev[op.id], w, resolved.threads[op.id], a, b, k))
+        if progress is not None:
+            progress(s + 1, warmup + steps)
+    meta = base_meta(
+        "exec",
+        workload=workload or graph.name,
+        graph_hash=graph.hash,
+        plan_hash=plan.hash,
+        plan=plan.to_json(),
+        machine=machine.to_json(),
+        step_times_s=times,
+        warmup=warmup,
+    )
+    return ExecResult(step_times_s=tuple(times), trace=Trace(events=tuple(events), meta=meta), outputs=outputs)

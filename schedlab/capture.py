@@ -1,0 +1,355 @@
+"""Capture one training step (forward, backward, optimizer update) as one Graph of aten ops.
+
+The forward and backward come from `aot_export_module(..., trace_joint=True)`, which keeps
+the weight-gradient and input-gradient matmuls of a layer as separate nodes (what
+out-of-order backprop needs). The optimizer update is written functionally in
+`schedlab/optim.py` and traced per parameter with `make_fx`, so each update op knows its
+layer and can start as soon as its gradient is ready.
+
+Kinds:
+- F: work the loss or an updated buffer depends on.
+- B: backward work that the gradients of two or more layers depend on (so earlier layers
+  wait on it), including the loss gradient seed.
+- W: backward work that feeds the parameter gradients of one layer only: nothing else
+  waits on it, so it may be deferred (Oh et al., EuroSys 2022).
+- OPT: optimizer update.
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from schedlab.errors import SchedlabError
+from schedlab.flops import op_cost
+from schedlab.graph import Graph, GraphInput, GraphOutput, InputRole, Op, OpKind, OutputRole, TensorMeta
+from schedlab.optim import OPTIMIZERS, OptimizerSpec
+from schedlab.workloads import Workload
+
+_ALIAS_OPS = {torch.ops.aten.detach.default, torch.ops.aten.alias.default, torch.ops.aten.lift_fresh.default}
+
+
+@dataclass(frozen=True)
+class Captured:
+    """A Graph and the tensors of its inputs (value id -> tensor) for the first step."""
+
+    graph: Graph
+    input_values: dict[int, torch.Tensor]
+
+
+class _LossTuple(nn.Module):
+    """aot_export_module wants tuple outputs; user modules return a scalar loss."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.m = module
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor]:
+        return (self.m(*inputs),)
+
+
+def _strip(name: str) -> str:
+    return name[2:] if name.startswith("m.") else name
+
+
+def _owner(param_name: str) -> str:
+    return param_name.rsplit(".", 1)[0] if "." in param_name else ""
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def tensor_meta(t: Any) -> TensorMeta | None:
+    if not isinstance(t, torch.Tensor):
+        return None
+    return TensorMeta(shape=tuple(int(s) for s in t.shape), dtype=_dtype_name(t.dtype), nbytes=int(t.numel() * t.element_size()))
+
+
+class _Importer:
+    """Appends fx graphs to one growing list of ops and values."""
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+        self.values: list[TensorMeta | None] = []
+        self.inputs: list[GraphInput] = []
+        self.input_values: dict[int, torch.Tensor] = {}
+
+    def new_value(self, meta: TensorMeta | None) -> int:
+        self.values.append(meta)
+        return len(self.values) - 1
+
+    def add_input(self, name: str, role: InputRole, tensor: torch.Tensor) -> int:
+        v = self.new_value(tensor_meta(tensor))
+        self.inputs.append(GraphInput(v, name, role))
+        self.input_values[v] = tensor.detach().clone()
+        return v
+
+    def encode(self, a: Any, env: dict[fx.Node, Any], used: list[int]) -> Any:
+        if isinstance(a, fx.Node):
+            v = env[a]
+            if not isinstance(v, int):
+                raise SchedlabError(f"capture: node {a.name} is used as a tensor but is not one")
+            if v not in used:
+                used.append(v)
+            return {"v": v}
+        if isinstance(a, (list, tuple)):
+            return [self.encode(x, env, used) for x in a]
+        if isinstance(a, torch.dtype):
+            return {"dtype": _dtype_name(a)}
+        if isinstance(a, torch.device):
+            return {"device": str(a)}
+        if isinstance(a, torch.layout):
+            return {"layout": str(a).removeprefix("torch.")}
+        if isinstance(a, torch.memory_format):
+            return {"memory_format": str(a).removeprefix("torch.")}
+        if a is None or isinstance(a, (bool, int, float, str)):
+            return a
+        raise SchedlabError(f"capture: cannot encode argument {a!r} of type {type(a).__name__}")
+
+    def import_graph(
+        self,
+        gm: fx.GraphModule,
+        placeholder_values: Sequence[int],
+        kind_of: Callable[[fx.Node], OpKind],
+        layer_of: Callable[[fx.Node], str | None],
+        prefix: str = "",
+    ) -> list[Any]:
+        """Import `gm`'s ops; returns the value ids (or tuples of them) of its outputs."""
+        env: dict[fx.Node, Any] = {}
+        placeholders = iter(placeholder_values)
+        result: list[Any] = []
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                env[node] = next(placeholders)
+            elif node.op == "get_attr":
+                const = getattr(gm, str(node.target))
+                env[node] = self.add_input(f"{prefix}{node.target}", InputRole.CONST, const)
+            elif node.op == "call_function" and node.target is operator.getitem:
+                src, idx = node.args
+                env[node] = env[src][idx]  # type: ignore[index]
+            elif node.op == "call_function" and node.target in _ALIAS_OPS:
+                env[node] = env[node.args[0]]  # type: ignore[index]
+            elif node.op == "call_function":
+                env[node] = self._add_op(node, env, kind_of(node), layer_of(node), prefix)
+            elif node.op == "output":
+                outs = node.args[0]
+                result = [env[o] if isinstance(o, fx.Node) else None for o in (outs if isinstance(outs, (list, tuple)) else [outs])]
+            else:
+                raise SchedlabError(f"capture: unsupported fx node {node.op} {node.name}")
+        return result
+
+    def _add_op(self, node: fx.Node, env: dict[fx.Node, Any], kind: OpKind, layer: str | None, prefix: str) -> Any:
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload):
+            raise SchedlabError(f"capture: node {node.name} calls {target!r}, which is not an aten op")
+        used: list[int] = []
+        args = tuple(self.encode(a, env, used) for a in node.args)
+        kwargs = {k: self.encode(v, env, used) for k, v in node.kwargs.items()}
+        val = node.meta.get("val")
+        multi = isinstance(val, (list, tuple))
+        vals = list(val) if multi else [val]
+        # A view shares storage with an input: the schema's alias set says which one.
+        schema = target._schema
+        alias_src: int | None = None
+        is_view = bool(schema.returns) and schema.returns[0].alias_info is not None and not schema.returns[0].alias_info.is_write
+        if is_view:
+            for arg_schema, a in zip(schema.arguments, node.args, strict=False):
+                if arg_schema.alias_info is not None and isinstance(a, fx.Node):
+                    alias_src = env[a]
+                    break
+        out_ids: list[int] = []
+        for v in vals:
+            m = tensor_meta(v)
+            if m is not None and alias_src is not None:
+                m = TensorMeta(m.shape, m.dtype, m.nbytes, alias_of=self._storage_root(alias_src))
+            out_ids.append(self.new_value(m))
+        in_metas = [self.values[i] for i in used]
+        out_metas = [self.values[i] for i in out_ids]
+        flops, nbytes = op_cost(target, node.args, node.kwargs, vals, in_metas, out_metas, is_view)
+        op = Op(
+            id=len(self.ops),
+            name=f"{prefix}{node.name}",
+            target=str(target),
+            kind=kind,
+            args=args,
+            kwargs=kwargs,
+            inputs=tuple(used),
+            outputs=tuple(out_ids),
+            flops=flops,
+            bytes_moved=nbytes,
+            layer=layer,
+            is_view=is_view,
+        )
+        self.ops.append(op)
+        return tuple(out_ids) if multi else out_ids[0]
+
+    def _storage_root(self, v: int) -> int:
+        m = self.values[v]
+        return v if m is None or m.alias_of is None else m.alias_of
+
+
+def _check_workload_exports(workload: Workload) -> tuple[fx.GraphModule, Any]:
+    from torch._functorch.aot_autograd import aot_export_module
+
+    wrapper = _LossTuple(workload.module)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return aot_export_module(wrapper, list(workload.inputs), trace_joint=True, output_loss_index=0)
+    except Exception as e:  # noqa: BLE001 - any tracing failure is the user's model
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SchedlabError(f"cannot capture workload {workload.name!r} as a joint graph: {type(e).__name__}: {msg}") from None
+
+
+def capture(workload: Workload, optimizer: str = "sgd", lr: float | None = None) -> Captured:
+    """One training step of `workload` with `optimizer` ("sgd" or "adam") as a Graph."""
+    if optimizer not in OPTIMIZERS:
+        raise SchedlabError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+    spec: OptimizerSpec = OPTIMIZERS[optimizer]
+    lr = spec.default_lr if lr is None else lr
+    module = workload.module
+    gm, sig = _check_workload_exports(workload)
+
+    imp = _Importer()
+    named_params = {_strip(k): p for k, p in _LossTuple(module).named_parameters()}
+    named_buffers = {_strip(k): b for k, b in _LossTuple(module).named_buffers()}
+    user_iter = iter(workload.inputs)
+    placeholder_values: list[int] = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        if node.name in sig.inputs_to_parameters:
+            name = _strip(sig.inputs_to_parameters[node.name])
+            placeholder_values.append(imp.add_input(name, InputRole.PARAM, named_params[name]))
+        elif node.name in sig.inputs_to_buffers:
+            name = _strip(sig.inputs_to_buffers[node.name])
+            placeholder_values.append(imp.add_input(name, InputRole.BUFFER, named_buffers[name]))
+        else:
+            idx = len([i for i in imp.inputs if i.role is InputRole.USER])
+            placeholder_values.append(imp.add_input(f"input{idx}", InputRole.USER, next(user_iter)))
+
+    joint_outs = imp.import_graph(gm, placeholder_values, lambda n: OpKind.F, lambda n: None)
+    n_mut = len(sig.buffers_to_mutate) + len(sig.user_inputs_to_mutate) + len(sig.parameters_to_mutate)
+    outputs: list[GraphOutput] = []
+    mutated_names = [_strip(b) for b in sig.buffers_to_mutate.values()]
+    for i, v in enumerate(joint_outs[: len(sig.buffers_to_mutate)]):
+        outputs.append(GraphOutput(v, mutated_names[i], OutputRole.BUFFER))
+    loss_value = joint_outs[n_mut]
+    outputs.append(GraphOutput(loss_value, "loss", OutputRole.LOSS))
+    grad_names = [_strip(p) for p in sig.backward_signature.gradients_to_parameters.values()]
+    grads: dict[str, int] = {}
+    for name, v in zip(grad_names, joint_outs[n_mut + len(sig.user_outputs):], strict=True):
+        if v is not None:
+            grads[name] = v
+            outputs.append(GraphOutput(v, name, OutputRole.GRAD))
+
+    param_of_value = {i.value: i.name for i in imp.inputs if i.role is InputRole.PARAM}
+    forward_outputs = [o.value for o in outputs if o.role in (OutputRole.LOSS, OutputRole.BUFFER)]
+    imp.ops = _annotate(imp.ops, imp.values, forward_outputs, grads, param_of_value)
+
+    # Optimizer update: shared scalar work once, then one traced update per parameter.
+    param_values = {i.name: i.value for i in imp.inputs if i.role is InputRole.PARAM}
+    shared_inputs = [imp.add_input(f"{optimizer}.{n}", InputRole.OPT_STATE, t) for n, t in spec.shared_state().items()]
+    shared_gm = spec.trace_shared(lr)
+    shared_outs = imp.import_graph(shared_gm, shared_inputs, lambda n: OpKind.OPT, lambda n: None, prefix="opt.")
+    for name, v in zip(spec.shared_state(), shared_outs[: len(shared_inputs)], strict=True):
+        outputs.append(GraphOutput(v, f"{optimizer}.{name}", OutputRole.OPT_STATE))
+    scalars = shared_outs[len(shared_inputs):]
+    for pname, g in grads.items():
+        p = named_params[pname]
+        state = spec.param_state(p)
+        state_inputs = [imp.add_input(f"{pname}.{s}", InputRole.OPT_STATE, t) for s, t in state.items()]
+        upd_gm = spec.trace_update(p, state, lr)
+        outs = imp.import_graph(
+            upd_gm,
+            [param_values[pname], g, *state_inputs, *scalars],
+            lambda n: OpKind.OPT,
+            lambda n, _layer=_owner(pname) or None: _layer,
+            prefix=f"opt[{pname}].",
+        )
+        outputs.append(GraphOutput(outs[0], pname, OutputRole.PARAM))
+        for s, v in zip(state, outs[1:], strict=True):
+            outputs.append(GraphOutput(v, f"{pname}.{s}", OutputRole.OPT_STATE))
+
+    graph = Graph(
+        name=workload.name,
+        inputs=tuple(imp.inputs),
+        outputs=tuple(outputs),
+        ops=tuple(imp.ops),
+        values=tuple(imp.values),
+        meta={
+            "size": workload.size,
+            "optimizer": optimizer,
+            "lr": lr,
+            "torch": torch.__version__,
+            "params": len(named_params),
+            "param_elements": int(sum(p.numel() for p in named_params.values())),
+        },
+    )
+    graph.validate()
+    return Captured(graph=graph, input_values=imp.input_values)
+
+
+def _annotate(
+    ops: list[Op],
+    values: list[TensorMeta | None],
+    forward_outputs: list[int],
+    grads: dict[str, int],
+    param_of_value: dict[int, str],
+) -> list[Op]:
+    """Tag the joint graph's ops F/B/W and give each a layer (see the module docstring)."""
+    producer = {v: op.id for op in ops for v in op.outputs}
+    consumers: list[list[int]] = [[] for _ in ops]
+    for op in ops:
+        for p in {producer[v] for v in op.inputs if v in producer}:
+            consumers[p].append(op.id)
+    # Forward: every op the loss or an updated buffer depends on; the rest is backward.
+    forward = [False] * len(ops)
+    stack = [producer[v] for v in forward_outputs if v in producer]
+    while stack:
+        i = stack.pop()
+        if not forward[i]:
+            forward[i] = True
+            stack.extend(producer[v] for v in ops[i].inputs if v in producer)
+    # Which layers' parameter gradients each op feeds, as a bitset over owner modules.
+    owners = sorted({_owner(n) for n in grads})
+    bit = {o: 1 << k for k, o in enumerate(owners)}
+    grad_bits: dict[int, int] = {}
+    for name, v in grads.items():
+        grad_bits[v] = grad_bits.get(v, 0) | bit[_owner(name)]
+    reach = [0] * len(ops)
+    for op in reversed(ops):
+        r = 0
+        for v in op.outputs:
+            r |= grad_bits.get(v, 0)
+        for c in consumers[op.id]:
+            r |= reach[c]
+        reach[op.id] = r
+
+    def root(v: int) -> int:
+        m = values[v]
+        return v if m is None or m.alias_of is None else m.alias_of
+
+    out: list[Op] = []
+    layer: list[str | None] = [None] * len(ops)
+    for op in ops:
+        single = reach[op.id] != 0 and reach[op.id] & (reach[op.id] - 1) == 0
+        kind = OpKind.F if forward[op.id] else (OpKind.W if single else OpKind.B)
+        # Layer: the module of a parameter the op reads; for W work the one layer it
+        # feeds; otherwise the layer of the op that produced its first input.
+        lay = next((_owner(param_of_value[root(v)]) for v in op.inputs if root(v) in param_of_value), None)
+        if lay is None and kind is OpKind.W:
+            lay = owners[reach[op.id].bit_length() - 1]
+        if lay is None:
+            lay = next((layer[producer[v]] for v in op.inputs if v in producer and layer[producer[v]]), None)
+        layer[op.id] = lay or None
+        out.append(Op(**{**op.__dict__, "kind": kind, "layer": layer[op.id]}))
+    return out

@@ -1,0 +1,66 @@
+"""The `schedlab` command line: one module per command, each with `register` and `run`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from schedlab.errors import SchedlabError
+
+# Command modules, in the order `schedlab --help` lists them.
+COMMANDS = (
+    "schedlab.cli.demo_cmd",
+    "schedlab.cli.plan_cmd",
+    "schedlab.cli.trace_cmd",
+    "schedlab.cli.bench_cmd",
+    "schedlab.cli.calibrate_cmd",
+    "schedlab.cli.simulate_cmd",
+    "schedlab.cli.fidelity_cmd",
+    "schedlab.cli.search_cmd",
+    "schedlab.cli.validate_cmd",
+    "schedlab.cli.report_cmd",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from schedlab import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="schedlab",
+        description="Find faster ways to run a neural-network training step: capture it as a graph, "
+        "run it under a plan, simulate plans, search them, validate the best on hardware.",
+    )
+    parser.add_argument("--version", action="version", version=f"schedlab {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:
+                continue  # a command not built yet
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # User models are given as package.module:function relative to where the user stands.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except SchedlabError as e:
+        print(f"schedlab {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"schedlab {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Arguments and steps several commands share: the workload, its capture, plans, machines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from schedlab.errors import SchedlabError
+from schedlab.workloads import BUILTIN_WORKLOADS, SIZES
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TRACES_DIR = REPO_ROOT / "traces"
+
+
+def add_model_args(p: argparse.ArgumentParser, default_size: str = "default") -> None:
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help=f"a built-in workload ({', '.join(BUILTIN_WORKLOADS)}) or package.module:function "
+        "returning (module, example_inputs)",
+    )
+    p.add_argument("--size", choices=SIZES, default=default_size, help=f"built-in workload size (default {default_size})")
+    p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="optimizer of the step (default sgd)")
+    p.add_argument("--seed", type=int, default=0, help="seed for parameters and inputs (default 0)")
+
+
+def add_machine_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--machine",
+        default=None,
+        metavar="MACHINE",
+        help="'host' (default: this machine), a preset (manycore-68, dgx-8gpu) or a machine JSON file",
+    )
+
+
+def capture_model(args: argparse.Namespace) -> Any:
+    """Load the workload named on the command line and capture its training step."""
+    from schedlab.capture import capture
+    from schedlab.workloads import load_workload
+
+    workload = load_workload(args.model, args.size, seed=args.seed)
+    return workload, capture(workload, args.optimizer)
+
+
+def load_plan_arg(path: str | None) -> Any:
+    from schedlab.plan import Plan
+
+    return Plan() if path is None else Plan.load(path)
+
+
+def slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
+def print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+
+
+def need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise SchedlabError(msg)

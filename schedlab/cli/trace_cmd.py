@@ -1,0 +1,91 @@
+"""`schedlab trace`: run a model's training step under a plan on the real executor."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from schedlab.cli.common import TRACES_DIR, add_model_args, capture_model, load_plan_arg, print_json, slug
+from schedlab.errors import SchedlabError
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "trace",
+        help="run a training step under a plan on the real executor and record a trace",
+        description="Capture MODEL's training step, check one step against eager PyTorch, run timed "
+        "steps under the plan, and write a trace (schedlab JSON) and a Chrome trace (open it in "
+        "https://ui.perfetto.dev).",
+    )
+    add_model_args(p)
+    p.add_argument("--plan", default=None, metavar="PLAN.json", help="plan to run (default: PyTorch's own way)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    p.add_argument("--out", default=None, metavar="PATH", help="trace file (default: traces/<model>-<size>-<plan>.json)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with the results")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from exec import Executor, check_step, run_steps
+    from schedlab.machine import detect_host
+    from schedlab.plan import resolve
+
+    if args.steps < 1 or args.warmup < 0:
+        raise SchedlabError("--steps must be >= 1 and --warmup >= 0")
+    plan = load_plan_arg(args.plan)
+    machine = detect_host()
+    workload, captured = capture_model(args)
+    graph = captured.graph
+    executor = Executor(graph, resolve(graph, plan, machine))
+    check = check_step(workload.module, graph, captured.input_values, lambda iv: executor.step(iv)[0])
+    bar = tqdm(total=args.warmup + args.steps, desc=f"trace {args.model}", unit="step", file=sys.stderr, disable=None)
+    try:
+        result = run_steps(
+            graph,
+            captured.input_values,
+            plan,
+            machine,
+            steps=args.steps,
+            warmup=args.warmup,
+            progress=lambda done, total: bar.update(1),
+            workload=args.model,
+            executor=executor,
+        )
+    finally:
+        bar.close()
+    meta = dict(result.trace.meta)
+    meta["numeric_check"] = check.to_json()
+    trace = type(result.trace)(events=result.trace.events, meta=meta)
+    out = Path(args.out) if args.out else TRACES_DIR / f"{slug(args.model)}-{args.size}-{args.optimizer}-{plan.hash[:8]}.json"
+    chrome = out.with_name(out.name.removesuffix(".json") + ".chrome.json")
+    trace.save(out)
+    trace.save_chrome(chrome)
+    summary = {
+        "model": args.model,
+        "size": args.size,
+        "optimizer": args.optimizer,
+        "plan": plan.to_json(),
+        "ops": len(graph),
+        "step_time_s": result.step_time_s,
+        "step_times_s": list(result.step_times_s),
+        "max_abs_grad_diff": check.max_abs_grad_diff,
+        "max_rel_diff": check.max_rel_diff,
+        "numeric_check": check.to_json(),
+        "trace": str(out),
+        "chrome_trace": str(chrome),
+        "machine": machine.host.get("cpu_model", ""),
+    }
+    if args.json:
+        print_json(summary)
+    else:
+        status = "matches eager PyTorch" if check.ok() else "DIFFERS from eager PyTorch"
+        print(f"{args.model}/{args.size} ({len(graph)} ops), plan {plan.describe()}")
+        print(f"  step time   {result.step_time_s * 1e3:.2f} ms (median of {args.steps})")
+        print(f"  numerics    {status}: max rel diff {check.max_rel_diff:.2e} ({check.worst}), max abs grad diff {check.max_abs_grad_diff:.2e}")
+        print(f"  trace       {out}")
+        print(f"  chrome      {chrome}  (open in https://ui.perfetto.dev)")
+    return 0 if check.ok() else 3

@@ -1,0 +1,317 @@
+"""The Graph of one training step: forward, backward and optimizer ops as one DAG.
+
+A Graph is plain, frozen data. Every tensor in the step is a *value* with an integer id:
+graph inputs (parameters, buffers, optimizer state, user inputs, constants) come first,
+then the outputs of each op in program order. An op reads values and writes values; the
+op-to-op dependencies are derived from that, once, and cached.
+
+Op arguments are kept in a JSON-able encoding so that the Graph serialises without the
+model and the executor can still run it (see `exec/program.py`):
+
+- ``{"v": 7}``            the tensor value 7
+- ``{"dtype": "float32"}``, ``{"device": "cpu"}``, ``{"layout": "strided"}``,
+  ``{"memory_format": "contiguous_format"}``   torch enums
+- lists, ints, floats, bools, strings and None as themselves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from schedlab.errors import SchedlabError
+
+GRAPH_SCHEMA_VERSION = 1
+
+
+class OpKind(str, Enum):
+    """What part of the training step an op belongs to."""
+
+    F = "F"  # forward
+    B = "B"  # input gradient: backward work that earlier layers wait on
+    W = "W"  # weight gradient: backward work that only one layer's parameter grads need
+    OPT = "OPT"  # optimizer update
+    COMM = "COMM"  # communication between devices
+
+
+class InputRole(str, Enum):
+    PARAM = "param"
+    BUFFER = "buffer"
+    OPT_STATE = "opt_state"
+    USER = "user"
+    CONST = "const"
+
+
+class OutputRole(str, Enum):
+    LOSS = "loss"
+    GRAD = "grad"  # gradient of the parameter named by `name`
+    PARAM = "param"  # updated parameter
+    BUFFER = "buffer"  # updated buffer (e.g. batch-norm running stats)
+    OPT_STATE = "opt_state"  # updated optimizer state
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Shape, dtype and size of one tensor value."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    alias_of: int | None = None  # value id whose storage this view shares
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype, "nbytes": self.nbytes}
+        if self.alias_of is not None:
+            d["alias_of"] = self.alias_of
+        return d
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> TensorMeta:
+        return TensorMeta(
+            shape=tuple(int(s) for s in d["shape"]),
+            dtype=str(d["dtype"]),
+            nbytes=int(d["nbytes"]),
+            alias_of=d.get("alias_of"),
+        )
+
+
+@dataclass(frozen=True)
+class GraphInput:
+    value: int
+    name: str
+    role: InputRole
+
+
+@dataclass(frozen=True)
+class GraphOutput:
+    value: int
+    name: str
+    role: OutputRole
+
+
+@dataclass(frozen=True)
+class Op:
+    """One aten op of the step."""
+
+    id: int
+    name: str
+    target: str  # e.g. "aten.addmm.default"
+    kind: OpKind
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    inputs: tuple[int, ...]  # value ids read, in first-use order, no repeats
+    outputs: tuple[int, ...]  # value ids written
+    flops: float
+    bytes_moved: int  # bytes read + written (0 for views)
+    layer: str | None = None  # module path the op came from, where recoverable
+    is_view: bool = False
+
+    @property
+    def op_class(self) -> str:
+        """The aten op name without overload, e.g. "addmm": what cost models key on."""
+        parts = self.target.split(".")
+        return parts[1] if len(parts) >= 3 and parts[0] == "aten" else self.target
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "target": self.target,
+            "kind": self.kind.value,
+            "args": list(self.args),
+            "kwargs": self.kwargs,
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "flops": self.flops,
+            "bytes_moved": self.bytes_moved,
+            "layer": self.layer,
+            "is_view": self.is_view,
+        }
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Op:
+        return Op(
+            id=int(d["id"]),
+            name=str(d["name"]),
+            target=str(d["target"]),
+            kind=OpKind(d["kind"]),
+            args=tuple(d["args"]),
+            kwargs=dict(d["kwargs"]),
+            inputs=tuple(int(v) for v in d["inputs"]),
+            outputs=tuple(int(v) for v in d["outputs"]),
+            flops=float(d["flops"]),
+            bytes_moved=int(d["bytes_moved"]),
+            layer=d.get("layer"),
+            is_view=bool(d.get("is_view", False)),
+        )
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A training step as a DAG of ops over values. Ops are stored in program order."""
+
+    name: str
+    inputs: tuple[GraphInput, ...]
+    outputs: tuple[GraphOutput, ...]
+    ops: tuple[Op, ...]
+    values: tuple[TensorMeta | None, ...]  # indexed by value id
+    meta: dict[str, Any] = field(default_factory=dict)  # size, optimizer, versions, ...
+
+    # ---- derived structure (computed once, cached) -------------------------------------
+
+    @cached_property
+    def producer(self) -> dict[int, int]:
+        """value id -> id of the op that writes it (graph inputs have none)."""
+        return {v: op.id for op in self.ops for v in op.outputs}
+
+    @cached_property
+    def preds(self) -> tuple[tuple[int, ...], ...]:
+        """op id -> ids of the ops it depends on (sorted, no repeats)."""
+        prod = self.producer
+        return tuple(
+            tuple(sorted({prod[v] for v in op.inputs if v in prod})) for op in self.ops
+        )
+
+    @cached_property
+    def succs(self) -> tuple[tuple[int, ...], ...]:
+        out: list[list[int]] = [[] for _ in self.ops]
+        for op in self.ops:
+            for p in self.preds[op.id]:
+                out[p].append(op.id)
+        return tuple(tuple(s) for s in out)
+
+    @cached_property
+    def op_by_name(self) -> dict[str, int]:
+        return {op.name: op.id for op in self.ops}
+
+    @cached_property
+    def hash(self) -> str:
+        """Content hash of the graph (structure, shapes, args), 16 hex digits."""
+        body = json.dumps(self._json_body(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __iter__(self) -> Iterator[Op]:
+        return iter(self.ops)
+
+    def kinds(self) -> dict[OpKind, int]:
+        counts: dict[OpKind, int] = {}
+        for op in self.ops:
+            counts[op.kind] = counts.get(op.kind, 0) + 1
+        return counts
+
+    def output(self, role: OutputRole, name: str | None = None) -> GraphOutput:
+        for o in self.outputs:
+            if o.role is role and (name is None or o.name == name):
+                return o
+        raise KeyError(f"graph has no {role.value} output {name or ''}".strip())
+
+    def value_nbytes(self, value: int) -> int:
+        m = self.values[value]
+        return 0 if m is None else m.nbytes
+
+    def validate(self) -> None:
+        """Check internal consistency; raise SchedlabError naming the first problem."""
+        n_values = len(self.values)
+        written: set[int] = {i.value for i in self.inputs}
+        for idx, op in enumerate(self.ops):
+            if op.id != idx:
+                raise SchedlabError(f"graph op at position {idx} has id {op.id}; ids must be 0..n-1 in order")
+            for v in op.inputs:
+                if v < 0 or v >= n_values:
+                    raise SchedlabError(f"graph op {op.id} ({op.name}) reads unknown value {v}")
+                if v not in written:
+                    raise SchedlabError(
+                        f"graph op {op.id} ({op.name}) reads value {v} before it is written"
+                    )
+            for v in op.outputs:
+                if v < 0 or v >= n_values:
+                    raise SchedlabError(f"graph op {op.id} ({op.name}) writes unknown value {v}")
+                written.add(v)
+        for o in self.outputs:
+            if o.value not in written:
+                raise SchedlabError(f"graph output {o.name} refers to value {o.value}, never written")
+
+    # ---- serialisation -------------------------------------------------------------------
+
+    def _json_body(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "inputs": [{"value": i.value, "name": i.name, "role": i.role.value} for i in self.inputs],
+            "outputs": [{"value": o.value, "name": o.name, "role": o.role.value} for o in self.outputs],
+            "ops": [op.to_json() for op in self.ops],
+            "values": [None if m is None else m.to_json() for m in self.values],
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": "schedlab.graph", "version": GRAPH_SCHEMA_VERSION, **self._json_body(), "meta": self.meta}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Graph:
+        if d.get("schema") != "schedlab.graph":
+            raise SchedlabError("not a schedlab graph file (missing \"schema\": \"schedlab.graph\")")
+        if d.get("version") != GRAPH_SCHEMA_VERSION:
+            raise SchedlabError(
+                f"graph schema version {d.get('version')} is not supported (this schedlab reads {GRAPH_SCHEMA_VERSION})"
+            )
+        try:
+            g = Graph(
+                name=str(d["name"]),
+                inputs=tuple(GraphInput(int(i["value"]), str(i["name"]), InputRole(i["role"])) for i in d["inputs"]),
+                outputs=tuple(
+                    GraphOutput(int(o["value"]), str(o["name"]), OutputRole(o["role"])) for o in d["outputs"]
+                ),
+                ops=tuple(Op.from_json(o) for o in d["ops"]),
+                values=tuple(None if m is None else TensorMeta.from_json(m) for m in d["values"]),
+                meta=dict(d.get("meta", {})),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise SchedlabError(f"corrupt graph file: {type(e).__name__}: {e}") from None
+        g.validate()
+        return g
+
+    def save(self, path: str | Path) -> Path:
+        from schedlab.io import write_json_atomic
+
+        return write_json_atomic(path, self.to_json())
+
+    @staticmethod
+    def load(path: str | Path) -> Graph:
+        from schedlab.io import read_json
+
+        return Graph.from_json(read_json(path, what="graph"))
+
+
+def topo_order_ok(graph: Graph, order: Iterable[int]) -> tuple[bool, str]:
+    """Whether `order` lists every op once with each op after all its predecessors."""
+    seen: set[int] = set()
+    order = list(order)
+    if sorted(order) != list(range(len(graph.ops))):
+        missing = set(range(len(graph.ops))) - set(order)
+        extra = [o for o in order if not 0 <= o < len(graph.ops)]
+        dup = len(order) - len(set(order))
+        what = []
+        if missing:
+            what.append(f"{len(missing)} op(s) missing (e.g. {sorted(missing)[:3]})")
+        if extra:
+            what.append(f"unknown op id(s) {extra[:3]}")
+        if dup:
+            what.append(f"{dup} repeated id(s)")
+        return False, "order must list every op id exactly once: " + "; ".join(what)
+    for o in order:
+        for p in graph.preds[o]:
+            if p not in seen:
+                return False, (
+                    f"order breaks dependencies: op {o} ({graph.ops[o].name}) comes before "
+                    f"its input op {p} ({graph.ops[p].name})"
+                )
+        seen.add(o)
+    return True, ""

@@ -1,0 +1,264 @@
+"""Machine descriptions: devices (cores, memory, streams) and the links between them.
+
+A Machine is a description, not a detection (DESIGN.md, invariant 4). `detect_host()`
+writes down the machine the executor runs on; the simulator takes any Machine, including
+the presets for hardware the project does not have.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from schedlab.errors import SchedlabError
+
+MACHINE_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Device:
+    id: str  # "cpu0", "gpu3"
+    kind: str  # "cpu" or "gpu"
+    cores: int  # CPU cores usable by intra-op threads (for a GPU: its host-side cores, 1)
+    memory_bytes: int
+    streams: int = 1  # concurrent GPU streams (CPU: 1)
+    peak_flops: float = 0.0  # device peak, FLOP/s (0: unknown, the Profile decides)
+    mem_bw_bytes_per_s: float = 0.0  # device memory bandwidth (0: unknown)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Link:
+    """A directed-or-shared link between two devices."""
+
+    src: str
+    dst: str
+    bw_bytes_per_s: float
+    latency_s: float
+    name: str = ""  # links with the same non-empty name share one wire (contention)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str
+    devices: tuple[Device, ...]
+    links: tuple[Link, ...] = ()
+    host: dict[str, Any] = field(default_factory=dict)  # cpu model, sockets, hostname...
+
+    def device(self, device_id: str) -> Device:
+        for d in self.devices:
+            if d.id == device_id:
+                return d
+        known = ", ".join(d.id for d in self.devices)
+        raise SchedlabError(f"unknown device {device_id!r} (machine {self.name!r} has: {known})")
+
+    @property
+    def default_device(self) -> Device:
+        return self.devices[0]
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        """What must match for a Profile measured on one machine to hold on another."""
+        return {
+            "cpu_model": self.host.get("cpu_model", ""),
+            "cores": self.default_device.cores,
+            "torch": self.host.get("torch", ""),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": "schedlab.machine",
+            "version": MACHINE_SCHEMA_VERSION,
+            "name": self.name,
+            "devices": [d.to_json() for d in self.devices],
+            "links": [lk.to_json() for lk in self.links],
+            "host": self.host,
+        }
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Machine:
+        if not isinstance(d, dict) or d.get("schema") != "schedlab.machine":
+            raise SchedlabError('not a schedlab machine file (missing "schema": "schedlab.machine")')
+        try:
+            devices = tuple(
+                Device(
+                    id=str(x["id"]),
+                    kind=str(x["kind"]),
+                    cores=int(x["cores"]),
+                    memory_bytes=int(x["memory_bytes"]),
+                    streams=int(x.get("streams", 1)),
+                    peak_flops=float(x.get("peak_flops", 0.0)),
+                    mem_bw_bytes_per_s=float(x.get("mem_bw_bytes_per_s", 0.0)),
+                )
+                for x in d["devices"]
+            )
+            links = tuple(
+                Link(
+                    src=str(x["src"]),
+                    dst=str(x["dst"]),
+                    bw_bytes_per_s=float(x["bw_bytes_per_s"]),
+                    latency_s=float(x["latency_s"]),
+                    name=str(x.get("name", "")),
+                )
+                for x in d.get("links", [])
+            )
+            m = Machine(name=str(d["name"]), devices=devices, links=links, host=dict(d.get("host", {})))
+        except (KeyError, TypeError, ValueError) as e:
+            raise SchedlabError(f"corrupt machine description: {type(e).__name__}: {e}") from None
+        m.check()
+        return m
+
+    def check(self) -> None:
+        if not self.devices:
+            raise SchedlabError(f"machine {self.name!r} has no devices")
+        ids = [d.id for d in self.devices]
+        if len(set(ids)) != len(ids):
+            raise SchedlabError(f"machine {self.name!r} repeats a device id: {ids}")
+        for d in self.devices:
+            if d.kind not in ("cpu", "gpu"):
+                raise SchedlabError(f"device {d.id}: kind must be 'cpu' or 'gpu', not {d.kind!r}")
+            if d.cores < 1 or d.memory_bytes <= 0 or d.streams < 1:
+                raise SchedlabError(f"device {d.id}: cores, streams must be >= 1 and memory_bytes > 0")
+        for lk in self.links:
+            for end in (lk.src, lk.dst):
+                if end not in ids:
+                    raise SchedlabError(f"link {lk.src}->{lk.dst} names unknown device {end!r}")
+            if lk.bw_bytes_per_s <= 0 or lk.latency_s < 0:
+                raise SchedlabError(f"link {lk.src}->{lk.dst}: bandwidth must be > 0 and latency >= 0")
+
+    def save(self, path: str | Path) -> Path:
+        from schedlab.io import write_json_atomic
+
+        return write_json_atomic(path, self.to_json(), indent=1)
+
+
+def _read_cpuinfo() -> tuple[str, int]:
+    model, sockets = platform.processor() or "unknown", 1
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return model, sockets
+    phys: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("model name") and ":" in line:
+            model = line.split(":", 1)[1].strip()
+        elif line.startswith("physical id") and ":" in line:
+            phys.add(line.split(":", 1)[1].strip())
+    return model, max(1, len(phys))
+
+
+def _mem_total_bytes() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 2**30
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def detect_host() -> Machine:
+    """The machine this process runs on, as one CPU device."""
+    import torch
+
+    model, sockets = _read_cpuinfo()
+    cores = usable_cores()
+    return Machine(
+        name="host",
+        devices=(Device(id="cpu0", kind="cpu", cores=cores, memory_bytes=_mem_total_bytes()),),
+        host={
+            "hostname": socket.gethostname(),
+            "cpu_model": model,
+            "sockets": sockets,
+            "logical_cores": os.cpu_count() or cores,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "platform": platform.platform(),
+        },
+    )
+
+
+def _manycore_68() -> Machine:
+    # Intel Xeon Phi 7250 (Knights Landing), the many-core CPU of the concurrency-control
+    # paper (Liu et al., IPDPS 2019): 68 cores at 1.4 GHz, 16 GiB MCDRAM at ~400 GB/s,
+    # 2 AVX-512 FMA units per core: 68 * 1.4e9 * 32 * 2 FLOP/s ~ 6.1 TFLOP/s fp32 peak.
+    return Machine(
+        name="manycore-68",
+        devices=(
+            Device(
+                id="cpu0",
+                kind="cpu",
+                cores=68,
+                memory_bytes=16 * 2**30,
+                peak_flops=6.09e12,
+                mem_bw_bytes_per_s=400e9,
+            ),
+        ),
+        host={"cpu_model": "Intel Xeon Phi 7250 (preset)", "sockets": 1},
+    )
+
+
+def _dgx_8gpu() -> Machine:
+    # 8 GPUs of 80 GiB each on NVLink through NVSwitch (one DGX-style node): each GPU
+    # reaches each other at ~300 GB/s per direction with ~5 us latency, and every
+    # transfer out of a GPU shares that GPU's NVLink port (link name = port).
+    gpus = tuple(
+        Device(
+            id=f"gpu{i}",
+            kind="gpu",
+            cores=1,
+            memory_bytes=80 * 2**30,
+            streams=4,
+            peak_flops=312e12,
+            mem_bw_bytes_per_s=2.0e12,
+        )
+        for i in range(8)
+    )
+    cpu = Device(id="cpu0", kind="cpu", cores=64, memory_bytes=1024 * 2**30)
+    links = tuple(
+        Link(src=f"gpu{i}", dst=f"gpu{j}", bw_bytes_per_s=300e9, latency_s=5e-6, name=f"nvlink{i}")
+        for i in range(8)
+        for j in range(8)
+        if i != j
+    ) + tuple(
+        Link(src=f"gpu{i}", dst="cpu0", bw_bytes_per_s=25e9, latency_s=10e-6, name=f"pcie{i}")
+        for i in range(8)
+    ) + tuple(
+        Link(src="cpu0", dst=f"gpu{i}", bw_bytes_per_s=25e9, latency_s=10e-6, name=f"pcie{i}")
+        for i in range(8)
+    )
+    return Machine(name="dgx-8gpu", devices=gpus + (cpu,), links=links, host={"cpu_model": "8x GPU node (preset)"})
+
+
+PRESETS = {"manycore-68": _manycore_68, "dgx-8gpu": _dgx_8gpu}
+
+
+def load_machine(spec: str | None) -> Machine:
+    """`None` or "host": this machine; a preset name; or a path to a machine JSON file."""
+    if spec is None or spec == "host":
+        return detect_host()
+    if spec in PRESETS:
+        return PRESETS[spec]()
+    from schedlab.io import read_json
+
+    if not Path(spec).exists():
+        raise SchedlabError(
+            f"machine {spec!r} is neither 'host', a preset ({', '.join(PRESETS)}) nor an existing JSON file"
+        )
+    return Machine.from_json(read_json(spec, what="machine"))

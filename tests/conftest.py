@@ -1,0 +1,31 @@
+"""Shared fixtures: captured tiny workloads, cached per session (capture takes ~0.5 s)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+_CACHE: dict[tuple[str, str, str], object] = {}
+
+
+def captured_workload(name: str, optimizer: str = "sgd", size: str = "tiny") -> tuple[object, object]:
+    """(workload, captured) for a workload spec, captured once per test session."""
+    from schedlab.capture import capture
+    from schedlab.workloads import load_workload
+
+    key = (name, optimizer, size)
+    if key not in _CACHE:
+        w = load_workload(name, size)
+        _CACHE[key] = (w, capture(w, optimizer))
+    return _CACHE[key]  # type: ignore[return-value]
+
+
+@pytest.fixture
+def capture_cached():  # type: ignore[no-untyped-def]
+    return captured_workload

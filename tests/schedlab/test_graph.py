@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from schedlab.errors import SchedlabError
+from schedlab.graph import Graph, OpKind, OutputRole
+from tests.conftest import captured_workload
+
+
+def test_capture_tags_every_kind_and_splits_weight_and_input_gradients() -> None:
+    _, c = captured_workload("mlp")
+    g = c.graph
+    kinds = g.kinds()
+    assert {OpKind.F, OpKind.B, OpKind.W, OpKind.OPT} <= set(kinds)
+    mms = [op for op in g.ops if op.op_class == "mm"]
+    # Backward of a linear layer: a weight-gradient mm and (except for the first layer) an input-gradient mm.
+    assert any(op.kind is OpKind.W for op in mms)
+    assert any(op.kind is OpKind.B for op in mms)
+    # Every parameter has a gradient output and an updated-parameter output.
+    grads = {o.name for o in g.outputs if o.role is OutputRole.GRAD}
+    params = {o.name for o in g.outputs if o.role is OutputRole.PARAM}
+    assert grads == params and len(grads) == g.meta["params"]
+
+
+def test_op_metadata_shapes_flops_and_layers() -> None:
+    _, c = captured_workload("transformer")
+    g = c.graph
+    addmm = next(op for op in g.ops if op.op_class == "addmm" and op.kind is OpKind.F)
+    out = g.values[addmm.outputs[0]]
+    assert out is not None and out.nbytes == 4 * out.shape[0] * out.shape[1]
+    assert addmm.flops > 2 * out.shape[0] * out.shape[1]  # 2*M*N*K for K > 1
+    assert addmm.layer is not None
+    views = [op for op in g.ops if op.is_view]
+    assert views and all(op.bytes_moved == 0 for op in views)
+    assert all(g.values[v].alias_of is not None for op in views for v in op.outputs if g.values[v] is not None)
+
+
+def test_batchnorm_running_stats_are_outputs() -> None:
+    _, c = captured_workload("cnn")
+    bufs = [o.name for o in c.graph.outputs if o.role is OutputRole.BUFFER]
+    assert any(b.endswith("running_mean") for b in bufs) and any(b.endswith("running_var") for b in bufs)
+
+
+def test_adam_adds_state_and_per_parameter_updates() -> None:
+    _, c = captured_workload("mlp", "adam")
+    g = c.graph
+    states = [o.name for o in g.outputs if o.role is OutputRole.OPT_STATE]
+    assert "adam.step" in states and any(s.endswith("exp_avg_sq") for s in states)
+    opt_layers = {op.layer for op in g.ops if op.kind is OpKind.OPT and op.layer}
+    assert len(opt_layers) >= 2
+
+
+def test_graph_json_round_trip_keeps_everything(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _, c = captured_workload("nmt")
+    g = c.graph
+    path = g.save(tmp_path / "g.json")
+    g2 = Graph.load(path)
+    assert g2.hash == g.hash
+    assert g2.ops == g.ops and g2.outputs == g.outputs and g2.values == g.values
+
+
+def test_loaded_graph_runs_without_the_model(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from exec import Executor
+    from schedlab.machine import detect_host
+    from schedlab.plan import Plan, resolve
+
+    _, c = captured_workload("cnn")
+    g2 = Graph.load(c.graph.save(tmp_path / "g.json"))
+    out, _ = Executor(g2, resolve(g2, Plan(), detect_host())).step(dict(c.input_values))
+    loss = out[g2.output(OutputRole.LOSS).value]
+    assert loss.ndim == 0 and float(loss) > 0
+
+
+@pytest.mark.parametrize(
+    "mutate, msg",
+    [
+        (lambda d: d.update(schema="nope"), "not a schedlab graph"),
+        (lambda d: d.update(version=99), "version 99"),
+        (lambda d: d["ops"][3].pop("target"), "corrupt graph"),
+        (lambda d: d["ops"][3].update(inputs=[10**6]), "unknown value"),
+    ],
+)
+def test_corrupt_graph_gives_one_clear_error(mutate, msg) -> None:  # type: ignore[no-untyped-def]
+    _, c = captured_workload("mlp")
+    d = json.loads(json.dumps(c.graph.to_json()))
+    mutate(d)
+    with pytest.raises(SchedlabError, match=msg):
+        Graph.from_json(d)
