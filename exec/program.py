@@ -125,8 +125,9 @@ class Program:
         lines.append(f"    T[{len(sequence)}] = ns()")
         lines += [f"    V[{v}] = v{v}" for v in sorted(keep) if v not in input_ids]
         namespace = {"F": self.fns, "K": self.consts, "S": torch.set_num_threads, "ns": time.perf_counter_ns}
-        exec(compile("\n".join(lines), f"<schedlab step {g.name}>", "exec"), namespace)  # noqa: S102
-        return namespace["run"]  # type: ignore[no-any-return]
+        exec(compile("\n".join(lines), f"<schedlab step {g.name}>", "exec"), namespace)
+        run: Callable[[list[Any], list[int]], None] = namespace["run"]  # type: ignore[assignment]
+        return run
 
     def _assign(self, i: int, ref: Callable[[int], str]) -> str:
         op = self.graph.ops[i]
@@ -148,7 +149,7 @@ def compile_graph(graph: Graph) -> Program:
         unpack.append(multi)
 
         def ref(v: int) -> str:
-            return "{v%d}" % v
+            return f"{{v{v}}}"
 
         args = [em.expr(a, ref) for a in op.args]
         kwargs = [f"{k}={em.expr(a, ref)}" for k, a in op.kwargs.items()]
@@ -161,6 +162,6 @@ def compile_graph(graph: Graph) -> Program:
         src.append(f"def op{op.id}(V):")
         src.append("    " + prog._assign(op.id, lambda v: f"V[{v}]"))
     namespace: dict[str, Any] = {"F": prog.fns, "K": consts}
-    exec(compile("\n".join(src) or "pass", f"<schedlab ops {graph.name}>", "exec"), namespace)  # noqa: S102
+    exec(compile("\n".join(src) or "pass", f"<schedlab ops {graph.name}>", "exec"), namespace)
     op_fns = tuple(namespace[f"op{op.id}"] for op in graph.ops)
     return Program(graph=graph, fns=prog.fns, unpack=prog.unpack, call_src=prog.call_src, consts=consts, op_fns=op_fns)

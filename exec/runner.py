@@ -91,7 +91,7 @@ class Executor:
         prev = torch.get_num_threads()
         try:
             self._straight(V, T)
-        except Exception as e:  # noqa: BLE001 - re-raised naming the op
+        except Exception as e:
             k = max(idx for idx, t in enumerate(T) if t) if any(T) else 0
             raise _failed(self.graph, seq[min(k, len(seq) - 1)], e) from e
         finally:
@@ -139,7 +139,7 @@ class Executor:
                 t0 = ns()
                 try:
                     op_fns[i](V)
-                except BaseException as e:  # noqa: BLE001 - handed to the caller
+                except BaseException as e:
                     with cond:
                         errors.append(_failed(g, i, e))
                         cond.notify_all()

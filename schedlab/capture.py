@@ -155,7 +155,7 @@ class _Importer:
         kwargs = {k: self.encode(v, env, used) for k, v in node.kwargs.items()}
         val = node.meta.get("val")
         multi = isinstance(val, (list, tuple))
-        vals = list(val) if multi else [val]
+        vals: list[Any] = list(val) if isinstance(val, (list, tuple)) else [val]
         # A view shares storage with an input: the schema's alias set says which one.
         schema = target._schema
         alias_src: int | None = None
@@ -196,7 +196,7 @@ class _Importer:
         return v if m is None or m.alias_of is None else m.alias_of
 
 
-def _check_workload_exports(workload: Workload) -> tuple[fx.GraphModule, Any]:
+def _check_workload_exports(workload: Workload) -> tuple[Any, Any]:
     from torch._functorch.aot_autograd import aot_export_module
 
     wrapper = _LossTuple(workload.module)
@@ -204,7 +204,7 @@ def _check_workload_exports(workload: Workload) -> tuple[fx.GraphModule, Any]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return aot_export_module(wrapper, list(workload.inputs), trace_joint=True, output_loss_index=0)
-    except Exception as e:  # noqa: BLE001 - any tracing failure is the user's model
+    except Exception as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SchedlabError(f"cannot capture workload {workload.name!r} as a joint graph: {type(e).__name__}: {msg}") from None
 
@@ -265,6 +265,7 @@ def capture(workload: Workload, optimizer: str = "sgd", lr: float | None = None)
     scalars = shared_outs[len(shared_inputs):]
     for pname, g in grads.items():
         p = named_params[pname]
+        layer = _owner(pname) or None
         state = spec.param_state(p)
         state_inputs = [imp.add_input(f"{pname}.{s}", InputRole.OPT_STATE, t) for s, t in state.items()]
         upd_gm = spec.trace_update(p, state, lr)
@@ -272,7 +273,7 @@ def capture(workload: Workload, optimizer: str = "sgd", lr: float | None = None)
             upd_gm,
             [param_values[pname], g, *state_inputs, *scalars],
             lambda n: OpKind.OPT,
-            lambda n, _layer=_owner(pname) or None: _layer,
+            lambda n, _layer=layer: _layer,  # type: ignore[misc]
             prefix=f"opt[{pname}].",
         )
         outputs.append(GraphOutput(outs[0], pname, OutputRole.PARAM))

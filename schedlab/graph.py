@@ -20,7 +20,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from schedlab.errors import SchedlabError
 GRAPH_SCHEMA_VERSION = 1
 
 
-class OpKind(str, Enum):
+class OpKind(StrEnum):
     """What part of the training step an op belongs to."""
 
     F = "F"  # forward
@@ -40,7 +40,7 @@ class OpKind(str, Enum):
     COMM = "COMM"  # communication between devices
 
 
-class InputRole(str, Enum):
+class InputRole(StrEnum):
     PARAM = "param"
     BUFFER = "buffer"
     OPT_STATE = "opt_state"
@@ -48,7 +48,7 @@ class InputRole(str, Enum):
     CONST = "const"
 
 
-class OutputRole(str, Enum):
+class OutputRole(StrEnum):
     LOSS = "loss"
     GRAD = "grad"  # gradient of the parameter named by `name`
     PARAM = "param"  # updated parameter

@@ -243,7 +243,7 @@ def _dgx_8gpu() -> Machine:
         Link(src="cpu0", dst=f"gpu{i}", bw_bytes_per_s=25e9, latency_s=10e-6, name=f"pcie{i}")
         for i in range(8)
     )
-    return Machine(name="dgx-8gpu", devices=gpus + (cpu,), links=links, host={"cpu_model": "8x GPU node (preset)"})
+    return Machine(name="dgx-8gpu", devices=(*gpus, cpu), links=links, host={"cpu_model": "8x GPU node (preset)"})
 
 
 PRESETS = {"manycore-68": _manycore_68, "dgx-8gpu": _dgx_8gpu}

@@ -8,6 +8,7 @@ trace-event format that Perfetto and chrome://tracing open, one track per worker
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import time
 from dataclasses import dataclass, field
@@ -89,9 +90,9 @@ class Trace:
         meta = d.get("meta", {})
         if not isinstance(meta, dict) or meta.get("source") not in SOURCES:
             raise SchedlabError(f"corrupt trace: meta.source must be one of {SOURCES}")
-        for e in events:
-            if e.end_ns < e.start_ns:
-                raise SchedlabError(f"corrupt trace: event for op {e.op} ends before it starts")
+        for ev in events:
+            if ev.end_ns < ev.start_ns:
+                raise SchedlabError(f"corrupt trace: event for op {ev.op} ends before it starts")
         return Trace(events=events, meta=meta)
 
     def save(self, path: str | Path) -> Path:
@@ -144,10 +145,8 @@ def library_versions() -> dict[str, str]:
 
     out = {"python": platform.python_version(), "schedlab": _version()}
     for pkg in ("torch", "simpy", "optuna", "numpy"):
-        try:
+        with contextlib.suppress(md.PackageNotFoundError):
             out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            pass
     return out
 
 

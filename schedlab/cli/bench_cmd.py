@@ -32,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
 
     machine = detect_host()
     plan = load_plan_arg(args.plan)
-    rows = {}
+    rows: dict[str, dict[str, object]] = {}
+    results = {}
     for model in args.models:
         ns = argparse.Namespace(model=model, size=args.size, optimizer=args.optimizer, seed=0)
         workload, captured = capture_model(ns)
@@ -42,15 +43,16 @@ def run(args: argparse.Namespace) -> int:
                 progress=lambda: bar.update(1),
             )
         rows[model] = res.to_json()
+        results[model] = res
     if args.json:
         print_json({"machine": machine.host, "plan": plan.to_json(), "size": args.size, "results": rows})
         return 0
     print(f"machine: {machine.host.get('cpu_model')} ({machine.default_device.cores} cores), plan {plan.describe()}")
     print(f"{'model':<14}{'ops':>6}{'eager ms':>10}{'exec ms':>10}{'ratio':>8}  {'IQR':<14}{'overhead/op':>12}")
-    for model, r in rows.items():
-        lo, hi = r["ratio_spread"]  # type: ignore[misc]
+    for model, r in results.items():
+        lo, hi = r.ratio_spread
         print(
-            f"{model:<14}{r['ops']:>6}{r['eager_step_s'] * 1e3:>10.2f}{r['exec_step_s'] * 1e3:>10.2f}"  # type: ignore[operator]
-            f"{r['ratio']:>8.3f}  {lo:.3f}-{hi:.3f}  {r['per_op_overhead_us']:>9.1f} us"
+            f"{model:<14}{r.ops:>6}{r.eager_step_s * 1e3:>10.2f}{r.exec_step_s * 1e3:>10.2f}"
+            f"{r.ratio:>8.3f}  {lo:.3f}-{hi:.3f}  {r.per_op_overhead_us:>9.1f} us"
         )
     return 0

@@ -81,7 +81,7 @@ class LSTM(nn.Module):
         final: list[tuple[Tensor, Tensor]] = []
         for k, layer in enumerate(self.layers):
             if state is None:
-                h = c = x.new_zeros(x.shape[0], layer.hidden)
+                h = c = x.new_zeros(x.shape[0], int(layer.hidden))  # type: ignore[arg-type]
             else:
                 h, c = state[k]
             x, h, c = layer(x, h, c)

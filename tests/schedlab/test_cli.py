@@ -55,7 +55,7 @@ def test_plan_then_trace(capsys, tmp_path: Path) -> None:  # type: ignore[no-unt
     ],
 )
 def test_bad_input_is_one_clear_error(capsys, argv: list[str], msg: str) -> None:  # type: ignore[no-untyped-def]
-    rc, out, err = _run(capsys, *argv)
+    rc, _out, err = _run(capsys, *argv)
     assert rc == 2
     assert msg in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1

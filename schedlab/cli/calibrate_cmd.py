@@ -1,0 +1,114 @@
+"""`schedlab calibrate`: measure this machine and write the Profile `simulate` reads.
+
+    schedlab calibrate                 # full calibration (what `make calibrate` runs)
+    schedlab calibrate --quick         # short version for tests and CI (~1 minute on 2 cores)
+    schedlab calibrate --quick --out /tmp/p.json --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BUSY_MACHINE_FRAC = 0.10  # other processes' CPU share above which timings are suspect
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from calibrate.profile import DEFAULT_PROFILE_PATH
+
+    p.add_argument("--quick", action="store_true", help="short calibration (tiny workloads, small sweep)")
+    p.add_argument(
+        "--out",
+        metavar="PROFILE",
+        type=Path,
+        default=DEFAULT_PROFILE_PATH,
+        help=f"where to write the Profile (default: {DEFAULT_PROFILE_PATH}, where simulate looks)",
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "calibrate",
+        help="microbenchmark this machine and write a Profile",
+        description="Microbenchmark the op classes the workloads use over shapes and thread counts, "
+        "measure the executor's dispatch cost and co-run slowdowns, fit a cost model per op class "
+        "and write a Profile (versioned JSON) with held-out errors.",
+    )
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def summary(profile: Any, path: Path, wall_s: float) -> dict[str, Any]:
+    classes = {
+        cls: {
+            "heldout_mape": fit.heldout_mape,
+            "heldout_wape": fit.heldout_wape,
+            "model": fit.model_name,
+            "n_signatures": fit.n_signatures,
+        }
+        for cls, fit in sorted(profile.classes.items())
+    }
+    return {
+        "path": str(path),
+        "quick": profile.quick,
+        "classes": classes,
+        "fallback_heldout_mape": profile.fallback.heldout_mape,
+        "dispatch_us": profile.dispatch.to_json(),
+        "corun": profile.corun.to_json(),
+        "signatures": len(profile.signatures),
+        "foreign_cpu_frac": profile.meta.get("foreign_cpu_frac"),
+        "failures": len(profile.meta.get("failures", [])),
+        "wall_s": round(wall_s, 1),
+    }
+
+
+def _fmt(x: float | None) -> str:
+    return "   -  " if x is None else f"{x:6.1f}"
+
+
+def _print_table(s: dict[str, Any]) -> None:
+    print(f"profile written to {s['path']} ({'quick' if s['quick'] else 'full'}, {s['wall_s']} s)")
+    print(f"{'op class':34s} {'model':20s} {'sigs':>5s} {'MAPE%':>6s} {'WAPE%':>6s}  (held out)")
+    for cls, c in s["classes"].items():
+        print(f"{cls:34s} {c['model']:20s} {c['n_signatures']:5d} {_fmt(c['heldout_mape'])} {_fmt(c['heldout_wape'])}")
+    print(f"{'(fallback, memory-bound pool)':34s} {'':20s} {'':5s} {_fmt(s['fallback_heldout_mape'])}")
+    d, c = s["dispatch_us"], s["corun"]
+    print(f"dispatch: {d['op_us']:.2f} us/op, {d['view_us']:.2f} us/view (call floor {d['call_floor_us']:.2f} us)")
+    print(
+        f"co-run slowdown: memory-bound x{c['mem_slowdown']:.2f}, compute-bound x{c['compute_slowdown']:.2f}, "
+        f"tiny ops (interpreter lock) x{c['gil_slowdown']:.2f}"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the calibration and write the Profile; print a summary."""
+    from calibrate.run import run_calibration
+    from schedlab.errors import SchedlabError
+
+    t0 = time.perf_counter()
+    try:
+        profile = run_calibration(quick=args.quick, out=args.out, progress=not getattr(args, "no_progress", False))
+    except SchedlabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    s = summary(profile, args.out, time.perf_counter() - t0)
+    busy = s["foreign_cpu_frac"]
+    if busy is not None and busy > BUSY_MACHINE_FRAC:
+        print(
+            f"warning: other processes used {busy:.0%} of the CPU while calibrating; timings (two-thread "
+            "and co-run ones above all) are unreliable: re-run on an idle machine",
+            file=sys.stderr,
+        )
+    if s["failures"]:
+        print(f"warning: {s['failures']} op(s) could not be benchmarked; see meta.failures in the profile", file=sys.stderr)
+    if args.json:
+        print(json.dumps(s, indent=1))
+    else:
+        _print_table(s)
+    return 0
