@@ -9,6 +9,7 @@ trace-event format that Perfetto and chrome://tracing open, one track per worker
 from __future__ import annotations
 
 import contextlib
+import functools
 import platform
 import time
 from dataclasses import dataclass, field
@@ -140,14 +141,20 @@ class Trace:
         return write_json_atomic(path, self.to_chrome())
 
 
-def library_versions() -> dict[str, str]:
+@functools.cache
+def _versions() -> tuple[tuple[str, str], ...]:
     import importlib.metadata as md
 
     out = {"python": platform.python_version(), "schedlab": _version()}
     for pkg in ("torch", "simpy", "optuna", "numpy"):
         with contextlib.suppress(md.PackageNotFoundError):
             out[pkg] = md.version(pkg)
-    return out
+    return tuple(out.items())
+
+
+def library_versions() -> dict[str, str]:
+    """Python, schedlab and key library versions (looked up once per process)."""
+    return dict(_versions())
 
 
 def _version() -> str:

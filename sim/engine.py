@@ -1,0 +1,326 @@
+"""The SimPy model of the executor, and `simulate()`, which runs it (or its fast twin).
+
+The model (time unit: microseconds):
+
+- **Workers and the interpreter lock.** `plan.slots` worker processes share one ready
+  heap and one interpreter lock, a `simpy.Resource(capacity=1)`: the executor is one
+  Python process, and its Python code (taking an op off the heap, the dispatch part
+  `cost.dispatch_us`) runs only under the lock, on any device. A worker whose kernel
+  ended, or an idle worker woken because ops became ready, queues for the lock (FIFO);
+  holding it, it pops the ready op of lowest (priority, op id), which starts then, and
+  keeps the lock through the dispatch part. Nothing ready: it releases the lock and
+  idles. Who queues, in which order, and what is popped is decided at the end of each
+  instant (SimPy priorities 2 and 3, after every normal event at that time), so the
+  outcome never depends on how simultaneous events happen to be ordered; `sim.fast`
+  spells the rules out.
+- **CPU kernels** run on their device's cores, a processor-sharing server
+  (`sim.fluid.FluidShare`): k threads demand k cores; above the core count everyone is
+  stretched by total_threads/cores; each kernel is further slowed by
+  `cost.corun_slowdown(op, busy cores of the others, cores)`. The worker waits for its
+  kernel (ATen releases the lock, so kernels of different workers overlap).
+- **GPU kernels.** The worker dispatches on the host (holding the lock), launches the
+  kernel and is free again; the kernel runs on one of the device's `streams` (a kernel
+  queues FIFO when all are busy; co-running kernels slow each other through
+  `corun_slowdown(op, busy streams of the others, streams)`). Successors become ready when
+  the kernel ends: the host does not run ahead of the device.
+- **Transfers.** A consumer on another device than a value's home waits for one transfer
+  of that value to its device (`sim.interconnect`), started when the value is ready. The
+  trace shows it as kind "COMM", op = the first consumer, name "send <value>", device =
+  the sender, worker = -1 - link index, threads 0.
+- **Memory.** Outputs are allocated when the kernel starts (a transfer's copy when the
+  transfer starts); a storage is freed at the end of the instant in which its last
+  reader finishes, unless it holds a graph input or output (see `sim.memory`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from heapq import heapify, heappop, heappush
+from typing import Any
+
+import simpy
+from simpy.events import EventPriority
+from simpy.resources.resource import Request
+
+from schedlab.errors import SchedlabError
+from schedlab.graph import Graph
+from schedlab.machine import Machine
+from schedlab.plan import ResolvedPlan
+from sim.cost import CostModel
+from sim.fast import run_fast
+from sim.fluid import FluidShare
+from sim.interconnect import Network
+from sim.memory import MemoryTracker
+from sim.prepare import PINNED, Prepared, Structure, build_structure, op_devices, prepare
+from sim.result import SimResult, Timeline, build_trace
+from sim.server import SimServer
+
+ENGINES = ("auto", "simpy", "fast")
+_SETTLE = EventPriority(2)  # after NORMAL (1): once every ordinary event of the instant is done
+_PICK = EventPriority(3)  # after the settle of the same instant
+
+
+class _Later(simpy.Event):
+    """An event that fires at the current time, after all events of higher priority."""
+
+    def __init__(self, env: simpy.Environment, priority: EventPriority) -> None:
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        env.schedule(self, priority)
+
+
+class _SimpyRun:
+    """One simulated step in a fresh SimPy Environment."""
+
+    def __init__(self, prep: Prepared, machine: Machine) -> None:
+        self.prep = prep
+        self.env = env = simpy.Environment()
+        self.lock = simpy.Resource(env, capacity=1)  # the interpreter lock
+        self.servers = [
+            SimServer(env, FluidShare(cap, prep.slowdown[d], max_jobs=cap if prep.device_is_gpu[d] else None))
+            for d, cap in enumerate(prep.capacity)
+        ]
+        self.network = Network(env, machine)
+        self.st = st = prep.structure
+        self.mem = MemoryTracker(list(st.initial_live))
+        n = prep.n_ops
+        self.pending = list(st.pending)
+        self.refs = list(st.storage_refs)
+        self.ready = [(prep.priority[o], o) for o in range(n) if self.pending[o] == 0]
+        heapify(self.ready)
+        self.idle: list[int] = list(range(prep.slots))  # a heap of worker indices
+        self.ended: list[int] = []  # workers whose kernels ended (or were launched) this instant
+        self.seekers = 0  # workers queued for the lock to look for work
+        self.wakeup: list[simpy.Event | None] = [None] * prep.slots
+        self.settle_pending = False
+        self.tl = Timeline([0.0] * n, [0.0] * n, [0] * n, [])
+        self.done = 0
+
+    def run(self) -> None:
+        for w in range(self.prep.slots):
+            self.env.process(self._worker(w))
+        for x in self.st.initial_sends:
+            self.env.process(self._send(x))
+        self._request_settle()
+        self.env.run()
+        if self.done != self.prep.n_ops:  # pragma: no cover - prepare() only builds DAGs
+            raise SchedlabError(f"simulation stalled: {self.prep.n_ops - self.done} of {self.prep.n_ops} ops never ran")
+
+    # ---- processes -------------------------------------------------------------------------
+
+    def _worker(self, w: int) -> Generator[simpy.Event, Any, None]:
+        env, prep, st = self.env, self.prep, self.st
+        while True:
+            wake = env.event()
+            self.wakeup[w] = wake
+            req: Request = yield wake  # the settle queues us for the lock
+            yield req
+            yield _Later(env, _PICK)  # let every event of this instant land before choosing
+            o = self._pick(w)
+            if o is None:
+                self.lock.release(req)
+                continue
+            yield env.timeout(prep.dispatch_us[o])
+            self.lock.release(req)
+            d = st.op_device[o]
+            self.mem.alloc(d, st.alloc_bytes[o])
+            done = self.servers[d].run(o, prep.demand[o], prep.kernel_us[o])
+            if prep.device_is_gpu[d]:
+                done.callbacks.append(self._on_async_kernel_end)  # launched; the worker moves on
+            else:
+                self._request_settle()  # the lock is free
+                yield done
+                self._complete(o)
+            self.ended.append(w)
+            self._request_settle()
+
+    def _on_async_kernel_end(self, event: simpy.Event) -> None:
+        self._complete(int(event.value or 0))
+
+    def _send(self, x: int) -> Generator[simpy.Event, Any, None]:
+        prep = self.prep
+        spec = self.st.transfers[x]
+        self.mem.alloc(spec.dst, spec.nbytes)
+        rec = yield self.network.transfer(prep.device_ids[spec.src], prep.device_ids[spec.dst], spec.nbytes)
+        self.tl.transfers.append((x, rec.link, rec.start_us, rec.end_us))
+        self._release(spec.src_storage)
+        for c in spec.consumers:
+            self._token_done(c)
+        self._request_settle()
+
+    # ---- bookkeeping -----------------------------------------------------------------------
+
+    def _pick(self, w: int) -> int | None:
+        """Worker `w` holds the lock: the ready op it takes, or None (it goes idle)."""
+        self.seekers -= 1
+        if not self.ready:
+            heappush(self.idle, w)
+            return None
+        o = heappop(self.ready)[1]
+        tl = self.tl
+        tl.start_us[o] = self.env.now
+        tl.worker[o] = w
+        tl.start_order.append(o)
+        return o
+
+    def _complete(self, o: int) -> None:
+        st = self.st
+        self.tl.end_us[o] = self.env.now
+        self.done += 1
+        for s in st.release[o]:
+            self._release(s)
+        for s in st.local_succs[o]:
+            self._token_done(s)
+        for x in st.sends[o]:
+            self.env.process(self._send(x))
+        self._request_settle()
+
+    def _release(self, s: int) -> None:
+        r = self.refs[s]
+        if r != PINNED:
+            self.refs[s] = r - 1
+            if r == 1:
+                self.mem.free_later(self.st.storage_device[s], self.st.storage_bytes[s])
+
+    def _token_done(self, o: int) -> None:
+        p = self.pending[o] - 1
+        self.pending[o] = p
+        if p == 0:
+            heappush(self.ready, (self.prep.priority[o], o))
+
+    def _request_settle(self) -> None:
+        if not self.settle_pending:
+            self.settle_pending = True
+            _Later(self.env, _SETTLE).callbacks.append(self._settle)
+
+    def _settle(self, _event: simpy.Event) -> None:
+        """End of an instant: apply frees, queue seekers for the lock in a fixed order."""
+        self.settle_pending = False
+        self.mem.settle()
+        queue: list[int] = []
+        if self.ended:
+            queue = sorted(self.ended)
+            self.ended.clear()
+        while self.idle and self.seekers + len(queue) < len(self.ready):
+            queue.append(heappop(self.idle))
+        for w in queue:
+            wake = self.wakeup[w]
+            assert wake is not None
+            self.wakeup[w] = None
+            self.seekers += 1
+            wake.succeed(self.lock.request())
+
+
+def run_simpy(prep: Prepared, machine: Machine) -> tuple[Timeline, MemoryTracker, list[float]]:
+    """Simulate one step with the general SimPy model. Returns times, memory, busy unit-µs per device."""
+    r = _SimpyRun(prep, machine)
+    r.run()
+    return r.tl, r.mem, [s.fluid.busy_unit_us for s in r.servers]
+
+
+class Simulator:
+    """A graph, a machine and a cost model bound once; `run(resolved)` simulates one plan.
+
+    A search reuses one Simulator for thousands of plans: it keeps the structure (tokens,
+    transfers, storages) of each placement it meets, and the cost model's dispatch time of
+    each op and kernel time of each (op, threads), so a run only computes what the plan
+    changes. The cost model must be a pure function of its arguments.
+    """
+
+    def __init__(self, graph: Graph, machine: Machine, cost: CostModel, *, max_placements: int = 16) -> None:
+        self.graph = graph
+        self.machine = machine
+        self.cost = cost
+        self.max_placements = max_placements
+        self._structures: dict[tuple[int, ...], Structure] = {}
+        self._dispatch_us: list[float] | None = None
+        self._kernel_us: dict[int, float] = {}  # op id * _stride + threads -> µs
+        self._stride = max(d.cores for d in machine.devices) + 1
+
+    def run(self, resolved: ResolvedPlan, *, record: bool = True, engine: str = "auto") -> SimResult:
+        """Predict one step under `resolved`; see `simulate`."""
+        t0 = time.perf_counter()
+        if engine not in ENGINES:
+            raise SchedlabError(f"unknown simulator engine {engine!r}; use one of {', '.join(ENGINES)}")
+        graph, machine = self.graph, self.machine
+        if len(resolved.device) != len(graph.ops):
+            raise SchedlabError(f"resolved plan covers {len(resolved.device)} ops but graph {graph.name!r} has {len(graph.ops)}")
+        placement = op_devices(resolved, machine)
+        structure = self._structures.get(placement)
+        if structure is None:
+            structure = build_structure(graph, placement, len(machine.devices))
+            if len(self._structures) >= self.max_placements:
+                self._structures.pop(next(iter(self._structures)))
+            self._structures[placement] = structure
+        prep = prepare(
+            graph,
+            resolved,
+            machine,
+            self.cost,
+            structure=structure,
+            kernel_us=self._kernels(resolved.threads),
+            dispatch_us=self._dispatches(),
+        )
+        use_fast = engine == "fast" or (engine == "auto" and prep.single_cpu)
+        if use_fast:
+            if not prep.single_cpu:
+                raise SchedlabError("the fast simulator engine needs every op on one CPU device; use engine='simpy'")
+            tl, mem, busy = run_fast(prep)
+        else:
+            tl, mem, busy = run_simpy(prep, machine)
+        step_us = max(max(tl.end_us, default=0.0), max((t[3] for t in tl.transfers), default=0.0))
+        dev_ids = prep.device_ids
+        oom = tuple(d for i, d in enumerate(dev_ids) if mem.peak[i] > prep.memory_bytes[i])
+        name = "fast" if use_fast else "simpy"
+        trace = None
+        if record:
+            trace = build_trace(graph, resolved, machine, prep, tl, {"engine": name, "oom_devices": list(oom)})
+        return SimResult(
+            step_time_s=step_us / 1e6,
+            peak_memory_bytes={d: mem.peak[i] for i, d in enumerate(dev_ids)},
+            trace=trace,
+            sim_wall_s=time.perf_counter() - t0,
+            busy_core_s={d: busy[i] / 1e6 for i, d in enumerate(dev_ids)},
+            oom_devices=oom,
+            engine=name,
+        )
+
+    def _dispatches(self) -> list[float]:
+        if self._dispatch_us is None:
+            self._dispatch_us = [float(self.cost.dispatch_us(op)) for op in self.graph.ops]
+        return self._dispatch_us
+
+    def _kernels(self, threads: tuple[int, ...]) -> list[float]:
+        memo, stride, ops, kernel = self._kernel_us, self._stride, self.graph.ops, self.cost.kernel_us
+        out: list[float] = []
+        for i, k in enumerate(threads):
+            if not 0 < k < stride:  # resolve() never gives this; do not let keys collide
+                out.append(float(kernel(ops[i], k)))
+                continue
+            key = i * stride + k
+            t = memo.get(key)
+            if t is None:
+                t = memo[key] = float(kernel(ops[i], k))
+            out.append(t)
+        return out
+
+
+def simulate(
+    graph: Graph,
+    resolved: ResolvedPlan,
+    machine: Machine,
+    cost: CostModel,
+    *,
+    record: bool = True,
+    engine: str = "auto",
+) -> SimResult:
+    """Predict one step of `graph` under `resolved` on `machine` with `cost`.
+
+    `record`: also build the Trace (source "sim"); a search passes False. `engine`: "auto"
+    takes the fast heap loop when every op runs on one CPU device and the SimPy model
+    otherwise; "simpy" and "fast" force one (the tests compare them). To simulate many
+    plans of one graph, bind a `Simulator` once instead.
+    """
+    return Simulator(graph, machine, cost).run(resolved, record=record, engine=engine)

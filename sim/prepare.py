@@ -1,0 +1,324 @@
+"""Flat per-(graph, plan) arrays that both engines run on, built before each simulation.
+
+Everything the event loop needs is looked up by integer index here, so the loop itself
+never touches a Graph, an Op or a dict keyed by strings:
+
+- per op: device, threads (the demand on the device), dispatch and kernel time from the
+  cost model, priority, how many *tokens* it waits for, and what it releases when done;
+- tokens: an op waits for each local producer op and for each transfer that brings a
+  remote value to its device (one transfer per value and destination device);
+- storages: one per (alias root, device) with its bytes and reference count (see
+  `sim.memory`).
+
+The part that depends only on the graph and the placement of its ops (`Structure`) is
+kept apart from the per-plan part (threads, costs, priorities), so that a `Simulator`
+reused across plans builds it once.
+
+Home device of a value: the device of the op that writes it; for a graph input, the
+device of its first consumer (by op id), or the device of op 0 if nothing reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from schedlab.errors import SchedlabError
+from schedlab.graph import Graph
+from schedlab.machine import Machine
+from schedlab.plan import ResolvedPlan
+from sim.cost import CostModel
+
+PINNED = 1 << 60  # reference count of a storage that is never freed (graph inputs and outputs)
+
+
+@dataclass(frozen=True)
+class TransferSpec:
+    """One value sent to one device: started when the value is ready on its home device."""
+
+    value: int
+    src: int  # device index
+    dst: int
+    nbytes: int
+    consumers: tuple[int, ...]  # ops on dst that wait for it (ascending ids)
+    src_storage: int  # released when the transfer ends
+    dst_storage: int  # allocated when the transfer starts
+
+
+@dataclass(frozen=True)
+class Structure:
+    """Tokens, transfers and storages of one graph with one placement of its ops."""
+
+    op_device: tuple[int, ...]
+    pending: tuple[int, ...]  # tokens each op waits for at the start of the step
+    local_succs: tuple[tuple[int, ...], ...]  # op -> ops on its device waiting for it
+    sends: tuple[tuple[int, ...], ...]  # op -> transfer ids to start when it finishes
+    initial_sends: tuple[int, ...]  # transfers of graph inputs, started at time 0
+    transfers: tuple[TransferSpec, ...]
+    alloc_bytes: tuple[int, ...]  # op -> bytes its outputs allocate on its device at kernel start
+    release: tuple[tuple[int, ...], ...]  # op -> storages it drops a reference to when done
+    storage_bytes: tuple[int, ...]
+    storage_device: tuple[int, ...]
+    storage_refs: tuple[int, ...]  # reference counts at the start of the step
+    initial_live: tuple[int, ...]  # per device: bytes of graph inputs
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything one simulation reads, as flat arrays indexed by op, device or storage."""
+
+    device_ids: tuple[str, ...]
+    device_is_gpu: tuple[bool, ...]
+    capacity: tuple[int, ...]  # cores (cpu) or streams (gpu)
+    memory_bytes: tuple[int, ...]
+    structure: Structure
+    threads: list[int]
+    demand: list[int]  # threads on a cpu, 1 (one stream) on a gpu
+    dispatch_us: list[float]
+    kernel_us: list[float]
+    priority: list[int]
+    slots: int
+    slowdown: tuple[Callable[[int, int], float], ...]  # per device, for FluidShare
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.threads)
+
+    @property
+    def single_cpu(self) -> bool:
+        """All ops on one CPU device and no transfers: the fast loop applies."""
+        st = self.structure
+        devs = set(st.op_device)
+        return not st.transfers and len(devs) <= 1 and not any(self.device_is_gpu[d] for d in devs)
+
+
+def op_devices(resolved: ResolvedPlan, machine: Machine) -> tuple[int, ...]:
+    """Device index (position in machine.devices) of every op."""
+    dev_index = {d.id: i for i, d in enumerate(machine.devices)}
+    try:
+        return tuple(dev_index[d] for d in resolved.device)
+    except KeyError as e:
+        raise SchedlabError(f"resolved plan places an op on device {e.args[0]!r}, not in machine {machine.name!r}") from None
+
+
+def prepare(
+    graph: Graph,
+    resolved: ResolvedPlan,
+    machine: Machine,
+    cost: CostModel,
+    *,
+    structure: Structure | None = None,
+    kernel_us: list[float] | None = None,
+    dispatch_us: list[float] | None = None,
+) -> Prepared:
+    """Flat arrays for one simulation; `structure` and the cost lists may come from a cache."""
+    ops = graph.ops
+    n = len(ops)
+    if len(resolved.threads) != n or len(resolved.priority) != n or len(resolved.device) != n:
+        raise SchedlabError(f"resolved plan covers {len(resolved.threads)} ops but graph {graph.name!r} has {n}")
+    if structure is None:
+        structure = build_structure(graph, op_devices(resolved, machine), len(machine.devices))
+    op_device = structure.op_device
+    is_gpu = tuple(d.kind == "gpu" for d in machine.devices)
+    capacity = tuple(d.streams if d.kind == "gpu" else d.cores for d in machine.devices)
+    threads = list(resolved.threads)
+    demand = [1 if is_gpu[op_device[i]] else threads[i] for i in range(n)]
+    if dispatch_us is None:
+        dispatch_us = [float(cost.dispatch_us(op)) for op in ops]
+    if kernel_us is None:
+        kernel_us = [float(cost.kernel_us(op, threads[op.id])) for op in ops]
+    return Prepared(
+        device_ids=tuple(d.id for d in machine.devices),
+        device_is_gpu=is_gpu,
+        capacity=capacity,
+        memory_bytes=tuple(d.memory_bytes for d in machine.devices),
+        structure=structure,
+        threads=threads,
+        demand=demand,
+        dispatch_us=dispatch_us,
+        kernel_us=kernel_us,
+        priority=list(resolved.priority),
+        slots=resolved.slots,
+        slowdown=tuple(_slowdown_fn(graph, cost, c) for c in capacity),
+    )
+
+
+def alias_roots(graph: Graph) -> list[int]:
+    """value id -> the value whose storage it uses (itself unless it is a view).
+
+    A value is a view when its TensorMeta says `alias_of`, or when an op marked `is_view`
+    writes it without saying of what: it then aliases the op's first input.
+    """
+    n = len(graph.values)
+    parent = list(range(n))
+    for v, meta in enumerate(graph.values):
+        if meta is not None and meta.alias_of is not None and 0 <= meta.alias_of < n:
+            parent[v] = meta.alias_of
+    for op in graph.ops:
+        if op.is_view and op.inputs:
+            for v in op.outputs:
+                meta = graph.values[v]
+                if meta is None or meta.alias_of is None:
+                    parent[v] = op.inputs[0]
+    root = [0] * n
+    for v in range(n):
+        r, hops = v, 0
+        while parent[r] != r:
+            r = parent[r]
+            hops += 1
+            if hops > n:
+                raise SchedlabError(f"graph value {v}: alias_of chain has a cycle")
+        root[v] = r
+    return root
+
+
+def build_structure(graph: Graph, op_device: tuple[int, ...], n_devices: int) -> Structure:
+    """Tokens, transfers and storages of `graph` with op i on device `op_device[i]`."""
+    ops = graph.ops
+    n = len(ops)
+    if len(op_device) != n:
+        raise SchedlabError(f"placement covers {len(op_device)} ops but graph {graph.name!r} has {n}")
+    roots = alias_roots(graph)
+    values = graph.values
+    producer = graph.producer
+    default_dev = op_device[0] if n else 0
+
+    # Home device of every value.
+    home: dict[int, int] = {}
+    for gi in graph.inputs:
+        home[gi.value] = -1
+    for op in ops:
+        d = op_device[op.id]
+        for v in op.inputs:
+            if home.get(v) == -1:
+                home[v] = d
+        for v in op.outputs:
+            home[v] = d
+    for v, h in home.items():
+        if h == -1:
+            home[v] = default_dev
+
+    # Storages: (alias root, device) -> index.
+    sid_of: dict[tuple[int, int], int] = {}
+    storage_bytes: list[int] = []
+    storage_device: list[int] = []
+    storage_refs: list[int] = []
+
+    def sid(root: int, device: int) -> int:
+        key = (root, device)
+        s = sid_of.get(key)
+        if s is None:
+            s = len(storage_bytes)
+            sid_of[key] = s
+            storage_bytes.append(0)
+            storage_device.append(device)
+            storage_refs.append(0)
+        return s
+
+    def nbytes(v: int) -> int:
+        m = values[v]
+        return 0 if m is None else m.nbytes
+
+    initial_live = [0] * n_devices
+    for gi in graph.inputs:
+        v = gi.value
+        s = sid(roots[v], home[v])
+        storage_refs[s] = PINNED
+        if roots[v] == v:
+            storage_bytes[s] += nbytes(v)
+            initial_live[home[v]] += nbytes(v)
+    for go in graph.outputs:
+        if go.value in home:
+            storage_refs[sid(roots[go.value], home[go.value])] = PINNED
+
+    # Transfers, tokens and references.
+    xfer_of: dict[tuple[int, int], int] = {}
+    xfer_keys: list[tuple[int, int, int]] = []  # (value, src, dst)
+    xfer_consumers: list[list[int]] = []
+    waits: list[list[int]] = [[] for _ in range(n)]  # op -> local producer ops
+    xwaits: list[list[int]] = [[] for _ in range(n)]  # op -> transfers
+    release: list[tuple[int, ...]] = []
+    alloc_bytes = [0] * n
+    for op in ops:
+        o, d = op.id, op_device[op.id]
+        rel: list[int] = []
+        for v in op.inputs:
+            if v not in home:
+                raise SchedlabError(f"graph op {o} ({op.name}) reads value {v}, which no op writes and is no input")
+            s = sid(roots[v], d)
+            if s not in rel:
+                rel.append(s)
+            if home[v] == d:
+                p = producer.get(v)
+                if p is not None and p not in waits[o]:
+                    waits[o].append(p)
+            else:
+                x = xfer_of.get((v, d))
+                if x is None:
+                    x = len(xfer_keys)
+                    xfer_of[(v, d)] = x
+                    xfer_keys.append((v, home[v], d))
+                    xfer_consumers.append([])
+                xfer_consumers[x].append(o)
+                if x not in xwaits[o]:
+                    xwaits[o].append(x)
+        for v in op.outputs:
+            if roots[v] == v:
+                s = sid(v, d)
+                storage_bytes[s] += nbytes(v)
+                alloc_bytes[o] += nbytes(v)
+                if s not in rel:
+                    rel.append(s)  # the producer's own reference, dropped when it finishes
+        for s in rel:
+            if storage_refs[s] != PINNED:
+                storage_refs[s] += 1
+        release.append(tuple(rel))
+
+    transfers: list[TransferSpec] = []
+    sends: list[list[int]] = [[] for _ in range(n)]
+    initial_sends: list[int] = []
+    for x, (v, src, dst) in enumerate(xfer_keys):
+        consumers = xfer_consumers[x]
+        src_s = sid(roots[v], src)
+        dst_s = sid(roots[v], dst)
+        if storage_refs[src_s] != PINNED:
+            storage_refs[src_s] += 1
+        storage_bytes[dst_s] += nbytes(v)
+        transfers.append(TransferSpec(v, src, dst, nbytes(v), tuple(sorted(set(consumers))), src_s, dst_s))
+        p = producer.get(v)
+        if p is None:
+            initial_sends.append(x)
+        else:
+            sends[p].append(x)
+
+    local_succs: list[list[int]] = [[] for _ in range(n)]
+    for o in range(n):
+        for p in waits[o]:
+            local_succs[p].append(o)
+    pending = [len(waits[o]) + len(xwaits[o]) for o in range(n)]
+
+    return Structure(
+        op_device=tuple(op_device),
+        pending=tuple(pending),
+        local_succs=tuple(tuple(s) for s in local_succs),
+        sends=tuple(tuple(s) for s in sends),
+        initial_sends=tuple(initial_sends),
+        transfers=tuple(transfers),
+        alloc_bytes=tuple(alloc_bytes),
+        release=tuple(release),
+        storage_bytes=tuple(storage_bytes),
+        storage_device=tuple(storage_device),
+        storage_refs=tuple(storage_refs),
+        initial_live=tuple(initial_live),
+    )
+
+
+def _slowdown_fn(graph: Graph, cost: CostModel, total: int) -> Callable[[int, int], float]:
+    """(op id, busy units of the others) -> co-run slowdown (FluidShare memoises it)."""
+    ops = graph.ops
+    corun = cost.corun_slowdown
+
+    def slowdown(op_id: int, busy_others: int) -> float:
+        return float(corun(ops[op_id], busy_others, total))
+
+    return slowdown

@@ -1,0 +1,102 @@
+"""What a simulation returns, and the Trace it records (same schema as the executor's)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from schedlab.graph import Graph
+from schedlab.machine import Machine
+from schedlab.plan import ResolvedPlan
+from schedlab.trace import Trace, TraceEvent, base_meta
+from sim.prepare import Prepared
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """One simulated step. Times in seconds, memory in bytes, keyed by device id."""
+
+    step_time_s: float  # makespan: first op start (0) to last kernel or transfer end
+    peak_memory_bytes: dict[str, int]  # every device of the machine; graph inputs included
+    trace: Trace | None  # None when simulated with record=False
+    sim_wall_s: float  # wall-clock time the simulation took (time.perf_counter)
+    busy_core_s: dict[str, float] = field(default_factory=dict)  # core-seconds (gpu: stream-seconds) in use
+    oom_devices: tuple[str, ...] = ()  # devices whose peak exceeds Device.memory_bytes
+    engine: str = ""  # "fast" (heap loop, one CPU device) or "simpy"
+
+    @property
+    def ok(self) -> bool:
+        return not self.oom_devices
+
+
+@dataclass
+class Timeline:
+    """Raw times an engine fills in (µs); turned into a SimResult by `finish()`."""
+
+    start_us: list[float]
+    end_us: list[float]
+    worker: list[int]
+    start_order: list[int]  # op ids in the order their workers began them
+    transfers: list[tuple[int, int, float, float]] = field(default_factory=list)  # (transfer id, link, start, end)
+
+
+def _ns(t_us: float) -> int:
+    return round(t_us * 1000.0)
+
+
+def build_trace(
+    graph: Graph,
+    resolved: ResolvedPlan,
+    machine: Machine,
+    prep: Prepared,
+    tl: Timeline,
+    extra_meta: dict[str, Any],
+) -> Trace:
+    ops = graph.ops
+    dev_ids = prep.device_ids
+    op_device = prep.structure.op_device
+    events: list[TraceEvent] = []
+    for o in tl.start_order:
+        op = ops[o]
+        events.append(
+            TraceEvent(
+                o,
+                op.name,
+                op.kind.value,
+                dev_ids[op_device[o]],
+                tl.worker[o],
+                prep.threads[o],
+                _ns(tl.start_us[o]),
+                _ns(tl.end_us[o]),
+                0,
+            )
+        )
+    if tl.transfers:
+        for x, link, start, end in tl.transfers:
+            spec = prep.structure.transfers[x]
+            events.append(
+                TraceEvent(
+                    spec.consumers[0],
+                    f"send {spec.value}",
+                    "COMM",
+                    dev_ids[spec.src],
+                    -1 - link,
+                    0,
+                    _ns(start),
+                    _ns(end),
+                    0,
+                )
+            )
+        events.sort(key=lambda e: e.start_ns)  # stable: ops first among equal starts
+    meta = base_meta(
+        "sim",
+        graph_hash=graph.hash,
+        plan_hash=resolved.plan.hash,
+        machine=machine.to_json(),
+        workload=graph.name,
+        plan=resolved.plan.to_json(),
+        slots=resolved.slots,
+        time_unit="ns",
+        **extra_meta,
+    )
+    return Trace(events=tuple(events), meta=meta)

@@ -1,0 +1,11 @@
+"""Helpers shared by the simulator tests."""
+
+from __future__ import annotations
+
+from schedlab.trace import Trace
+
+
+def spans(trace: Trace | None) -> list[tuple[str, float, float, int]]:
+    """(name, start µs, end µs, worker) of every event, in trace order."""
+    assert trace is not None
+    return [(e.name, e.start_ns / 1000, e.end_ns / 1000, e.worker) for e in trace.events]
