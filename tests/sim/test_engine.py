@@ -133,7 +133,7 @@ def test_trace_schema_and_meta() -> None:
     assert res.trace is not None
     meta = res.trace.meta
     assert res.trace.source == "sim"
-    assert (meta["graph_hash"], meta["plan_hash"], meta["machine"], meta["workload"]) == (g.hash, plan.hash, "box", "chain")
+    assert (meta["graph_hash"], meta["plan_hash"], meta["machine"]["name"], meta["workload"]) == (g.hash, plan.hash, "box", "chain")
     assert Trace.from_json(res.trace.to_json()).events == res.trace.events
     assert res.trace.makespan_ns() == round(res.step_time_s * 1e9)
     assert res.sim_wall_s > 0
