@@ -1,1 +1,54 @@
-"""reports package."""
+"""Paper-style figures of a run directory, drawn from stored files only (DESIGN.md, invariant 6).
+
+    from reports import build_report
+    report = build_report("runs/demo")      # runs/demo/report/index.html, figures.json, PNG + PDF
+    print(report.index)
+
+`reports.load` reads a run directory (search/RUN_DIR.md) or a suite of them into
+dataclasses; `reports.figures.*` draw one figure each (each also runnable alone:
+`python -m reports.figures.gantt RUN_DIR`); `reports.index` writes the index page and
+figures.json; `reports.style` holds the paper look. Only this package imports matplotlib.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from reports.build import FIGURE_NAMES, Report, build_report
+    from reports.figures import FigureRecord, FigureSkipped
+    from reports.index import Skipped
+    from reports.load import RunData, Suite, load
+
+# Imported on first use, so that `python -m reports.figures.NAME` does not import every
+# figure module (itself included) before running it.
+_WHERE = {
+    "FIGURE_NAMES": "reports.build",
+    "Report": "reports.build",
+    "build_report": "reports.build",
+    "FigureRecord": "reports.figures",
+    "FigureSkipped": "reports.figures",
+    "Skipped": "reports.index",
+    "RunData": "reports.load",
+    "Suite": "reports.load",
+    "load": "reports.load",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'reports' has no attribute {name!r}")
+
+__all__ = [
+    "FIGURE_NAMES",
+    "FigureRecord",
+    "FigureSkipped",
+    "Report",
+    "RunData",
+    "Skipped",
+    "Suite",
+    "build_report",
+    "load",
+]
