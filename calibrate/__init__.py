@@ -1,0 +1,35 @@
+"""Calibration: microbenchmarks, executor overhead, co-run slowdowns and traces -> a Profile.
+
+    from calibrate import Profile, run_calibration, DEFAULT_PROFILE_PATH
+    profile = run_calibration(quick=True, out=DEFAULT_PROFILE_PATH)
+    profile = Profile.load()                      # where `simulate` looks by default
+    profile = profile.with_trace(trace, graph)    # real-step timings beat microbenchmarks
+    cost = profile.for_slots(plan.slots)          # dispatch of the co-run executor
+
+`python -m calibrate [--quick] [--out PROFILE] [--json]` is what `make calibrate` runs.
+"""
+
+from __future__ import annotations
+
+from calibrate.profile import (
+    DEFAULT_PROFILE_PATH,
+    PROFILE_SCHEMA,
+    PROFILE_VERSION,
+    Profile,
+    ProfileMachineWarning,
+)
+from calibrate.run import CalibrationConfig, full_config, quick_config, run_calibration
+from calibrate.signature import signature
+
+__all__ = [
+    "DEFAULT_PROFILE_PATH",
+    "PROFILE_SCHEMA",
+    "PROFILE_VERSION",
+    "CalibrationConfig",
+    "Profile",
+    "ProfileMachineWarning",
+    "full_config",
+    "quick_config",
+    "run_calibration",
+    "signature",
+]

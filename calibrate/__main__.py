@@ -1,0 +1,23 @@
+"""`python -m calibrate [--quick] [--out PROFILE] [--json]`: what `make calibrate` runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from schedlab.cli.calibrate_cmd import add_arguments, run
+from schedlab.errors import SchedlabError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m calibrate", description=run.__doc__)
+    add_arguments(parser)
+    try:
+        return run(parser.parse_args(argv))
+    except SchedlabError as e:
+        print(f"python -m calibrate: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Slowdown of an op when another op co-runs on the other cores.
+
+Two Python threads, each with one intra-op thread (set per thread, see threads.py), call
+the same op in a loop; each call's time is compared with the same op alone. Three ops:
+
+- memory-bound: ``add`` of two 8M-element tensors (96 MB of traffic per call, far beyond
+  the caches): the slowdown of shared memory bandwidth.
+- compute-bound: a 256x256 ``mm`` (fits in L2): the slowdown of shared cores (turbo,
+  SMT siblings, neighbours).
+- negligible: ``add`` of 1-element tensors: the interpreter lock. Each call's Python part
+  holds it, so two threads of tiny ops take turns; this is what the simulator's dispatch
+  resource models, reported here to check it, not used by `corun_slowdown`.
+
+Alone and together runs alternate a few times and the fastest of each is taken, so a
+burst of load from another process does not land on one side only. A neighbour that
+keeps a core busy throughout cannot be measured away: the share of the CPU other
+processes used while measuring is recorded with the figures.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from calibrate.host_load import foreign_cpu_frac, snapshot
+from calibrate.threads import set_intra_op_threads
+
+
+@dataclass(frozen=True)
+class CorunFigures:
+    mem_slowdown: float  # factor (>= 1 in theory) for a memory-bound op next to another
+    compute_slowdown: float  # factor for a compute-bound op next to another
+    gil_slowdown: float  # per-call factor for negligible ops from two Python threads
+    measured: bool  # False on a one-core machine: nothing to co-run with
+    foreign_cpu_frac: float | None = None  # other processes' CPU share while measuring
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": "linear_busy_fraction",
+            "mem_slowdown": round(self.mem_slowdown, 4),
+            "compute_slowdown": round(self.compute_slowdown, 4),
+            "gil_slowdown": round(self.gil_slowdown, 4),
+            "measured": self.measured,
+            "foreign_cpu_frac": None if self.foreign_cpu_frac is None else round(self.foreign_cpu_frac, 3),
+        }
+
+
+def _loop(
+    fn: Callable[..., Any], args: tuple[Any, ...], duration_s: float, barrier: threading.Barrier | None
+) -> float:
+    """Time per call (us) of `fn` called back to back for about `duration_s` in this thread.
+
+    Elapsed time over calls, not the median call: a thread waiting for the interpreter
+    lock between calls must count, or the lock's cost would not show.
+    """
+    set_intra_op_threads(1)
+    fn(*args)
+    if barrier is not None:
+        barrier.wait()
+    n = 0
+    start = time.perf_counter()
+    end = start + duration_s
+    while True:
+        fn(*args)
+        n += 1
+        now = time.perf_counter()
+        if now >= end and n >= 3:
+            return (now - start) / n * 1e6
+
+
+def _in_threads(fn: Callable[..., Any], args: tuple[Any, ...], n_threads: int, duration_s: float) -> float:
+    results: list[float] = [0.0] * n_threads
+    barrier = threading.Barrier(n_threads)
+
+    def work(i: int) -> None:
+        results[i] = _loop(fn, args, duration_s, barrier)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return statistics.mean(results)
+
+
+def slowdown(fn: Callable[..., Any], args: tuple[Any, ...], duration_s: float, rounds: int = 3) -> float:
+    """Per-call time with two threads calling `fn` / with one: best of `rounds` each."""
+    alone, together = [], []
+    for _ in range(rounds):
+        alone.append(_in_threads(fn, args, 1, duration_s))
+        together.append(_in_threads(fn, args, 2, duration_s))
+    return min(together) / min(alone)
+
+
+def measure_corun(cores: int, duration_s: float = 0.25, rounds: int = 3) -> CorunFigures:
+    """Co-run slowdowns on a machine with `cores` cores (1.0 each where cores < 2)."""
+    if cores < 2:
+        return CorunFigures(1.0, 1.0, 1.0, measured=False)
+    start = snapshot()
+    aten = torch.ops.aten
+    big = (torch.randn(1 << 23), torch.randn(1 << 23))
+    mat = (torch.randn(256, 256), torch.randn(256, 256))
+    tiny = (torch.ones(1), torch.ones(1))
+    return CorunFigures(
+        mem_slowdown=slowdown(aten.add.Tensor, big, duration_s, rounds),
+        compute_slowdown=slowdown(aten.mm.default, mat, duration_s, rounds),
+        gil_slowdown=slowdown(aten.add.Tensor, tiny, duration_s, rounds),
+        measured=True,
+        foreign_cpu_frac=foreign_cpu_frac(start, snapshot()),
+    )

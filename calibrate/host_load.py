@@ -1,0 +1,46 @@
+"""How much of the CPU other processes used while we measured (a quality flag).
+
+Microbenchmarks on a shared machine are only as good as the machine is idle: on two
+cores, one busy neighbour makes every two-thread timing meaningless. We read the
+system-wide busy time from /proc/stat and subtract our own process time.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    busy_s: float  # all processes, all cores
+    total_s: float  # all cores, busy or idle
+    own_s: float  # this process (user + system)
+
+
+def snapshot() -> CpuSnapshot | None:
+    """A reading of the system and process CPU counters; None where /proc/stat is missing."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    total = sum(ticks[:8])  # guest time is already inside user
+    t = os.times()
+    return CpuSnapshot(busy_s=(total - idle) / hz, total_s=total / hz, own_s=t.user + t.system)
+
+
+def foreign_cpu_frac(start: CpuSnapshot | None, end: CpuSnapshot | None) -> float | None:
+    """Share of all CPU time between two snapshots used by other processes (0..1)."""
+    if start is None or end is None:
+        return None
+    total = end.total_s - start.total_s
+    if total <= 0:
+        return None
+    foreign = (end.busy_s - start.busy_s) - (end.own_s - start.own_s)
+    return min(1.0, max(0.0, foreign / total))

@@ -1,0 +1,383 @@
+"""The Profile: calibrated cost-model parameters of one machine, as versioned JSON.
+
+A Profile implements `sim.cost.CostModel`. `kernel_us(op, threads)` looks up, in order:
+
+1. the op's signature (`calibrate.signature`) in the table of measured kernels, from a
+   real trace (`with_trace`) or a microbenchmark. A thread count that was not measured
+   is interpolated between measured ones (linear in 1/threads) or, outside them,
+   extrapolated from the nearest measured one with the shape of the class model;
+2. the fitted model of the op's class (`Op.op_class`) on (flops, bytes, threads);
+3. the fallback model, fitted on every memory-bound point, for classes never measured.
+
+Views cost no kernel time: only dispatch (`dispatch_us`). `dispatch_us` is the executor's
+cost per op with one slot; `profile.for_slots(plan.slots)` gives the co-run executor's
+(measured with two slots of negligible ops; see `calibrate.dispatch`).
+
+Times are microseconds. Held-out errors are percent. A Profile measured on one machine
+and loaded on another still loads: `Profile.load` warns with a `ProfileMachineWarning`
+(a `UserWarning`) naming the fields of the machine fingerprint that differ; callers that
+want the differences as data use `Profile.machine_mismatch`.
+
+JSON layout (version 1)::
+
+    {"schema": "schedlab.profile", "version": 1,
+     "machine": {"cpu_model": ..., "cores": 2, "torch": ...},   # Machine.fingerprint
+     "created_unix_s": ..., "quick": true,
+     "dispatch": {"op_us", "view_us", "corun_op_us", "corun_event_floor_us",
+                  "call_floor_us", "view_call_floor_us"},
+     "classes": {op_class: {"model": "work_threads", "params": {...},
+                            "heldout_mape": 12.3, "heldout_wape": ..., "train_mape": ...,
+                            "n_points": 40, "n_signatures": 20, "n_heldout": 4}},
+     "fallback": {same as a class},
+     "signatures": {signature: {"1": kernel_us, "2": kernel_us}},
+     "corun": {"model": "linear_busy_fraction", "mem_slowdown", "compute_slowdown",
+               "gil_slowdown", "measured", "foreign_cpu_frac"},
+     "meta": {...}}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from calibrate.corun import CorunFigures
+from calibrate.dispatch import DispatchFigures
+from calibrate.fit import ClassFit
+from calibrate.model import WorkThreadsModel
+from calibrate.signature import signature
+from calibrate.trace_cal import trace_figures, trace_slots
+from schedlab.errors import SchedlabError
+from schedlab.graph import Graph, Op
+from schedlab.machine import Machine
+from schedlab.trace import Trace
+
+PROFILE_SCHEMA = "schedlab.profile"
+PROFILE_VERSION = 1
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_PROFILE_PATH = REPO_ROOT / "traces" / "profile.json"
+_MODEL_NAMES = ("work_threads", "work_threads_scaled")
+
+
+class ProfileMachineWarning(UserWarning):
+    """A Profile is used on a machine other than the one it was measured on."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    machine: dict[str, Any]  # Machine.fingerprint of where it was measured
+    created_unix_s: float
+    quick: bool
+    dispatch: DispatchFigures
+    classes: dict[str, ClassFit]
+    fallback: ClassFit
+    signatures: dict[str, dict[int, float]]  # signature -> threads -> kernel_us
+    corun: CorunFigures
+    meta: dict[str, Any] = field(default_factory=dict)
+    # executor slots the dispatch cost is for (`for_slots`); a use, not part of the JSON
+    dispatch_slots: int = field(default=1, compare=False)
+    # op identity -> (op, its signature-table row or None); the simulator asks often
+    _rows: dict[int, tuple[Op, dict[int, float] | None]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    # ---- CostModel ---------------------------------------------------------------------
+
+    def kernel_us(self, op: Op, threads: int) -> float:
+        """Kernel time of `op` alone with `threads` intra-op threads (see module docstring)."""
+        if op.is_view:
+            return 0.0
+        n = max(1, int(threads))
+        row = self._row(op)
+        if row:
+            return self._from_row(op, row, n)
+        return max(0.0, self.class_model(op.op_class).kernel_us(op.flops, op.bytes_moved, n))
+
+    def dispatch_us(self, op: Op) -> float:
+        """Executor time in Python around `op` (holds the interpreter lock).
+
+        One slot: the straight-line step's cost per op. Several (`for_slots`): the co-run
+        executor's, whose workers hand the lock and the ready heap over between ops.
+        """
+        d = self.dispatch
+        if self.dispatch_slots <= 1:
+            return d.view_us if op.is_view else d.op_us
+        if op.is_view:
+            return d.view_us * d.corun_op_us / d.op_us if d.op_us > 0 else d.corun_op_us
+        return d.corun_op_us
+
+    def for_slots(self, slots: int) -> Profile:
+        """This Profile with the dispatch cost of the executor running `slots` workers."""
+        return dataclasses.replace(self, dispatch_slots=max(1, int(slots)))
+
+    def corun_slowdown(self, op: Op, busy_cores: int, total_cores: int) -> float:
+        """Slowdown (>= 1) of `op` with `busy_cores` other cores busy.
+
+        The measured two-op slowdown of a memory-bound op and of a compute-bound op are
+        mixed by the op's memory share (from its class model), and scaled linearly with
+        the share of the other cores that are busy (all of them busy: the measured
+        factor). Measured with one co-runner on this machine; more is extrapolation.
+        """
+        if op.is_view or busy_cores <= 0 or total_cores <= 1:
+            return 1.0
+        frac = min(1.0, busy_cores / (total_cores - 1))
+        mem = self.class_model(op.op_class).memory_share(op.flops, op.bytes_moved)
+        factor = self.corun.compute_slowdown + (self.corun.mem_slowdown - self.corun.compute_slowdown) * mem
+        return max(1.0, 1.0 + (factor - 1.0) * frac)
+
+    # ---- lookups -----------------------------------------------------------------------
+
+    def class_model(self, op_class: str) -> WorkThreadsModel:
+        """The fitted model of `op_class`, or the fallback for a class never measured."""
+        fit = self.classes.get(op_class)
+        return (fit or self.fallback).model
+
+    def _row(self, op: Op) -> dict[int, float] | None:
+        hit = self._rows.get(id(op))
+        if hit is not None and hit[0] is op:
+            return hit[1]
+        row = self.signatures.get(signature(op))
+        self._rows[id(op)] = (op, row)
+        return row
+
+    def _from_row(self, op: Op, row: dict[int, float], n: int) -> float:
+        if n in row:
+            return row[n]
+        lower = max((k for k in row if k < n), default=None)
+        upper = min((k for k in row if k > n), default=None)
+        if lower is not None and upper is not None:
+            w = (1.0 / n - 1.0 / upper) / (1.0 / lower - 1.0 / upper)
+            return w * row[lower] + (1.0 - w) * row[upper]
+        ref = lower if lower is not None else upper
+        assert ref is not None
+        model = self.class_model(op.op_class)
+        at_ref = model.kernel_us(op.flops, op.bytes_moved, ref)
+        if at_ref <= 0.0:
+            return row[ref]
+        return row[ref] * model.kernel_us(op.flops, op.bytes_moved, n) / at_ref
+
+    # ---- trace-driven calibration ------------------------------------------------------
+
+    def with_trace(self, trace: Trace, graph: Graph) -> Profile:
+        """A new Profile whose signature table also holds the kernels measured in `trace`.
+
+        Each (signature, threads) seen in the trace gets the median event duration minus
+        the executor's in-event floor (`calibrate.trace_cal`); trace entries replace
+        microbenchmark ones, other thread counts of the signature are kept.
+        """
+        floor_us = self.dispatch.event_floor_us(trace_slots(trace))
+        figs = trace_figures(trace, graph, floor_us)
+        merged = {sig: dict(row) for sig, row in self.signatures.items()}
+        for sig, row in figs.signatures.items():
+            merged.setdefault(sig, {}).update(row)
+        record = {
+            "graph": graph.name,
+            "graph_hash": graph.hash,
+            "slots": figs.slots,
+            "events_used": figs.n_events_used,
+            "events_overlapping": figs.n_events_overlapping,
+            "signatures": len(figs.signatures),
+            "added_unix_s": time.time(),
+        }
+        meta = {**self.meta, "traces": [*self.meta.get("traces", []), record]}
+        return dataclasses.replace(self, signatures=merged, meta=meta)
+
+    # ---- machine check -----------------------------------------------------------------
+
+    def machine_mismatch(self, machine: Machine | None = None) -> list[str]:
+        """The fingerprint fields that differ from `machine` (default: this host)."""
+        if machine is None:
+            from schedlab.machine import detect_host
+
+            machine = detect_host()
+        here = machine.fingerprint
+        out = []
+        for key in sorted(set(self.machine) | set(here)):
+            if self.machine.get(key) != here.get(key):
+                out.append(f"{key}: profile has {self.machine.get(key)!r}, this machine has {here.get(key)!r}")
+        return out
+
+    # ---- JSON --------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": PROFILE_SCHEMA,
+            "version": PROFILE_VERSION,
+            "machine": dict(self.machine),
+            "created_unix_s": self.created_unix_s,
+            "quick": self.quick,
+            "dispatch": self.dispatch.to_json(),
+            "classes": {cls: _fit_to_json(fit) for cls, fit in sorted(self.classes.items())},
+            "fallback": _fit_to_json(self.fallback),
+            "signatures": {
+                sig: {str(k): round(v, 4) for k, v in sorted(row.items())} for sig, row in sorted(self.signatures.items())
+            },
+            "corun": self.corun.to_json(),
+            "meta": self.meta,
+        }
+
+    @staticmethod
+    def from_json(d: Any, source: str = "profile") -> Profile:
+        """Parse a Profile; any problem is one SchedlabError naming `source` and the field."""
+        if not isinstance(d, dict) or d.get("schema") != PROFILE_SCHEMA:
+            raise SchedlabError(f'{source} is not a schedlab profile (missing "schema": "{PROFILE_SCHEMA}")')
+        if d.get("version") != PROFILE_VERSION:
+            raise SchedlabError(
+                f"{source} has profile version {d.get('version')!r}; this schedlab reads version "
+                f"{PROFILE_VERSION} (re-run `schedlab calibrate`)"
+            )
+        where = "?"
+        try:
+            where = "machine"
+            machine = dict(_need(d, "machine", dict))
+            where = "created_unix_s"
+            created = _number(_need(d, "created_unix_s", (int, float)))
+            where = "quick"
+            quick = _need(d, "quick", bool)
+            where = "dispatch"
+            dispatch = _dispatch_from_json(_need(d, "dispatch", dict))
+            classes = {}
+            for cls, fd in _need(d, "classes", dict).items():
+                where = f"classes.{cls}"
+                classes[str(cls)] = _fit_from_json(fd)
+            where = "fallback"
+            fallback = _fit_from_json(_need(d, "fallback", dict))
+            signatures: dict[str, dict[int, float]] = {}
+            for sig, row in _need(d, "signatures", dict).items():
+                where = f"signatures[{sig!r}]"
+                signatures[str(sig)] = _row_from_json(row)
+            where = "corun"
+            corun = _corun_from_json(_need(d, "corun", dict))
+            where = "meta"
+            meta = dict(d.get("meta", {}))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            detail = f"missing field {e}" if isinstance(e, KeyError) else str(e)
+            raise SchedlabError(f"corrupt {source}: bad {where}: {detail}") from None
+        return Profile(machine, created, quick, dispatch, classes, fallback, signatures, corun, meta)
+
+    def save(self, path: str | Path) -> Path:
+        """Write atomically (readers never see half a file)."""
+        from schedlab.io import write_json_atomic
+
+        return write_json_atomic(path, self.to_json(), indent=1)
+
+    @staticmethod
+    def load(path: str | Path | None = None, machine: Machine | None = None, check_machine: bool = True) -> Profile:
+        """Read a Profile (default: DEFAULT_PROFILE_PATH).
+
+        A missing, unreadable, non-JSON or malformed file raises one SchedlabError. When
+        `check_machine`, a fingerprint other than `machine`'s (default: this host) gives
+        one ProfileMachineWarning naming the fields that differ.
+        """
+        from schedlab.io import read_json
+
+        path = Path(path) if path is not None else DEFAULT_PROFILE_PATH
+        if not path.exists():
+            raise SchedlabError(
+                f"profile file not found: {path} (run `make calibrate`, or `schedlab calibrate --quick` "
+                "for a short one)"
+            )
+        profile = Profile.from_json(read_json(path, what="profile"), source=f"profile file {path}")
+        if check_machine:
+            diffs = profile.machine_mismatch(machine)
+            if diffs:
+                warnings.warn(
+                    f"profile {path} was measured on another machine ({'; '.join(diffs)}); "
+                    "its times may not hold here (re-run `schedlab calibrate` on this machine)",
+                    ProfileMachineWarning,
+                    stacklevel=2,
+                )
+        return profile
+
+
+# ---- JSON helpers ------------------------------------------------------------------------
+
+
+def _need(d: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    if key not in d:
+        raise KeyError(key)
+    v = d[key]
+    if not isinstance(v, kind) or (kind in ((int, float), float) and isinstance(v, bool)):
+        raise TypeError(f"field {key!r} has type {type(v).__name__}")
+    return v
+
+
+def _number(v: Any, minimum: float | None = 0.0) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"expected a number, got {type(v).__name__}")
+    x = float(v)
+    if not math.isfinite(x) or (minimum is not None and x < minimum):
+        raise ValueError(f"expected a finite number >= {minimum}, got {v!r}")
+    return x
+
+
+def _optional_number(v: Any) -> float | None:
+    return None if v is None else _number(v)
+
+
+def _fit_to_json(fit: ClassFit) -> dict[str, Any]:
+    def r(x: float | None) -> float | None:
+        return None if x is None else round(x, 3)
+
+    return {
+        "model": fit.model_name,
+        "params": {k: float(f"{v:.6g}") for k, v in fit.model.to_params().items()},
+        "heldout_mape": r(fit.heldout_mape),
+        "heldout_wape": r(fit.heldout_wape),
+        "train_mape": r(fit.train_mape),
+        "n_points": fit.n_points,
+        "n_signatures": fit.n_signatures,
+        "n_heldout": fit.n_heldout,
+    }
+
+
+def _fit_from_json(d: Any) -> ClassFit:
+    if not isinstance(d, dict):
+        raise TypeError(f"expected an object, got {type(d).__name__}")
+    name = d["model"]
+    if name not in _MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r} (known: {', '.join(_MODEL_NAMES)})")
+    params = d["params"]
+    if not isinstance(params, dict):
+        raise TypeError("params must be an object")
+    return ClassFit(
+        model_name=name,
+        model=WorkThreadsModel.from_params(params),
+        heldout_mape=_optional_number(d.get("heldout_mape")),
+        heldout_wape=_optional_number(d.get("heldout_wape")),
+        train_mape=_number(d.get("train_mape", 0.0)),
+        n_points=int(d["n_points"]),
+        n_signatures=int(d.get("n_signatures", 0)),
+        n_heldout=int(d.get("n_heldout", 0)),
+    )
+
+
+def _row_from_json(row: Any) -> dict[int, float]:
+    if not isinstance(row, dict) or not row:
+        raise TypeError("expected a non-empty object of threads -> kernel_us")
+    out: dict[int, float] = {}
+    for k, v in row.items():
+        threads = int(k)
+        if threads < 1:
+            raise ValueError(f"thread count {k!r} must be >= 1")
+        out[threads] = _number(v)
+    return out
+
+
+def _dispatch_from_json(d: dict[str, Any]) -> DispatchFigures:
+    names = [f.name for f in dataclasses.fields(DispatchFigures)]
+    return DispatchFigures(**{k: _number(d[k]) for k in names})
+
+
+def _corun_from_json(d: dict[str, Any]) -> CorunFigures:
+    return CorunFigures(
+        mem_slowdown=_number(d["mem_slowdown"]),
+        compute_slowdown=_number(d["compute_slowdown"]),
+        gil_slowdown=_number(d.get("gil_slowdown", 1.0)),
+        measured=bool(d.get("measured", True)),
+        foreign_cpu_frac=_optional_number(d.get("foreign_cpu_frac")),
+    )

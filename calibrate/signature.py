@@ -1,0 +1,46 @@
+"""Op signatures: the key under which a measured kernel time is stored in a Profile.
+
+An Op carries value ids, not shapes, so the signature is built from what the Op itself
+carries and what pins its shapes down: the aten target, the FLOP count, the bytes moved
+and the non-tensor arguments (dims, strides, padding, scalars), with every tensor
+argument written as "T":
+
+    aten.sum.dim_IntList|f=10.0|b=360|a=["T",[0],true]
+
+Two ops with equal signatures do the same arithmetic on the same amount of data; what a
+signature cannot see is the strides of its inputs (a transposed input of the same size),
+which is why a measurement from a real trace (`Profile.with_trace`) beats one from a
+microbenchmark. Computing it needs the Op only, so the simulator can call
+`kernel_us(op, threads)` without the Graph.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from schedlab.graph import Op
+
+
+def _strip_values(a: Any) -> Any:
+    if isinstance(a, dict):
+        if "v" in a and len(a) == 1:
+            return "T"
+        return {k: _strip_values(v) for k, v in a.items()}
+    if isinstance(a, (list, tuple)):
+        return [_strip_values(x) for x in a]
+    return a
+
+
+def signature_of(target: str, flops: float, nbytes: int, args: Any, kwargs: dict[str, Any]) -> str:
+    """The signature of a call of `target` on arguments in the Graph's JSON encoding."""
+    arg_key = json.dumps(_strip_values(list(args)), separators=(",", ":"), sort_keys=True)
+    key = f"{target}|f={float(flops)!r}|b={int(nbytes)}|a={arg_key}"
+    if kwargs:
+        key += "|k=" + json.dumps(_strip_values(kwargs), separators=(",", ":"), sort_keys=True)
+    return key
+
+
+def signature(op: Op) -> str:
+    """The signature of `op` (see the module docstring)."""
+    return signature_of(op.target, op.flops, op.bytes_moved, op.args, op.kwargs)

@@ -1,0 +1,234 @@
+"""A synthetic sweep of shapes per op class, for the per-class fits.
+
+The workloads give the shapes a real step uses; the sweep spreads each class over a
+range of sizes (log-uniform, seeded) so the fitted model holds between and beyond them.
+The FLOPs and bytes of every case come from `schedlab.flops.op_cost`, the same formulas
+the Graph's ops carry, so a fitted model applies to Graph ops unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+
+from calibrate.aten_call import fast_callable, resolve_target
+from calibrate.cases import Case, op_class_of
+from calibrate.signature import signature_of
+from schedlab.capture import tensor_meta
+from schedlab.flops import op_cost
+
+Builder = Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """How many synthetic shapes per class, and how large they may get."""
+
+    per_class: int = 8  # cases per op class
+    max_flops: float = 3e8  # cap for matmul and convolution work (~3-5 ms on one core)
+    max_elems: int = 1 << 21  # cap for tensor elements of memory-bound ops
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    target: str
+    build: Builder  # makes fresh tensors: arguments and keyword arguments
+
+
+def _log_int(rng: random.Random, lo: int, hi: int) -> int:
+    return round(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+
+
+# ---- builders: fresh tensors for one case --------------------------------------------------
+
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def _mm(m: int, k: int, n: int) -> Call:
+    return (torch.randn(m, k), torch.randn(k, n)), {}  # [m, k] @ [k, n]
+
+
+def _addmm(m: int, k: int, n: int) -> Call:
+    return (torch.randn(n), torch.randn(m, k), torch.randn(k, n)), {}  # bias [n] + [m, k] @ [k, n]
+
+
+def _bmm(b: int, m: int, k: int, n: int) -> Call:
+    return (torch.randn(b, m, k), torch.randn(b, k, n)), {}
+
+
+def _conv_args(s: int, k: int) -> list[Any]:
+    return [[s, s], [k // 2, k // 2], [1, 1], False, [0, 0], 1]  # stride, padding, dilation, ...
+
+
+def _conv(n: int, c: int, o: int, hw: int, k: int, s: int) -> Call:
+    x, w = torch.randn(n, c, hw, hw), torch.randn(o, c, k, k)  # [N, C, H, W], [O, C, k, k]
+    return (x, w, None, *_conv_args(s, k)), {}
+
+
+def _conv_backward(n: int, c: int, o: int, hw: int, k: int, s: int, mask: tuple[bool, bool, bool]) -> Call:
+    x, w = torch.randn(n, c, hw, hw), torch.randn(o, c, k, k)
+    g = torch.randn_like(torch.ops.aten.convolution.default(x, w, None, *_conv_args(s, k)))
+    return (g, x, w, [o], *_conv_args(s, k), list(mask)), {}
+
+
+def _unary(e: int) -> Call:
+    return (torch.randn(e),), {}
+
+
+def _binary(e: int) -> Call:
+    return (torch.randn(e), torch.randn(e)), {}
+
+
+def _threshold_backward(e: int) -> Call:
+    return (torch.randn(e), torch.randn(e), 0), {}
+
+
+def _sum(r: int, c: int, dim: int) -> Call:
+    return (torch.randn(r, c), [dim], True), {}
+
+
+def _softmax(r: int, c: int) -> Call:
+    return (torch.randn(r, c), -1, False), {}
+
+
+def _layer_norm(r: int, c: int) -> Call:
+    return (torch.randn(r, c), [c], torch.randn(c), torch.randn(c), 1e-5), {}
+
+
+def _embedding(vocab: int, dim: int, n_idx: int) -> Call:
+    return (torch.randn(vocab, dim), torch.randint(vocab, (n_idx,))), {}
+
+
+def _cat(r: int, c: int, parts: int) -> Call:
+    return ([torch.randn(r, c) for _ in range(parts)], 1), {}
+
+
+# ---- shapes ----------------------------------------------------------------------------------
+
+
+def _matmul_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
+    def dims(batch: int = 1) -> tuple[int, int, int]:
+        while True:
+            m, k, n = (_log_int(rng, 4, 2048) for _ in range(3))
+            if 2 * batch * m * k * n <= cfg.max_flops:
+                return m, k, n
+
+    specs = [SweepSpec("aten.mm.default", partial(_mm, *dims())) for _ in range(cfg.per_class)]
+    specs += [SweepSpec("aten.addmm.default", partial(_addmm, *dims())) for _ in range(cfg.per_class)]
+    for _ in range(cfg.per_class):
+        b = _log_int(rng, 2, 64)
+        specs.append(SweepSpec("aten.bmm.default", partial(_bmm, b, *dims(b))))
+    return specs
+
+
+def _conv_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
+    def draw() -> tuple[int, int, int, int, int, int]:
+        while True:
+            n, c, o = _log_int(rng, 1, 32), _log_int(rng, 3, 256), _log_int(rng, 8, 256)
+            hw, k, s = _log_int(rng, 4, 64), rng.choice((1, 3, 3, 5)), rng.choice((1, 1, 2))
+            out_hw = (hw + 2 * (k // 2) - k) // s + 1
+            if out_hw >= 1 and 2 * n * o * out_hw * out_hw * c * k * k <= cfg.max_flops:
+                return n, c, o, hw, k, s
+
+    masks = ((True, True, False), (False, True, False), (True, True, True))
+    specs = [SweepSpec("aten.convolution.default", partial(_conv, *draw())) for _ in range(cfg.per_class)]
+    specs += [
+        SweepSpec("aten.convolution_backward.default", partial(_conv_backward, *draw(), rng.choice(masks)))
+        for _ in range(cfg.per_class)
+    ]
+    return specs
+
+
+def _memory_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
+    def numel() -> int:
+        return _log_int(rng, 16, cfg.max_elems)
+
+    def rows_cols() -> tuple[int, int]:
+        total = max(16, numel())  # last dims as models have them: 16 (heads) .. 4096 (hidden, vocab)
+        cols = _log_int(rng, 16, min(4096, total))
+        return max(1, total // cols), cols
+
+    unary = ("aten.relu.default", "aten.sigmoid.default", "aten.tanh.default", "aten.gelu.default", "aten.clone.default")
+    binary = ("aten.add.Tensor", "aten.mul.Tensor", "aten.div.Tensor")
+    per = max(2, cfg.per_class)
+    specs: list[SweepSpec] = []
+    for target in unary:
+        specs += [SweepSpec(target, partial(_unary, numel())) for _ in range(per)]
+    for target in binary:
+        specs += [SweepSpec(target, partial(_binary, numel())) for _ in range(per)]
+    specs += [SweepSpec("aten.threshold_backward.default", partial(_threshold_backward, numel())) for _ in range(per)]
+    specs += [SweepSpec("aten.sum.dim_IntList", partial(_sum, *rows_cols(), rng.choice((0, 1)))) for _ in range(per)]
+    specs += [SweepSpec("aten._softmax.default", partial(_softmax, *rows_cols())) for _ in range(per)]
+    specs += [SweepSpec("aten._log_softmax.default", partial(_softmax, *rows_cols())) for _ in range(per)]
+    specs += [SweepSpec("aten.native_layer_norm.default", partial(_layer_norm, *rows_cols())) for _ in range(per)]
+    specs += [
+        SweepSpec(
+            "aten.embedding.default",
+            partial(_embedding, _log_int(rng, 16, 32768), _log_int(rng, 8, 512), _log_int(rng, 1, 4096)),
+        )
+        for _ in range(per)
+    ]
+    specs += [SweepSpec("aten.cat.default", partial(_cat, *rows_cols(), rng.choice((2, 3, 4)))) for _ in range(per)]
+    return specs
+
+
+def sweep_specs(cfg: SweepConfig) -> list[SweepSpec]:
+    """Every synthetic case of the sweep (tensors are made only when a case is iterated)."""
+    rng = random.Random(cfg.seed)
+    if cfg.per_class <= 0:
+        return []
+    return _matmul_specs(cfg, rng) + _conv_specs(cfg, rng) + _memory_specs(cfg, rng)
+
+
+def _encode(a: Any) -> Any:
+    """Tensors -> "T"-like placeholders for the signature; the rest as in a Graph."""
+    if isinstance(a, torch.Tensor):
+        return {"v": 0}
+    if isinstance(a, dict):
+        return {k: _encode(v) for k, v in a.items()}
+    if isinstance(a, (list, tuple)):
+        return [_encode(x) for x in a]
+    return a
+
+
+def sweep_cases(specs: list[SweepSpec], seen: set[str]) -> Iterator[Case]:
+    """Cases for `specs`, skipping signatures already in `seen` (which is updated)."""
+    for spec in specs:
+        overload = resolve_target(spec.target)
+        if not isinstance(overload, torch._ops.OpOverload):
+            continue
+        fn = fast_callable(overload)
+        args, kwargs = spec.build()
+        out = fn(*args, **kwargs)
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        tensors_in = [a for a in _flatten(args) if isinstance(a, torch.Tensor)]
+        flops, nbytes = op_cost(
+            overload,
+            args,
+            kwargs,
+            outs,
+            [tensor_meta(t) for t in tensors_in],
+            [tensor_meta(o) for o in outs],
+            False,
+        )
+        del out, outs
+        sig = signature_of(spec.target, flops, nbytes, _encode(args), _encode(kwargs))
+        if sig in seen:
+            continue
+        seen.add(sig)
+        yield Case(sig, op_class_of(spec.target), spec.target, flops, nbytes, fn, args, kwargs, "sweep")
+
+
+def _flatten(a: Any) -> Iterator[Any]:
+    if isinstance(a, (list, tuple)):
+        for x in a:
+            yield from _flatten(x)
+    else:
+        yield a

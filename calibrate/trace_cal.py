@@ -1,0 +1,106 @@
+"""Trace-driven calibration: an op signature seen in a real step costs what it cost there.
+
+From an executor Trace of a Graph we take, per (signature, threads), the median duration
+of the op's events minus the executor's in-event floor, which is the op's kernel time as
+the Profile defines it (`kernel_us` = event time - dispatch, as the simulator adds them):
+
+- one slot (the straight-line step): back-to-back events hold all the executor's Python,
+  so the floor is the dispatch figure ``op_us``;
+- several slots: events hold the op call only, so the floor is ``corun_event_floor_us``.
+
+The slot count is read from the trace's plan (`meta.plan.slots`; 1 if absent).
+
+- Only executor traces (`meta.source == "exec"`): a simulated trace would feed the model
+  its own output.
+- Events that overlap another event on the same device in the same step are left out:
+  they ran next to another kernel and include its slowdown, and the signature table holds
+  kernels alone. (A plan that co-runs everything teaches the table nothing; trace the
+  graph once under a one-slot plan to calibrate it.)
+- Every recorded step counts: the executor leaves its warm-up steps out of the trace.
+- Views and events of kind OVERHEAD or COMM are not kernels and are skipped.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
+from calibrate.signature import signature
+from schedlab.errors import SchedlabError
+from schedlab.graph import Graph
+from schedlab.trace import Trace, TraceEvent
+
+_NOT_KERNELS = ("OVERHEAD", "COMM")
+
+
+@dataclass(frozen=True)
+class TraceFigures:
+    signatures: dict[str, dict[int, float]]  # signature -> threads -> kernel_us
+    n_events_used: int
+    n_events_overlapping: int
+    slots: int
+
+
+def trace_slots(trace: Trace) -> int:
+    """Co-run slots of the plan the trace was recorded under (1 when not recorded)."""
+    plan = trace.meta.get("plan")
+    slots = plan.get("slots", 1) if isinstance(plan, dict) else 1
+    return int(slots) if isinstance(slots, int) and slots >= 1 else 1
+
+
+def _check(trace: Trace, graph: Graph) -> None:
+    if trace.source != "exec":
+        raise SchedlabError(
+            f"trace-driven calibration needs an executor trace (meta.source 'exec'), not {trace.source!r}"
+        )
+    recorded = trace.meta.get("graph_hash")
+    if recorded is not None and recorded != graph.hash:
+        raise SchedlabError(
+            f"the trace was recorded for graph {recorded}, but the graph given is {graph.hash}; "
+            "pass the graph the trace was recorded from"
+        )
+    for e in trace.events:
+        if e.kind not in _NOT_KERNELS and not 0 <= e.op < len(graph.ops):
+            raise SchedlabError(f"trace event names op {e.op}, but graph {graph.name!r} has {len(graph.ops)} ops")
+
+
+def _overlapping(events: list[TraceEvent]) -> set[int]:
+    """Indexes (into `events`) of events that overlap another event on the same device
+    in the same step (times count from the start of each step)."""
+    out: set[int] = set()
+    groups: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for i, e in enumerate(events):
+        groups[(e.device, e.step)].append(i)
+    for idxs in groups.values():
+        idxs.sort(key=lambda i: (events[i].start_ns, events[i].end_ns))
+        reach_end, reach_idx = -1, -1
+        for i in idxs:
+            e = events[i]
+            if e.start_ns < reach_end:
+                out.add(i)
+                out.add(reach_idx)
+            if e.end_ns > reach_end:
+                reach_end, reach_idx = e.end_ns, i
+    return out
+
+
+def trace_figures(trace: Trace, graph: Graph, floor_us: float) -> TraceFigures:
+    """Kernel times per (signature, threads) seen in `trace`: median event - `floor_us`."""
+    _check(trace, graph)
+    events = [e for e in trace.events if e.kind not in _NOT_KERNELS]
+    overlapping = _overlapping(events)
+    durations: dict[tuple[str, int], list[int]] = defaultdict(list)
+    used = 0
+    for i, e in enumerate(events):
+        op = graph.ops[e.op]
+        if op.is_view or i in overlapping:
+            continue
+        durations[(signature(op), max(1, e.threads))].append(e.dur_ns)
+        used += 1
+    table: dict[str, dict[int, float]] = defaultdict(dict)
+    for (sig, threads), durs in durations.items():
+        table[sig][threads] = max(0.0, statistics.median(durs) / 1e3 - floor_us)
+    return TraceFigures(
+        signatures=dict(table), n_events_used=used, n_events_overlapping=len(overlapping), slots=trace_slots(trace)
+    )

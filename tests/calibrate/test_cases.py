@@ -1,0 +1,71 @@
+"""Signatures, argument decoding and the replay of a captured workload."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from calibrate.aten_call import decode, decode_call, resolve_target
+from calibrate.cases import new_signatures, workload_cases
+from calibrate.signature import signature, signature_of
+from calibrate.sweep import SweepConfig, sweep_cases, sweep_specs
+from schedlab.capture import capture
+from schedlab.errors import SchedlabError
+from schedlab.workloads import load_workload
+from tests.calibrate.factories import make_op
+
+
+def test_signature_names_work_and_non_tensor_args() -> None:
+    op = make_op(target="aten.sum.dim_IntList", flops=10.0, nbytes=360, args=({"v": 3}, [0], True))
+    assert signature(op) == 'aten.sum.dim_IntList|f=10.0|b=360|a=["T",[0],true]'
+    other_dim = make_op(target="aten.sum.dim_IntList", flops=10.0, nbytes=360, args=({"v": 3}, [1], True))
+    assert signature(other_dim) != signature(op)
+    assert signature_of("aten.clone.default", 4.0, 32, [{"v": 1}], {"memory_format": {"memory_format": "x"}}).endswith(
+        '|k={"memory_format":{"memory_format":"x"}}'
+    )
+
+
+def test_decode_enums_lists_and_values() -> None:
+    t = torch.ones(2)
+    args, kwargs = decode_call(
+        ([{"v": 5}, {"v": 5}], 1), {"dtype": {"dtype": "float16"}, "memory_format": {"memory_format": "channels_last"}}, {5: t}
+    )
+    assert args[0][0] is t and args[1] == 1
+    assert kwargs == {"dtype": torch.float16, "memory_format": torch.channels_last}
+    assert decode({"device": "cpu"}, {}) == torch.device("cpu")
+    assert decode({"layout": "strided"}, {}) is torch.strided
+    with pytest.raises(SchedlabError, match="unknown argument encoding"):
+        decode({"what": 1}, {})
+
+
+def test_resolve_target() -> None:
+    assert resolve_target("aten.addmm.default") is torch.ops.aten.addmm.default
+    with pytest.raises(SchedlabError, match=r"has no op 'aten\.nonesuch\.default'"):
+        resolve_target("aten.nonesuch.default")
+
+
+def test_replay_yields_each_distinct_non_view_op_once_on_real_tensors() -> None:
+    c = capture(load_workload("mlp", "tiny"), "sgd")
+    seen: set[str] = set()
+    expected = new_signatures(c.graph, seen)
+    cases = []
+    for case in workload_cases(c.graph, c.input_values, seen, "mlp/tiny/sgd"):
+        out = case.fn(*case.args, **case.kwargs)  # every case runs on the replay's tensors
+        assert out is not None
+        cases.append(case.signature)
+    assert cases == expected and len(cases) == len(set(cases))
+    assert not any(c.graph.ops[i].is_view for i in range(len(c.graph.ops)) if signature(c.graph.ops[i]) in cases)
+    assert list(workload_cases(c.graph, c.input_values, seen, "again")) == []  # all seen
+
+
+def test_sweep_is_seeded_and_its_costs_come_from_the_flop_formulas() -> None:
+    cfg = SweepConfig(per_class=2, max_flops=1e6, max_elems=1 << 12, seed=3)
+    specs = sweep_specs(cfg)
+    assert [s.target for s in specs] == [s.target for s in sweep_specs(cfg)]
+    cases = list(sweep_cases(specs, set()))
+    mm = next(c for c in cases if c.op_class == "mm")
+    m, k = mm.args[0].shape
+    n = mm.args[1].shape[1]
+    assert mm.flops == 2 * m * k * n
+    assert mm.nbytes == 4 * (m * k + k * n + m * n)
+    assert {c.op_class for c in cases} >= {"mm", "addmm", "bmm", "convolution", "convolution_backward", "relu", "sum"}

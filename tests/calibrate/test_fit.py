@@ -1,0 +1,77 @@
+"""Fits recover known parameters from synthetic data; held-out splits are seeded."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from calibrate.fit import Point, fit_all, fit_class, fit_scale, fit_work_threads, split_signatures
+from calibrate.model import WorkThreadsModel
+
+FLOOR_US = 1.5
+
+
+def synthetic(model: WorkThreadsModel, op_class: str, n: int, seed: int, noise: float = 0.0) -> list[Point]:
+    rng = random.Random(seed)
+    points = []
+    for i in range(n):
+        flops = 10 ** rng.uniform(3, 9)
+        nbytes = int(10 ** rng.uniform(3, 8))
+        for threads in (1, 2, 4, 8):
+            t = FLOOR_US + model.kernel_us(flops, nbytes, threads)
+            t *= 1.0 + rng.uniform(-noise, noise)
+            points.append(Point(f"{op_class}#{i}", op_class, flops, nbytes, threads, t))
+    return points
+
+
+TRUE = WorkThreadsModel(
+    a_us=5.0, us_per_gflop=8000.0, us_per_mb=10.0, us_per_mb_dram=30.0, cache_mb=2.0, p_max=0.9, h_us=50.0, c_us=2.0
+)
+
+
+def test_fit_recovers_known_parameters() -> None:
+    m = fit_work_threads(synthetic(TRUE, "mm", 60, seed=1), FLOOR_US)
+    assert m.us_per_gflop == pytest.approx(TRUE.us_per_gflop, rel=0.02)
+    assert m.us_per_mb == pytest.approx(TRUE.us_per_mb, rel=0.1)
+    assert m.us_per_mb_dram == pytest.approx(TRUE.us_per_mb_dram, rel=0.1)
+    assert m.cache_mb == pytest.approx(TRUE.cache_mb, rel=0.2)
+    assert m.p_max == pytest.approx(TRUE.p_max, abs=0.02)
+    assert m.h_us == pytest.approx(TRUE.h_us, rel=0.15)
+    assert m.c_us == pytest.approx(TRUE.c_us, rel=0.15)
+    assert m.a_us == pytest.approx(TRUE.a_us, rel=0.15)
+
+
+def test_fit_with_noise_predicts_held_out_shapes() -> None:
+    fit = fit_class(synthetic(TRUE, "mm", 60, seed=2, noise=0.05), FLOOR_US, seed=0)
+    assert fit.model_name == "work_threads"
+    assert fit.n_signatures == 60 and fit.n_heldout == 12
+    assert fit.heldout_mape is not None and fit.heldout_mape < 6.0
+
+
+def test_fit_scale_recovers_a_factor_of_the_fallback_shape() -> None:
+    shape = WorkThreadsModel(
+        a_us=1.0, us_per_gflop=0.0, us_per_mb=50.0, us_per_mb_dram=0.0, cache_mb=1.0, p_max=0.5, h_us=10.0, c_us=0.5
+    )
+    points = synthetic(shape.scaled(3.0), "odd", 4, seed=3)
+    m = fit_scale(points, FLOOR_US, shape)
+    assert m.us_per_mb == pytest.approx(150.0, rel=1e-3)
+    assert m.p_max == shape.p_max
+
+
+def test_small_classes_take_the_fallback_shape_and_report_no_heldout_error() -> None:
+    pool = synthetic(TRUE, "add", 40, seed=4)
+    small = synthetic(TRUE.scaled(2.0), "rare", 3, seed=5)
+    fallback, classes = fit_all(pool + small, FLOOR_US, seed=0)
+    assert classes["add"].model_name == "work_threads"
+    assert classes["rare"].model_name == "work_threads_scaled"
+    assert classes["rare"].heldout_mape is None and classes["rare"].n_heldout == 0
+    assert classes["rare"].model.us_per_gflop == pytest.approx(2 * fallback.model.us_per_gflop, rel=0.05)
+
+
+def test_holdout_split_is_seeded_and_about_a_fifth() -> None:
+    sigs = [f"s{i}" for i in range(50)]
+    a, b = split_signatures(sigs, seed=7), split_signatures(list(reversed(sigs)), seed=7)
+    assert a == b and len(a) == 10
+    assert split_signatures(sigs, seed=8) != a
+    assert split_signatures(sigs[:4], seed=7) == set()

@@ -1,0 +1,168 @@
+"""Profile: JSON round-trip, clear errors on bad files, machine warnings, cost lookups."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+
+from calibrate import DEFAULT_PROFILE_PATH, Profile, ProfileMachineWarning, signature
+from schedlab.errors import SchedlabError
+from schedlab.machine import Device, Machine
+from tests.calibrate.factories import DISPATCH, FALLBACK_MODEL, MM_MODEL, make_op, make_profile
+
+HOST_FP = {"cpu_model": "Test CPU", "cores": 2, "torch": "2.13.0"}
+
+
+def machine(cpu_model: str = "Test CPU", cores: int = 2, torch: str = "2.13.0") -> Machine:
+    return Machine(
+        name="m",
+        devices=(Device(id="cpu0", kind="cpu", cores=cores, memory_bytes=2**30),),
+        host={"cpu_model": cpu_model, "torch": torch},
+    )
+
+
+def test_default_path_is_under_repo_traces() -> None:
+    assert DEFAULT_PROFILE_PATH.parts[-2:] == ("traces", "profile.json")
+    assert (DEFAULT_PROFILE_PATH.parent.parent / "calibrate" / "profile.py").exists()
+
+
+def test_json_round_trip(tmp_path: Path) -> None:
+    op = make_op()
+    p = make_profile(signatures={signature(op): {1: 123.25, 2: 70.5}})
+    path = p.save(tmp_path / "p.json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        q = Profile.load(path, machine=machine())
+    assert q.to_json() == p.to_json()
+    d = json.loads(path.read_text())
+    assert d["schema"] == "schedlab.profile" and d["version"] == 1
+    assert d["signatures"][signature(op)] == {"1": 123.25, "2": 70.5}
+    assert set(d["classes"]["mm"]) >= {"model", "params", "heldout_mape", "n_points"}
+    assert q.kernel_us(op, 2) == 70.5
+
+
+def test_missing_file_says_how_to_make_one(tmp_path: Path) -> None:
+    with pytest.raises(SchedlabError, match=r"profile file not found: .*nope\.json.*calibrate"):
+        Profile.load(tmp_path / "nope.json")
+
+
+def test_not_json_is_one_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    path.write_text('{"schema": "schedlab.profile", "version": 1,')
+    with pytest.raises(SchedlabError, match=r"profile file .*p\.json is not valid JSON \(line 1"):
+        Profile.load(path)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.update(schema="schedlab.trace"), r'is not a schedlab profile \(missing "schema": "schedlab.profile"\)'),
+        (lambda d: d.update(version=7), r"profile version 7; this schedlab reads version 1"),
+        (lambda d: d.pop("dispatch"), r"corrupt profile file .*: bad dispatch: missing field 'dispatch'"),
+        (lambda d: d["dispatch"].pop("op_us"), r"bad dispatch: missing field 'op_us'"),
+        (lambda d: d["classes"]["mm"]["params"].update(a_us=-1), r"bad classes\.mm: parameter a_us must be .* >= 0"),
+        (lambda d: d["classes"]["mm"].update(model="magic"), r"bad classes\.mm: unknown model 'magic'"),
+        (lambda d: d["signatures"].update(x={"one": 3.0}), r"bad signatures\['x'\]: invalid literal"),
+        (lambda d: d["signatures"].update(x={"1": "fast"}), r"bad signatures\['x'\]: expected a number"),
+        (lambda d: d.update(quick="yes"), r"bad quick: field 'quick' has type str"),
+    ],
+)
+def test_corrupt_profile_is_one_clear_error(tmp_path: Path, mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    d = make_profile(signatures={"x": {1: 1.0}}).to_json()
+    mutate(d)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(SchedlabError, match=message):
+        Profile.load(path, check_machine=False)
+
+
+def test_top_level_not_an_object(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    path.write_text("[1, 2]")
+    with pytest.raises(SchedlabError, match="is not a schedlab profile"):
+        Profile.load(path)
+
+
+def test_profile_from_another_machine_warns_naming_the_fields(tmp_path: Path) -> None:
+    path = make_profile(machine={**HOST_FP, "cores": 68}).save(tmp_path / "p.json")
+    with pytest.warns(ProfileMachineWarning) as record:
+        p = Profile.load(path, machine=machine())
+    assert len(record) == 1
+    msg = str(record[0].message)
+    assert "cores: profile has 68, this machine has 2" in msg
+    assert "cpu_model" not in msg and "torch" not in msg
+    assert p.machine["cores"] == 68  # it still loads
+
+
+def test_machine_mismatch_lists_every_differing_field() -> None:
+    p = make_profile()
+    assert p.machine_mismatch(machine()) == []
+    diffs = p.machine_mismatch(machine(cpu_model="Other", torch="2.12.0"))
+    assert [d.split(":")[0] for d in diffs] == ["cpu_model", "torch"]
+
+
+def test_signature_beats_class_model() -> None:
+    op = make_op(flops=2e6)
+    assert make_profile().kernel_us(op, 1) == pytest.approx(MM_MODEL.kernel_us(2e6, op.bytes_moved, 1))
+    p = make_profile(signatures={signature(op): {1: 500.0, 2: 260.0}})
+    assert p.kernel_us(op, 1) == 500.0
+    assert p.kernel_us(op, 2) == 260.0
+
+
+def test_unmeasured_threads_interpolate_then_follow_the_class_shape() -> None:
+    op = make_op(flops=2e8)
+    p = make_profile(signatures={signature(op): {1: 1000.0, 4: 400.0}})
+    # between measured counts: linear in 1/threads
+    w = (1 / 2 - 1 / 4) / (1 - 1 / 4)
+    assert p.kernel_us(op, 2) == pytest.approx(w * 1000.0 + (1 - w) * 400.0)
+    # beyond: the class model's ratio from the nearest measured count
+    ratio = MM_MODEL.kernel_us(op.flops, op.bytes_moved, 8) / MM_MODEL.kernel_us(op.flops, op.bytes_moved, 4)
+    assert p.kernel_us(op, 8) == pytest.approx(400.0 * ratio)
+    assert p.kernel_us(op, 8) < 400.0
+
+
+def test_unknown_class_uses_the_fallback() -> None:
+    op = make_op(target="aten.weird_op.default", flops=100.0, nbytes=1_000_000)
+    assert make_profile().kernel_us(op, 1) == pytest.approx(FALLBACK_MODEL.kernel_us(100.0, 1_000_000, 1))
+    assert make_profile().kernel_us(op, 1) == pytest.approx(101.0)
+
+
+def test_views_cost_only_dispatch() -> None:
+    view = make_op(target="aten.t.default", is_view=True, args=({"v": 0},))
+    p = make_profile(signatures={signature(view): {1: 99.0}})
+    assert p.kernel_us(view, 1) == 0.0
+    assert p.dispatch_us(view) == DISPATCH.view_us
+    assert p.dispatch_us(make_op()) == DISPATCH.op_us
+
+
+def test_corun_slowdown_mixes_memory_share_and_scales_with_busy_cores() -> None:
+    p = make_profile()
+    mm = make_op()  # compute-bound: its class model has no memory term
+    mem = make_op(target="aten.relu.default", flops=1e3, nbytes=10**7)  # fallback: memory only
+    assert p.corun_slowdown(mm, 0, 8) == 1.0
+    assert p.corun_slowdown(mm, 7, 8) == pytest.approx(1.1)
+    assert p.corun_slowdown(mem, 7, 8) == pytest.approx(1.5)
+    assert p.corun_slowdown(mem, 1, 2) == pytest.approx(1.5)
+    assert 1.0 < p.corun_slowdown(mem, 3, 8) < 1.5
+    assert p.corun_slowdown(mem, 5, 1) == 1.0
+
+
+def test_kernel_lookup_is_cached_per_op_and_correct_for_equal_ops() -> None:
+    a, b = make_op(op_id=0), make_op(op_id=1)
+    p = make_profile(signatures={signature(a): {1: 42.0}})
+    assert signature(a) == signature(b)  # same work, same non-tensor args
+    assert p.kernel_us(a, 1) == p.kernel_us(b, 1) == 42.0
+    assert p.kernel_us(a, 1) == 42.0
+
+
+def test_dispatch_for_corun_slots() -> None:
+    p = make_profile()
+    op, view = make_op(), make_op(target="aten.t.default", is_view=True, args=({"v": 0},))
+    q = p.for_slots(2)
+    assert q.dispatch_us(op) == DISPATCH.corun_op_us
+    assert q.dispatch_us(view) == pytest.approx(DISPATCH.view_us * DISPATCH.corun_op_us / DISPATCH.op_us)
+    assert q.for_slots(1).dispatch_us(op) == DISPATCH.op_us
+    assert q.to_json() == p.to_json()  # a use of the profile, not part of it

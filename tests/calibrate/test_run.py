@@ -1,0 +1,98 @@
+"""A whole (tiny) calibration end to end, and the `calibrate` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+import calibrate.run as run_mod
+from calibrate import DEFAULT_PROFILE_PATH, CalibrationConfig, Profile, run_calibration, signature
+from calibrate.sweep import SweepConfig
+from calibrate.timing import TimingConfig
+from schedlab.capture import capture
+from schedlab.cli import calibrate_cmd
+from schedlab.workloads import load_workload
+
+TINY = CalibrationConfig(
+    quick=True,
+    workloads=("mlp",),
+    optimizers=("sgd",),
+    sweep=SweepConfig(per_class=2, max_flops=2e6, max_elems=1 << 12),
+    threads=(1,),
+    timing=TimingConfig(budget_s=0.0005, min_reps=1, max_reps=3, rounds=1),
+    dispatch_ops=200,
+    corun_s=0.01,
+    corun_rounds=1,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Profile, Path]:
+    out = tmp_path_factory.mktemp("cal") / "profile.json"
+    return run_calibration(quick=True, out=out, progress=False, config=TINY), out
+
+
+def test_tiny_calibration_writes_a_loadable_profile(tiny_profile: tuple[Profile, Path]) -> None:
+    profile, out = tiny_profile
+    loaded = Profile.load(out)  # same machine: no warning expected
+    assert loaded.to_json() == profile.to_json()
+    assert {"addmm", "mm", "relu"} <= set(profile.classes)
+    assert profile.meta["threads"] == [1] and profile.meta["failures"] == []
+    assert profile.dispatch.op_us > 0 and profile.dispatch.view_us > 0
+
+
+def test_every_op_of_the_workload_gets_a_finite_cost(tiny_profile: tuple[Profile, Path]) -> None:
+    profile, _ = tiny_profile
+    graph = capture(load_workload("mlp", "tiny"), "adam").graph  # adam ops were never measured
+    for op in graph.ops:
+        for threads in (1, 2, 16):
+            k = profile.kernel_us(op, threads)
+            assert math.isfinite(k) and k >= 0.0
+            if op.is_view:
+                assert k == 0.0
+
+
+def test_calibrate_command_prints_a_json_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(run_mod, "quick_config", lambda: TINY)
+    parser = argparse.ArgumentParser(prog="schedlab")
+    calibrate_cmd.register(parser.add_subparsers(dest="command"))
+    out = tmp_path / "p.json"
+    args = parser.parse_args(["calibrate", "--quick", "--out", str(out), "--json", "--no-progress"])
+    assert args.handler(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["path"] == str(out) and out.exists()
+    assert summary["quick"] is True
+    assert "mm" in summary["classes"] and "heldout_mape" in summary["classes"]["mm"]
+    assert summary["dispatch_us"]["op_us"] > 0
+    assert summary["wall_s"] >= 0
+
+
+def test_calibrate_command_defaults_to_the_profile_simulate_reads() -> None:
+    parser = argparse.ArgumentParser(prog="schedlab")
+    calibrate_cmd.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["calibrate"])
+    assert args.out == DEFAULT_PROFILE_PATH
+    assert args.quick is False and args.json is False
+
+
+def test_with_trace_of_a_real_executor_step(tiny_profile: tuple[Profile, Path]) -> None:
+    from exec import run_steps
+    from schedlab.plan import Plan
+
+    profile, _ = tiny_profile
+    c = capture(load_workload("mlp", "tiny"), "sgd")
+    result = run_steps(c.graph, c.input_values, Plan(slots=1, threads=1), steps=3, warmup=1)
+    traced = profile.with_trace(result.trace, c.graph)
+    assert traced.meta["traces"][0]["slots"] == 1
+    assert traced.meta["traces"][0]["events_used"] > 0
+    mm = next(op for op in c.graph.ops if op.op_class == "addmm")
+    durs = [e.dur_ns / 1e3 for e in result.trace.events if signature(c.graph.ops[e.op]) == signature(mm)]
+    expected = max(0.0, statistics.median(durs) - profile.dispatch.op_us)
+    assert traced.kernel_us(mm, 1) == pytest.approx(expected, rel=1e-6, abs=1e-3)

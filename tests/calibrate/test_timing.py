@@ -1,0 +1,109 @@
+"""Timing: medians, best-of-rounds, contended multi-thread points; CPU load accounting."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from calibrate.corun import measure_corun
+from calibrate.host_load import CpuSnapshot, foreign_cpu_frac, snapshot
+from calibrate.threads import set_intra_op_threads, thread_counts
+from calibrate.timing import TimingConfig, looks_contended, time_call, time_point
+
+FAST = TimingConfig(budget_s=0.0, min_reps=3, max_reps=3, rounds=2, retries=2, retry_sleep_s=0.0)
+
+
+class FakeOp:
+    """An op whose time per call depends on the thread count we set, from a script."""
+
+    def __init__(self, script: dict[int, list[float]]) -> None:
+        self.script = {k: list(v) for k, v in script.items()}
+        self.threads = 1
+        self.calls: list[int] = []
+
+    def set_threads(self, k: int) -> None:
+        self.threads = k
+
+    def __call__(self) -> None:
+        import time
+
+        self.calls.append(self.threads)
+        seq = self.script[self.threads]
+        dur_us = seq.pop(0) if len(seq) > 1 else seq[0]
+        end = time.perf_counter() + dur_us * 1e-6
+        while time.perf_counter() < end:
+            pass
+
+
+def test_time_call_returns_median_and_result() -> None:
+    us, out = time_call(torch.ops.aten.add.Tensor, (torch.ones(3), torch.ones(3)), {}, FAST)
+    assert 0 < us < 1000
+    assert torch.equal(out, torch.full((3,), 2.0))
+
+
+def test_time_point_keeps_the_best_round() -> None:
+    op = FakeOp({1: [3000.0] * 4 + [1000.0], 2: [600.0]})
+    times, contended = time_point(op, (), {}, (1, 2), FAST, op.set_threads)
+    assert 900 < times[1] < 2500  # second round (1 warm-up + 3 reps) ran at 1000 us
+    assert contended == set()
+
+
+def test_contended_points_are_retried_then_reported() -> None:
+    # k=2 is 20x slower than k=1 for the two rounds (8 calls), then recovers.
+    op = FakeOp({1: [500.0], 2: [10_000.0] * 8 + [300.0]})
+    times, contended = time_point(op, (), {}, (1, 2), FAST, op.set_threads)
+    assert contended == set() and times[2] < 1000
+    stuck = FakeOp({1: [500.0], 2: [10_000.0]})
+    times, contended = time_point(stuck, (), {}, (1, 2), FAST, stuck.set_threads)
+    assert contended == {2}
+    assert stuck.calls.count(2) == 2 * 4 + 2 * 4  # rounds, then the retries
+
+
+def test_looks_contended_allows_small_slowdowns() -> None:
+    assert not looks_contended(3.5, 2.0)  # small op: thread-team overhead, not contention
+    assert not looks_contended(140.0, 100.0)
+    assert looks_contended(20_000.0, 50.0)
+
+
+def test_intra_op_threads_are_per_calling_thread() -> None:
+    seen: list[int] = []
+
+    def worker() -> None:
+        set_intra_op_threads(1)
+        seen.append(torch.get_num_threads())
+
+    before = set_intra_op_threads(2)
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen == [1]
+    assert torch.get_num_threads() == 2
+    set_intra_op_threads(before)
+    assert thread_counts(4) == (1, 2, 3, 4)
+    assert thread_counts(68, limit=2) == (1, 2)
+
+
+def test_foreign_cpu_frac() -> None:
+    a = CpuSnapshot(busy_s=10.0, total_s=100.0, own_s=5.0)
+    b = CpuSnapshot(busy_s=16.0, total_s=110.0, own_s=8.0)  # 6 busy, 3 ours, out of 10
+    assert foreign_cpu_frac(a, b) == 0.3
+    assert foreign_cpu_frac(None, b) is None
+    assert foreign_cpu_frac(a, a) is None
+    s = snapshot()
+    assert s is None or s.total_s >= s.busy_s
+
+
+def test_corun_on_one_core_is_neutral() -> None:
+    figs = measure_corun(cores=1)
+    assert (figs.mem_slowdown, figs.compute_slowdown, figs.measured) == (1.0, 1.0, False)
+
+
+def test_retries_stop_when_the_budget_is_spent() -> None:
+    from calibrate.timing import RetryBudget
+
+    stuck = FakeOp({1: [500.0], 2: [10_000.0]})
+    budget = RetryBudget(0.0)
+    _, contended = time_point(stuck, (), {}, (1, 2), FAST, stuck.set_threads, budget)
+    assert contended == {2}
+    assert stuck.calls.count(2) == 2 * 4  # the rounds only: no retry

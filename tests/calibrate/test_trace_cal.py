@@ -1,0 +1,87 @@
+"""Trace-driven calibration: ops seen in a real step cost what they cost there."""
+
+from __future__ import annotations
+
+import pytest
+
+from calibrate import signature
+from calibrate.trace_cal import trace_slots
+from schedlab.errors import SchedlabError
+from schedlab.trace import Trace, TraceEvent
+from tests.calibrate.factories import DISPATCH, make_graph, make_profile
+
+US = 1000  # ns
+
+
+def event(op: int, start_us: float, dur_us: float, threads: int = 1, worker: int = 0, step: int = 1) -> TraceEvent:
+    name = ("mm", "t", "relu")[op]
+    return TraceEvent(op, name, "F", "cpu0", worker, threads, int(start_us * US), int((start_us + dur_us) * US), step)
+
+
+def one_slot_trace(steps: int = 3) -> Trace:
+    """Back-to-back events, as the executor's straight-line step records them."""
+    events = []
+    for step in range(steps):
+        t = 0.0
+        for _ in range(10):  # ten repetitions of the 3-op graph per step
+            for op, dur in ((0, 53.0), (1, 2.1), (2, 13.0)):
+                dur = dur * 3 if step == 0 and op == 0 else dur  # one slow step: the median holds
+                events.append(event(op, t, dur, threads=2, step=step))
+                t += dur
+    return Trace(events=tuple(events), meta={"source": "exec", "plan": {"slots": 1}})
+
+
+def test_with_trace_adds_signatures_at_the_recorded_threads() -> None:
+    graph = make_graph()
+    p = make_profile().with_trace(one_slot_trace(), graph)
+    mm, view, relu = graph.ops
+    # one slot: events hold the whole dispatch, so the floor is op_us
+    assert p.signatures[signature(mm)] == {2: pytest.approx(53.0 - DISPATCH.op_us)}
+    assert p.kernel_us(mm, 2) == pytest.approx(50.0)
+    assert p.kernel_us(relu, 2) == pytest.approx(10.0)
+    assert signature(view) not in p.signatures and p.kernel_us(view, 2) == 0.0
+    record = p.meta["traces"][0]
+    assert record["graph_hash"] == graph.hash and record["slots"] == 1
+    assert record["events_used"] == 60  # 2 kernels x 10 repetitions x 3 steps
+    assert p.dispatch == DISPATCH
+
+
+def test_trace_entries_replace_microbenchmark_ones_and_keep_other_threads() -> None:
+    graph = make_graph()
+    mm = graph.ops[0]
+    p = make_profile(signatures={signature(mm): {1: 90.0, 2: 70.0}}).with_trace(one_slot_trace(), graph)
+    assert p.signatures[signature(mm)] == {1: 90.0, 2: pytest.approx(50.0)}
+
+
+def test_corun_trace_uses_the_corun_floor_and_leaves_out_overlapping_events() -> None:
+    events = (
+        event(0, 0.0, 100.0, worker=0),
+        event(2, 50.0, 100.0, worker=1),  # co-runs with the mm
+        event(2, 200.0, 11.6, worker=0),
+    )
+    trace = Trace(events=events, meta={"source": "exec", "plan": {"slots": 2}})
+    assert trace_slots(trace) == 2
+    graph = make_graph()
+    p = make_profile().with_trace(trace, graph)
+    assert signature(graph.ops[0]) not in p.signatures
+    assert p.signatures[signature(graph.ops[2])] == {1: pytest.approx(11.6 - DISPATCH.corun_event_floor_us)}
+    assert p.meta["traces"][0]["events_overlapping"] == 2
+
+
+def test_slots_default_to_one() -> None:
+    assert trace_slots(Trace(events=(), meta={"source": "exec"})) == 1
+    assert trace_slots(Trace(events=(), meta={"source": "exec", "plan": {"slots": "x"}})) == 1
+
+
+def test_simulated_trace_is_refused() -> None:
+    with pytest.raises(SchedlabError, match="needs an executor trace"):
+        make_profile().with_trace(Trace(events=(), meta={"source": "sim"}), make_graph())
+
+
+def test_trace_of_another_graph_is_refused() -> None:
+    trace = Trace(events=(), meta={"source": "exec", "graph_hash": "0123456789abcdef"})
+    with pytest.raises(SchedlabError, match="recorded for graph 0123456789abcdef"):
+        make_profile().with_trace(trace, make_graph())
+    bad_op = Trace(events=(event(0, 0, 1), TraceEvent(9, "x", "F", "cpu0", 0, 1, 0, 5, 1)), meta={"source": "exec"})
+    with pytest.raises(SchedlabError, match="names op 9, but graph 'toy' has 3 ops"):
+        make_profile().with_trace(bad_op, make_graph())
