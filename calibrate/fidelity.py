@@ -120,7 +120,7 @@ def measure_and_predict(
     rows: list[FidelityRow] = []
     for plan in plans:
         resolved = resolve(graph, plan, machine)
-        sim = simulate(graph, resolved, machine, profile, record=False)
+        sim = simulate(graph, resolved, machine, profile.for_slots(plan.slots), record=False)
         meas = run_steps(graph, input_values, plan, machine, steps=steps, warmup=warmup)
         rows.append(
             FidelityRow(

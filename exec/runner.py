@@ -122,46 +122,58 @@ class Executor:
         ns = time.perf_counter_ns
         start_ns = ns()
 
+        idle = [0]  # workers waiting for work
+
         def worker(w: int) -> None:
+            # The worker that finishes an op takes the next ready op itself, and wakes an
+            # idle worker only when more work is ready than it can take: every wake-up
+            # is a thread hand-off through the interpreter lock, tens of microseconds.
             torch.get_num_threads()  # force ATen's per-thread init before setting (DESIGN.md)
             cur = -1
-            while True:
-                with cond:
-                    while not heap and state["done"] < n and not errors:
+            cond.acquire()
+            try:
+                while True:
+                    while not heap:
+                        if state["done"] >= n or errors:
+                            return
+                        idle[0] += 1
                         cond.wait()
-                    if state["done"] >= n or errors:
+                        idle[0] -= 1
+                    if errors:
                         return
                     _, i = heapq.heappop(heap)
-                k = res.threads[i]
-                if k != cur:
-                    torch.set_num_threads(k)
-                    cur = k
-                t0 = ns()
-                try:
-                    op_fns[i](V)
-                except BaseException as e:
-                    with cond:
+                    if heap and idle[0]:
+                        cond.notify()
+                    cond.release()
+                    try:
+                        k = res.threads[i]
+                        if k != cur:
+                            torch.set_num_threads(k)
+                            cur = k
+                        t0 = ns()
+                        op_fns[i](V)
+                        t1 = ns()
+                    except BaseException as e:
+                        cond.acquire()
                         errors.append(_failed(g, i, e))
                         cond.notify_all()
-                    return
-                t1 = ns()
-                with cond:
+                        return
+                    cond.acquire()
                     spans[i] = (t0 - start_ns, t1 - start_ns, w)
                     for v in inputs_of[i]:
                         uses[v] -= 1
                         if uses[v] == 0 and v not in keep:
                             V[v] = None
-                    woke = 0
                     for s in succs[i]:
                         indeg[s] -= 1
                         if indeg[s] == 0:
                             heapq.heappush(heap, (prio[s], s))
-                            woke += 1
                     state["done"] += 1
                     if state["done"] >= n:
                         cond.notify_all()
-                    elif woke:
-                        cond.notify(woke)
+                        return
+            finally:
+                cond.release()
 
         threads = [threading.Thread(target=worker, args=(w,), name=f"schedlab-worker-{w}") for w in range(res.slots)]
         for t in threads:
