@@ -1,0 +1,163 @@
+"""`schedlab search`: search plans for a model in simulation with Optuna or a seed strategy.
+
+    schedlab search transformer                          # Optuna, --space all, 200 trials
+    schedlab search nmt --strategy ooo --run-dir runs/nmt
+    schedlab search mlp --size tiny --trials 500 --workers 2 --memory --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from schedlab.cli.common import add_model_args, print_json, slug
+from schedlab.errors import SchedlabError
+
+DEFAULT_TRIALS = 200
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from search.space import SPACES
+    from search.strategies import STRATEGY_NAMES
+
+    p = sub.add_parser(
+        "search",
+        help="search plans in simulation (Optuna, or a seed paper's algorithm)",
+        description="Capture MODEL's training step and search plans for this host in the calibrated "
+        "simulator: co-run slots and intra-op threads (--space concurrency), op order (order) or both "
+        "(all). Strategies: Optuna's samplers (TPE; NSGA-II with --memory), the concurrency-control "
+        "paper's model-guided scheduler (paper-concurrency) or out-of-order backprop's reordering "
+        "(ooo). PyTorch's default and TensorFlow's recommended threading are always evaluated. The "
+        "study resumes where it stopped; run again with another --strategy into the same --run-dir to "
+        "compare strategies. Writes run.json, graph.json, study.db and search.json into the run directory.",
+    )
+    add_model_args(p)
+    p.add_argument("--space", choices=SPACES, default="all", help="what to search (default all)")
+    p.add_argument(
+        "--trials", type=int, default=DEFAULT_TRIALS,
+        help=f"COMPLETE trials the study should hold for this strategy and space (default {DEFAULT_TRIALS}); "
+        "seed strategies stop at their own few candidates",
+    )
+    p.add_argument("--strategy", choices=STRATEGY_NAMES, default="optuna", help="search strategy (default optuna)")
+    p.add_argument(
+        "--storage", default=None, metavar="URL",
+        help="Optuna storage URL, e.g. postgresql://user:pw@host/db (default: sqlite file RUN_DIR/study.db)",
+    )
+    p.add_argument("--study", default=None, metavar="NAME", help="study name (default MODEL-SIZE-OPTIMIZER)")
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes on the study (default 1)")
+    p.add_argument("--run-dir", default=None, metavar="DIR", help="run directory (default runs/MODEL-SIZE-OPTIMIZER)")
+    p.add_argument(
+        "--profile", default=None, metavar="PROFILE",
+        help="calibrated cost model (default traces/profile.json; make one with `schedlab calibrate --quick`)",
+    )
+    p.add_argument(
+        "--memory", action="store_true",
+        help="two objectives: step time and peak memory (NSGA-II); search.json then lists the Pareto front",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--json", action="store_true", help="print search.json's content (plus the run directory)")
+    p.set_defaults(handler=run)
+
+
+def default_run_dir(args: argparse.Namespace) -> Path:
+    return Path("runs") / slug(f"{args.model}-{args.size}-{args.optimizer}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from calibrate.profile import DEFAULT_PROFILE_PATH, Profile
+    from schedlab.graph import Graph
+    from schedlab.machine import detect_host
+    from search.run_dir import RunConfig, RunPaths, default_storage, read_run, storage_url
+    from search.runner import run_search
+
+    if args.trials < 1:
+        raise SchedlabError("--trials must be >= 1")
+    if args.workers < 1:
+        raise SchedlabError("--workers must be >= 1")
+    if args.workers > 1 and args.strategy != "optuna":
+        raise SchedlabError(f"--workers runs Optuna trials in parallel; strategy {args.strategy} runs in one process")
+    profile_path = Path(args.profile) if args.profile else DEFAULT_PROFILE_PATH
+    if not profile_path.exists():
+        raise SchedlabError(
+            f"no calibrated profile at {profile_path}: run `make calibrate` (or `schedlab calibrate --quick` "
+            "for a short one), or give --profile PROFILE"
+        )
+    profile = Profile.load(profile_path)
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args)
+    paths = RunPaths(run_dir)
+    objectives = ("time", "memory") if args.memory else ("time",)
+    old = read_run(run_dir) if paths.run.exists() else None
+    if old is not None:
+        mine = (args.model, args.size, args.optimizer, args.seed, objectives)
+        theirs = (old.model, old.size, old.optimizer, old.seed, old.objectives)
+        if mine != theirs:
+            raise SchedlabError(
+                f"{run_dir} holds a search of {_describe(*theirs)}, not {_describe(*mine)}; use another --run-dir"
+            )
+    machine = detect_host()
+    if old is not None and paths.graph.exists():
+        graph = Graph.load(paths.graph)  # resuming: the captured graph is already there
+    else:
+        from schedlab.cli.common import capture_model
+
+        _, captured = capture_model(args)
+        graph = captured.graph
+    storage = args.storage or (storage_url(run_dir, old) if old else default_storage(run_dir))
+    study = args.study or (old.study if old else slug(f"{args.model}-{args.size}-{args.optimizer}"))
+    config = RunConfig(
+        model=args.model,
+        size=args.size,
+        optimizer=args.optimizer,
+        seed=args.seed,
+        space=args.space,
+        strategy=args.strategy,
+        study=study,
+        storage=storage,
+        trials=args.trials,
+        profile=str(profile_path.resolve()),
+        machine=machine.to_json(),
+        created_unix_s=old.created_unix_s if old else time.time(),
+        objectives=objectives,
+    )
+    summary = run_search(
+        run_dir, config, graph, machine, profile, workers=args.workers, progress=not args.no_progress
+    )
+    summary["run_dir"] = str(run_dir)
+    summary["paths"] = {
+        "run": str(paths.run), "graph": str(paths.graph), "search": str(paths.search), "study": storage,
+    }
+    if args.json:
+        print_json(summary)
+    else:
+        _print_summary(args, summary, len(graph))
+    return 0
+
+
+def _describe(model: str, size: str, optimizer: str, seed: int, objectives: tuple[str, ...]) -> str:
+    return f"{model}/{size}/{optimizer} seed {seed} ({' and '.join(objectives)})"
+
+
+def _ms(x: Any) -> str:
+    return "   n/a  " if x is None else f"{x * 1e3:8.2f}"
+
+
+def _print_summary(args: argparse.Namespace, s: dict[str, Any], n_ops: int) -> None:
+    print(
+        f"{args.model}/{args.size} ({n_ops} ops): {s['new_trials']} new trial(s) of {s['strategy']} "
+        f"({s['trials_per_s']:.1f} trials/s), study holds {s['n_trials']} complete"
+    )
+    print("  predicted step time (simulated), ms:")
+    for name, b in s["baselines"].items():
+        print(f"    {_ms(b['predicted_step_time_s'])}  baseline {name}")
+    for name, st in s["strategies"].items():
+        print(f"    {_ms(st['best_predicted_step_time_s'])}  best of {name} ({st['trials']} trials)")
+    if s["best"]:
+        b = s["best"][0]
+        plan = b["plan"] or {}
+        order = plan.get("order")
+        order_s = order if isinstance(order, str) else f"explicit[{len(order or [])}]"
+        print(f"  best: trial {b['trial']} ({b['strategy']}): slots={plan.get('slots')} threads={plan.get('threads')} "
+              f"class_threads={plan.get('class_threads')} order={order_s}")
+    print(f"  run directory {s['run_dir']}  (next: schedlab validate {s['run_dir']})")

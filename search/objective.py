@@ -1,0 +1,133 @@
+"""The objective of a search: one Plan simulated on this host's Machine with a cost model.
+
+An `Evaluator` binds a Graph, a Machine and a cost model (a calibrated `Profile`) once and
+reuses the simulator's per-graph preparation for every plan, as a search asks thousands
+of times. A plan that fails validation or does not fit in memory is *infeasible*: the
+evaluation says why instead of raising, and the search records it as a failed or pruned
+trial.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from schedlab.errors import SchedlabError
+from schedlab.graph import Graph, Op
+from schedlab.machine import Machine
+from schedlab.plan import Plan, ResolvedPlan, resolve
+from sim import SimResult
+from sim.cost import CostModel
+
+OBJECTIVES = ("time", "memory")  # what a search may minimise: step time, peak memory
+
+
+class CorunMemo:
+    """A cost model whose co-run slowdowns are memoised per (op id, busy cores, cores).
+
+    The simulator memoises kernel and dispatch times itself; the co-run slowdown is asked
+    again in every simulation. The wrapped model must be a pure function of its arguments.
+    """
+
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
+        self._corun: dict[tuple[int, int, int], float] = {}
+
+    def kernel_us(self, op: Op, threads: int) -> float:
+        return self.cost.kernel_us(op, threads)
+
+    def dispatch_us(self, op: Op) -> float:
+        return self.cost.dispatch_us(op)
+
+    def corun_slowdown(self, op: Op, busy_cores: int, total_cores: int) -> float:
+        key = (op.id, busy_cores, total_cores)
+        s = self._corun.get(key)
+        if s is None:
+            s = self._corun[key] = float(self.cost.corun_slowdown(op, busy_cores, total_cores))
+        return s
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One simulated plan. `error` set: infeasible (the plan is invalid or does not fit)."""
+
+    plan: Plan
+    step_time_s: float
+    peak_memory_bytes: int  # on the plan's device (max over devices)
+    error: str | None = None
+    oom: bool = False
+    sim_wall_s: float = 0.0
+    result: SimResult | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def values(self, objectives: tuple[str, ...]) -> list[float]:
+        """The objective values in the order of `objectives` (seconds, bytes)."""
+        out: list[float] = []
+        for name in objectives:
+            if name == "time":
+                out.append(self.step_time_s)
+            elif name == "memory":
+                out.append(float(self.peak_memory_bytes))
+            else:
+                raise SchedlabError(f"unknown objective {name!r}; use {', '.join(OBJECTIVES)}")
+        return out
+
+
+class Evaluator:
+    """Simulates plans of one graph on one machine; `evaluate(plan)` never raises for a bad plan."""
+
+    def __init__(self, graph: Graph, machine: Machine, cost: CostModel) -> None:
+        self.graph = graph
+        self.machine = machine
+        self.cost = CorunMemo(cost)
+        self._sim = _make_simulator(graph, machine, self.cost)
+
+    def resolve(self, plan: Plan) -> ResolvedPlan:
+        return resolve(self.graph, plan, self.machine)
+
+    def simulate(self, resolved: ResolvedPlan, record: bool = False) -> SimResult:
+        if self._sim is not None:
+            result: SimResult = self._sim.run(resolved, record=record)
+            return result
+        from sim import simulate
+
+        return simulate(self.graph, resolved, self.machine, self.cost, record=record)
+
+    def evaluate(self, plan: Plan, record: bool = False) -> Evaluation:
+        t0 = time.perf_counter()
+        try:
+            result = self.simulate(self.resolve(plan), record=record)
+        except SchedlabError as e:
+            return Evaluation(plan, math.inf, 0, error=f"invalid plan: {e}", sim_wall_s=time.perf_counter() - t0)
+        peak = max(result.peak_memory_bytes.values(), default=0)
+        error = None
+        if result.oom_devices:
+            cap = {d.id: d.memory_bytes for d in self.machine.devices}
+            dev = result.oom_devices[0]
+            error = (
+                f"out of memory on {dev}: simulated peak {result.peak_memory_bytes[dev] / 2**20:.1f} MiB "
+                f"> {cap[dev] / 2**20:.1f} MiB"
+            )
+        return Evaluation(
+            plan,
+            result.step_time_s,
+            peak,
+            error=error,
+            oom=bool(result.oom_devices),
+            sim_wall_s=time.perf_counter() - t0,
+            result=result,
+        )
+
+
+def _make_simulator(graph: Graph, machine: Machine, cost: CostModel) -> Any:
+    """The simulator bound once to this graph (sim.Simulator), or None on an older sim/."""
+    try:
+        from sim import Simulator  # type: ignore[attr-defined]
+    except ImportError:  # pragma: no cover - sim without a reusable Simulator
+        return None
+    return Simulator(graph, machine, cost)
