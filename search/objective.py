@@ -84,19 +84,27 @@ class Evaluator:
     def __init__(self, graph: Graph, machine: Machine, cost: CostModel) -> None:
         self.graph = graph
         self.machine = machine
-        self.cost = CorunMemo(cost)
-        self._sim = _make_simulator(graph, machine, self.cost)
+        self._base_cost = cost
+        self._sims: dict[bool, Any] = {}  # co-running (slots > 1) or not -> bound simulator
+
+    def _simulator(self, slots: int) -> Any:
+        """The simulator for plans with `slots` workers: the executor's per-op cost differs
+        between one worker (straight-line code) and several (a shared ready heap)."""
+        corun = slots > 1
+        if corun not in self._sims:
+            cost = self._base_cost
+            for_slots = getattr(cost, "for_slots", None)
+            if for_slots is not None:
+                cost = for_slots(slots)
+            self._sims[corun] = _make_simulator(self.graph, self.machine, CorunMemo(cost))
+        return self._sims[corun]
 
     def resolve(self, plan: Plan) -> ResolvedPlan:
         return resolve(self.graph, plan, self.machine)
 
     def simulate(self, resolved: ResolvedPlan, record: bool = False) -> SimResult:
-        if self._sim is not None:
-            result: SimResult = self._sim.run(resolved, record=record)
-            return result
-        from sim import simulate
-
-        return simulate(self.graph, resolved, self.machine, self.cost, record=record)
+        result: SimResult = self._simulator(resolved.slots).run(resolved, record=record)
+        return result
 
     def evaluate(self, plan: Plan, record: bool = False) -> Evaluation:
         t0 = time.perf_counter()
@@ -125,9 +133,7 @@ class Evaluator:
 
 
 def _make_simulator(graph: Graph, machine: Machine, cost: CostModel) -> Any:
-    """The simulator bound once to this graph (sim.Simulator), or None on an older sim/."""
-    try:
-        from sim import Simulator  # type: ignore[attr-defined]
-    except ImportError:  # pragma: no cover - sim without a reusable Simulator
-        return None
+    """The simulator bound once to this graph (sim.Simulator)."""
+    from sim import Simulator
+
     return Simulator(graph, machine, cost)
