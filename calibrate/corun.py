@@ -7,6 +7,11 @@ the same op in a loop; each call's time is compared with the same op alone. Thre
   the caches): the slowdown of shared memory bandwidth.
 - compute-bound: a 256x256 ``mm`` (fits in L2): the slowdown of shared cores (turbo,
   SMT siblings, neighbours).
+- oversubscribed: the same memory- and compute-bound ops, but each thread with as many
+  intra-op threads as the machine has cores, so twice as many OpenMP threads as cores.
+  Processor sharing alone predicts twice the time alone; what is measured beyond that
+  (threads descheduled inside a parallel region while their team waits at a barrier)
+  is the oversubscription factor.
 - negligible: ``add`` of 1-element tensors: the interpreter lock. Each call's Python part
   holds it, so two threads of tiny ops take turns; this is what the simulator's dispatch
   resource models, reported here to check it, not used by `corun_slowdown`.
@@ -39,6 +44,8 @@ class CorunFigures:
     gil_slowdown: float  # per-call factor for negligible ops from two Python threads
     measured: bool  # False on a one-core machine: nothing to co-run with
     foreign_cpu_frac: float | None = None  # other processes' CPU share while measuring
+    oversub_mem: float = 1.0  # extra factor, beyond processor sharing, when cores are oversubscribed
+    oversub_compute: float = 1.0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,18 +55,24 @@ class CorunFigures:
             "gil_slowdown": round(self.gil_slowdown, 4),
             "measured": self.measured,
             "foreign_cpu_frac": None if self.foreign_cpu_frac is None else round(self.foreign_cpu_frac, 3),
+            "oversub_mem": round(self.oversub_mem, 4),
+            "oversub_compute": round(self.oversub_compute, 4),
         }
 
 
 def _loop(
-    fn: Callable[..., Any], args: tuple[Any, ...], duration_s: float, barrier: threading.Barrier | None
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    duration_s: float,
+    barrier: threading.Barrier | None,
+    intra: int = 1,
 ) -> float:
     """Time per call (us) of `fn` called back to back for about `duration_s` in this thread.
 
     Elapsed time over calls, not the median call: a thread waiting for the interpreter
     lock between calls must count, or the lock's cost would not show.
     """
-    set_intra_op_threads(1)
+    set_intra_op_threads(intra)
     fn(*args)
     if barrier is not None:
         barrier.wait()
@@ -74,12 +87,14 @@ def _loop(
             return (now - start) / n * 1e6
 
 
-def _in_threads(fn: Callable[..., Any], args: tuple[Any, ...], n_threads: int, duration_s: float) -> float:
+def _in_threads(
+    fn: Callable[..., Any], args: tuple[Any, ...], n_threads: int, duration_s: float, intra: int = 1
+) -> float:
     results: list[float] = [0.0] * n_threads
     barrier = threading.Barrier(n_threads)
 
     def work(i: int) -> None:
-        results[i] = _loop(fn, args, duration_s, barrier)
+        results[i] = _loop(fn, args, duration_s, barrier, intra)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
     for t in threads:
@@ -89,12 +104,14 @@ def _in_threads(fn: Callable[..., Any], args: tuple[Any, ...], n_threads: int, d
     return statistics.mean(results)
 
 
-def slowdown(fn: Callable[..., Any], args: tuple[Any, ...], duration_s: float, rounds: int = 3) -> float:
+def slowdown(
+    fn: Callable[..., Any], args: tuple[Any, ...], duration_s: float, rounds: int = 3, intra: int = 1
+) -> float:
     """Per-call time with two threads calling `fn` / with one: best of `rounds` each."""
     alone, together = [], []
     for _ in range(rounds):
-        alone.append(_in_threads(fn, args, 1, duration_s))
-        together.append(_in_threads(fn, args, 2, duration_s))
+        alone.append(_in_threads(fn, args, 1, duration_s, intra))
+        together.append(_in_threads(fn, args, 2, duration_s, intra))
     return min(together) / min(alone)
 
 
@@ -107,10 +124,14 @@ def measure_corun(cores: int, duration_s: float = 0.25, rounds: int = 3) -> Coru
     big = (torch.randn(1 << 23), torch.randn(1 << 23))
     mat = (torch.randn(256, 256), torch.randn(256, 256))
     tiny = (torch.ones(1), torch.ones(1))
+    mid = (torch.randn(1 << 18), torch.randn(1 << 18))  # 1 MiB each: short parallel regions
     return CorunFigures(
         mem_slowdown=slowdown(aten.add.Tensor, big, duration_s, rounds),
         compute_slowdown=slowdown(aten.mm.default, mat, duration_s, rounds),
         gil_slowdown=slowdown(aten.add.Tensor, tiny, duration_s, rounds),
         measured=True,
+        # Two teams of `cores` threads on `cores` cores: processor sharing accounts for 2x.
+        oversub_mem=max(1.0, slowdown(aten.add.Tensor, mid, duration_s, rounds, intra=cores) / 2.0),
+        oversub_compute=max(1.0, slowdown(aten.mm.default, mat, duration_s, rounds, intra=cores) / 2.0),
         foreign_cpu_frac=foreign_cpu_frac(start, snapshot()),
     )

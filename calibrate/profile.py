@@ -121,13 +121,20 @@ class Profile:
         mixed by the op's memory share (from its class model), and scaled linearly with
         the share of the other cores that are busy (all of them busy: the measured
         factor). Measured with one co-runner on this machine; more is extrapolation.
+        When the others alone keep every core busy, `op`'s threads oversubscribe the
+        cores, and the measured oversubscription factor (the cost beyond processor
+        sharing of OpenMP teams descheduled at their barriers) applies as well.
         """
         if op.is_view or busy_cores <= 0 or total_cores <= 1:
             return 1.0
         frac = min(1.0, busy_cores / (total_cores - 1))
         mem = self.class_model(op.op_class).memory_share(op.flops, op.bytes_moved)
-        factor = self.corun.compute_slowdown + (self.corun.mem_slowdown - self.corun.compute_slowdown) * mem
-        return max(1.0, 1.0 + (factor - 1.0) * frac)
+        c = self.corun
+        factor = c.compute_slowdown + (c.mem_slowdown - c.compute_slowdown) * mem
+        out = max(1.0, 1.0 + (factor - 1.0) * frac)
+        if busy_cores >= total_cores:
+            out *= max(1.0, c.oversub_compute + (c.oversub_mem - c.oversub_compute) * mem)
+        return out
 
     # ---- lookups -----------------------------------------------------------------------
 
@@ -380,4 +387,6 @@ def _corun_from_json(d: dict[str, Any]) -> CorunFigures:
         gil_slowdown=_number(d.get("gil_slowdown", 1.0)),
         measured=bool(d.get("measured", True)),
         foreign_cpu_frac=_optional_number(d.get("foreign_cpu_frac")),
+        oversub_mem=_number(d.get("oversub_mem", 1.0)),
+        oversub_compute=_number(d.get("oversub_compute", 1.0)),
     )

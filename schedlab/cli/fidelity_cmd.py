@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--size", choices=("tiny", "default"), default="default")
     p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     p.add_argument("--profile", default=None, metavar="PROFILE", help="profile (default: traces/profile.json)")
-    p.add_argument("--steps", type=int, default=3, help="timed steps per plan (default 3)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per plan (default 5)")
     p.add_argument(
         "--no-trace-calibration",
         action="store_true",

@@ -166,3 +166,27 @@ def test_dispatch_for_corun_slots() -> None:
     assert q.dispatch_us(view) == pytest.approx(DISPATCH.view_us * DISPATCH.corun_op_us / DISPATCH.op_us)
     assert q.for_slots(1).dispatch_us(op) == DISPATCH.op_us
     assert q.to_json() == p.to_json()  # a use of the profile, not part of it
+
+
+def test_oversubscription_factor_applies_only_when_others_fill_every_core() -> None:
+    import dataclasses
+
+    from calibrate.corun import CorunFigures
+    from tests.calibrate.factories import make_op, make_profile
+
+    base = make_profile()
+    prof = dataclasses.replace(
+        base,
+        corun=CorunFigures(
+            mem_slowdown=1.0, compute_slowdown=1.0, gil_slowdown=1.0, measured=True, oversub_mem=2.0, oversub_compute=2.0
+        ),
+    )
+    op = make_op()
+    assert prof.corun_slowdown(op, busy_cores=1, total_cores=4) == 1.0  # co-run, cores to spare
+    assert prof.corun_slowdown(op, busy_cores=4, total_cores=4) == 2.0  # others fill every core
+    again = type(prof).from_json(prof.to_json())
+    assert again.corun.oversub_mem == 2.0
+    # Profiles written before the factor existed load with no oversubscription cost.
+    d = prof.to_json()
+    del d["corun"]["oversub_mem"], d["corun"]["oversub_compute"]
+    assert type(prof).from_json(d).corun.oversub_mem == 1.0

@@ -25,7 +25,7 @@ def one_slot_trace(steps: int = 3) -> Trace:
         t = 0.0
         for _ in range(10):  # ten repetitions of the 3-op graph per step
             for op, dur in ((0, 53.0), (1, 2.1), (2, 13.0)):
-                dur = dur * 3 if step == 0 and op == 0 else dur  # one slow step: the median holds
+                dur = dur * 3 if step == 0 and op == 0 else dur  # one slow step (a stall): the low quantile ignores it
                 events.append(event(op, t, dur, threads=2, step=step))
                 t += dur
     return Trace(events=tuple(events), meta={"source": "exec", "plan": {"slots": 1}})
@@ -85,3 +85,10 @@ def test_trace_of_another_graph_is_refused() -> None:
     bad_op = Trace(events=(event(0, 0, 1), TraceEvent(9, "x", "F", "cpu0", 0, 1, 0, 5, 1)), meta={"source": "exec"})
     with pytest.raises(SchedlabError, match="names op 9, but graph 'toy' has 3 ops"):
         make_profile().with_trace(bad_op, make_graph())
+
+
+def test_robust_low_ignores_stalls() -> None:
+    from calibrate.trace_cal import robust_low
+
+    assert robust_low([5.0, 50.0, 60.0]) == 5.0  # two of three steps stalled
+    assert robust_low([10.0] * 9 + [200.0] * 3) == 10.0
