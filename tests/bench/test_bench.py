@@ -1,0 +1,50 @@
+"""Benchmarks (`make bench`): ratios measured in one run, so a noisy shared machine hits both sides.
+
+- executor vs eager PyTorch, default transformer and nmt: target at most 1.10x;
+- simulating a default step vs executing it: target at least 20x faster.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import captured_workload
+
+pytestmark = pytest.mark.bench
+
+
+@pytest.mark.parametrize("model", ["transformer", "nmt"])
+def test_executor_overhead_vs_eager(benchmark, model: str) -> None:  # type: ignore[no-untyped-def]
+    from exec.bench import compare_with_eager
+
+    w, c = captured_workload(model, "sgd", "default")
+    res = benchmark.pedantic(
+        lambda: compare_with_eager(w.module, c.graph, c.input_values, repeats=8), rounds=1, iterations=1
+    )
+    benchmark.extra_info.update(res.to_json())
+    print(f"\n{model}: exec/eager = {res.ratio:.3f} (IQR {res.ratio_spread[0]:.3f}-{res.ratio_spread[1]:.3f}), "
+          f"eager {res.eager_step_s * 1e3:.1f} ms, exec {res.exec_step_s * 1e3:.1f} ms, {res.ops} ops")
+    assert res.ratio <= 1.10
+
+
+@pytest.mark.parametrize("model", ["transformer", "nmt"])
+def test_simulation_is_faster_than_execution(benchmark, model: str) -> None:  # type: ignore[no-untyped-def]
+    from calibrate.profile import DEFAULT_PROFILE_PATH, Profile
+    from exec import run_steps
+    from schedlab.machine import detect_host
+    from schedlab.plan import Plan, resolve
+    from sim import simulate
+
+    if not DEFAULT_PROFILE_PATH.exists():
+        pytest.skip("no profile: run `make calibrate` first")
+    profile = Profile.load(check_machine=False)
+    _, c = captured_workload(model, "sgd", "default")
+    machine = detect_host()
+    resolved = resolve(c.graph, Plan(), machine)
+    sim = benchmark(lambda: simulate(c.graph, resolved, machine, profile, record=False))
+    exec_s = run_steps(c.graph, c.input_values, Plan(), machine, steps=3, warmup=1).step_time_s
+    ratio = exec_s / benchmark.stats.stats.median
+    benchmark.extra_info.update({"exec_step_s": exec_s, "sim_s": benchmark.stats.stats.median, "ratio": ratio, "ops": len(c.graph)})
+    print(f"\n{model}: execute {exec_s * 1e3:.1f} ms, simulate {benchmark.stats.stats.median * 1e3:.2f} ms "
+          f"-> {ratio:.0f}x, {len(c.graph) / benchmark.stats.stats.median:.0f} simulated ops/s")
+    assert sim.step_time_s > 0 and ratio >= 20
