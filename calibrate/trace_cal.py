@@ -1,8 +1,7 @@
 """Trace-driven calibration: an op signature seen in a real step costs what it cost there.
 
-From an executor Trace of a Graph we take, per (signature, threads), a low quantile of the
-durations of the op's events (`robust_low`: the minimum of up to 4, else the first
-quartile) minus the executor's in-event floor, which is the op's kernel time as
+From an executor Trace of a Graph we take, per (signature, threads), the median of the
+durations of the op's events once stalls are dropped (`robust_low`) minus the executor's in-event floor, which is the op's kernel time as
 the Profile defines it (`kernel_us` = event time - dispatch, as the simulator adds them):
 
 - one slot (the straight-line step): back-to-back events hold all the executor's Python,
@@ -43,17 +42,22 @@ class TraceFigures:
     slots: int
 
 
+STALL_FACTOR = 3.0  # an event over this many times the op's fastest is a stall
+STALL_SLACK_NS = 20_000.0
+
+
 def robust_low(durs: list[float]) -> float:
-    """The op's own cost from repeated events, not a stall's.
+    """The op's typical cost from repeated events, not a stall's.
 
     On a shared or virtual machine an op now and then takes 10x its time (a core taken
     away in the middle of an OpenMP region); the median of three steps still lands on a
-    stall when two of them stalled. Stalls only ever add time, so a low quantile is the
-    estimate of the op's cost: the minimum of up to four events, else the first quartile.
+    stall when two of them stalled. Stalls only ever add time, and far more than an
+    op's own variation: events over STALL_FACTOR times the fastest (plus a little slack)
+    are dropped, and the median of the rest is the op's cost. (Durations in ns.)
     """
-    if len(durs) <= 4:
-        return min(durs)
-    return statistics.quantiles(durs, n=4)[0]
+    lo = min(durs)
+    kept = [d for d in durs if d <= STALL_FACTOR * lo + STALL_SLACK_NS]
+    return statistics.median(kept)
 
 
 def trace_slots(trace: Trace) -> int:

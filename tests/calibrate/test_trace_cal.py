@@ -90,5 +90,7 @@ def test_trace_of_another_graph_is_refused() -> None:
 def test_robust_low_ignores_stalls() -> None:
     from calibrate.trace_cal import robust_low
 
-    assert robust_low([5.0, 50.0, 60.0]) == 5.0  # two of three steps stalled
-    assert robust_low([10.0] * 9 + [200.0] * 3) == 10.0
+    us = 1000.0  # durations are in ns
+    assert robust_low([50 * us, 500 * us, 600 * us]) == 50 * us  # two of three steps stalled
+    assert robust_low([10 * us] * 9 + [200 * us] * 3) == 10 * us
+    assert robust_low([100 * us, 120 * us, 140 * us]) == 120 * us  # ordinary spread: the median

@@ -67,9 +67,9 @@ def test_plan_spread_and_summary() -> None:
     plans = plan_spread(2)
     assert len(plans) == 16 and {(p.slots, p.threads) for p in plans} == {(1, 1), (1, 2), (2, 1), (2, 2)}
     rows = [
-        FidelityRow("w", "a", 1.0, (1.0, 1.0), 1.1, 0.01, 100, False),
-        FidelityRow("w", "b", 2.0, (2.0, 2.0), 1.8, 0.01, 100, False),
-        FidelityRow("w", "c", 3.0, (3.0, 3.0), 3.3, 0.01, 100, True),
+        FidelityRow("w", "a", 1.0, (1.0, 1.0), 1.1, 0.01, 0.02, 100, False),
+        FidelityRow("w", "b", 2.0, (2.0, 2.0), 1.8, 0.01, 0.02, 100, False),
+        FidelityRow("w", "c", 3.0, (3.0, 3.0), 3.3, 0.01, 0.02, 100, True),
     ]
     (s,) = summarise(rows)
     assert s.mape == pytest.approx((0.1 + 0.1 + 0.1) / 3)
