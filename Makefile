@@ -7,7 +7,10 @@ STAMP := $(VENV)/.installed
 MODEL ?= transformer
 RUN_DIR ?= runs/demo
 
-.PHONY: venv demo test test-slow bench lint calibrate fidelity search validate report clean help
+SUITE ?= runs/suite
+TRIALS ?= 300
+
+.PHONY: venv demo suite test test-slow bench lint calibrate fidelity search validate report clean help
 
 help:
 	@echo "make demo        the whole loop on the default workload (start here)"
@@ -16,6 +19,7 @@ help:
 	@echo "make bench       benchmarks (executor overhead vs eager, simulator speed)"
 	@echo "make calibrate   full calibration of this machine -> traces/profile.json"
 	@echo "make fidelity    simulator vs executor on the built-in workloads and plans"
+	@echo "make suite       search (Optuna + both papers' strategies), validate and report every built-in workload"
 	@echo "make lint        ruff and mypy"
 
 venv: $(STAMP)
@@ -29,6 +33,16 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/schedlab demo --model $(MODEL) --run-dir $(RUN_DIR)
+
+suite: $(STAMP)
+	test -f traces/profile.json || $(BIN)/schedlab calibrate
+	for m in mlp cnn transformer nmt; do \
+	  $(BIN)/schedlab search $$m --trials $(TRIALS) --run-dir $(SUITE)/$$m && \
+	  $(BIN)/schedlab search $$m --strategy paper-concurrency --run-dir $(SUITE)/$$m && \
+	  $(BIN)/schedlab search $$m --strategy ooo --run-dir $(SUITE)/$$m && \
+	  $(BIN)/schedlab validate $(SUITE)/$$m --top 3 || exit 1; \
+	done
+	$(BIN)/schedlab report $(SUITE)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -176,6 +176,7 @@ def measure(
             m.error = f"cannot run: {_one_line(e)}"
         tick()
     runnable = [m for m in out.values() if m.error is None]
+    rounds: dict[str, list[tuple[float, Trace]]] = {}  # plan hash -> (round median, trace)
     for r in range(repeats):
         k = r % len(runnable) if runnable else 0
         for m in runnable[k:] + runnable[:k]:
@@ -190,12 +191,17 @@ def measure(
                 m.error = f"failed while timing: {_one_line(e)}"
             else:
                 m.step_times_s.extend(res.step_times_s)
-                m.trace = res.trace
+                rounds.setdefault(m.plan.hash, []).append((res.step_time_s, res.trace))
             tick()
         for _ in range(len(out) - len(runnable)):
             tick()
     for m in out.values():
         m.executor = None
+        # Keep the trace of the round closest to the plan's median, not the last one:
+        # one stalled round would otherwise draw a Gantt chart unlike the figures.
+        if m.plan.hash in rounds and m.step_times_s:
+            med = statistics.median(m.step_times_s)
+            m.trace = min(rounds[m.plan.hash], key=lambda rt: abs(rt[0] - med))[1]
     return out
 
 
