@@ -89,22 +89,6 @@ def summarise(rows: Sequence[FidelityRow]) -> list[WorkloadSummary]:
     return out
 
 
-def calibrate_with_traces(
-    profile: Profile,
-    graph: Graph,
-    input_values: dict,  # type: ignore[type-arg]
-    machine: Machine,
-    steps: int,
-) -> Profile:
-    """The Profile plus the op times of `graph` measured under the calibration plans."""
-    from exec import run_steps
-
-    for threads in sorted({1, machine.default_device.cores}):
-        res = run_steps(graph, input_values, Plan(threads=threads), machine, steps=steps, warmup=1)
-        profile = profile.with_trace(res.trace, graph)
-    return profile
-
-
 def measure_and_predict(
     workload: str,
     graph: Graph,

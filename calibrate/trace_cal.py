@@ -24,12 +24,18 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from calibrate.signature import signature
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
 from schedlab.trace import Trace, TraceEvent
+
+if TYPE_CHECKING:
+    from calibrate.profile import Profile
+    from schedlab.machine import Machine
 
 _NOT_KERNELS = ("OVERHEAD", "COMM")
 
@@ -46,7 +52,7 @@ STALL_FACTOR = 3.0  # an event over this many times the op's fastest is a stall
 STALL_SLACK_NS = 20_000.0
 
 
-def robust_low(durs: list[float]) -> float:
+def robust_low(durs: Sequence[float]) -> float:
     """The op's typical cost from repeated events, not a stall's.
 
     On a shared or virtual machine an op now and then takes 10x its time (a core taken
@@ -122,3 +128,21 @@ def trace_figures(trace: Trace, graph: Graph, floor_us: float) -> TraceFigures:
     return TraceFigures(
         signatures=dict(table), n_events_used=used, n_events_overlapping=len(overlapping), slots=trace_slots(trace)
     )
+
+
+def calibrate_with_traces(
+    profile: Profile,
+    graph: Graph,
+    input_values: dict[int, Any],
+    machine: Machine,
+    steps: int,
+) -> Profile:
+    """The Profile plus the op times of `graph` measured in a few real steps under one
+    slot, program order, 1 thread and all threads: the trace-driven calibration."""
+    from exec import run_steps
+    from schedlab.plan import Plan
+
+    for threads in sorted({1, machine.default_device.cores}):
+        res = run_steps(graph, input_values, Plan(threads=threads), machine, steps=steps, warmup=1)
+        profile = profile.with_trace(res.trace, graph)
+    return profile
