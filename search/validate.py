@@ -253,7 +253,21 @@ def results_of(
         }
         candidates.append(e)
     usable = [i for i, c in enumerate(contenders) if measured[c.plan.hash].usable]
-    best = min(usable, key=lambda i: (measured[contenders[i].plan.hash].median_s or float("inf"), i)) if usable else None
+    # Fastest measured; on a tie (a searched plan identical to a baseline is measured
+    # once, so ties are exact) the baseline is credited: a searched plan wins only by
+    # being measured faster than every baseline.
+    best = (
+        min(
+            usable,
+            key=lambda i: (
+                measured[contenders[i].plan.hash].median_s or float("inf"),
+                candidates[i]["baseline"] is None,
+                i,
+            ),
+        )
+        if usable
+        else None
+    )
     return candidates, baselines, best
 
 

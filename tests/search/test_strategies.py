@@ -77,3 +77,19 @@ def test_ooo_defers_weight_gradient_ops() -> None:
     assert all(graph.ops[o].kind in (OpKind.W, OpKind.OPT) for o in seq[first_w:])
     split = [p for p in plans if p.slots == 2 and p.op_threads]
     assert split and all(set(p.op_threads) == set(w_ops) for p in split)
+
+
+def test_a_searched_plan_identical_to_a_baseline_does_not_win() -> None:
+    from schedlab.plan import Plan
+    from search.validate import Contender, Measurement, results_of
+
+    same, other = Plan(threads=2), Plan(threads=1)
+    searched = Contender(plan=same, predicted_step_time_s=1.0, trial=7, strategy="optuna")
+    slower = Contender(plan=other, predicted_step_time_s=1.0, trial=8, strategy="optuna")
+    baseline = Contender(plan=same, predicted_step_time_s=1.0, baseline="tensorflow-recommended")
+    measured = {
+        same.hash: Measurement(plan=same, step_times_s=[0.2, 0.2], max_rel_diff=0.0, numeric_ok=True),
+        other.hash: Measurement(plan=other, step_times_s=[0.3], max_rel_diff=0.0, numeric_ok=True),
+    }
+    candidates, _, best = results_of([searched, slower, baseline], measured)
+    assert best is not None and candidates[best]["baseline"] == "tensorflow-recommended"
