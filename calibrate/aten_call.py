@@ -10,23 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
-
-from schedlab.errors import SchedlabError
+from schedlab.aten import decode_enum, resolve_overload
 
 
 def resolve_target(target: str) -> Callable[..., Any]:
     """"aten.addmm.default" -> torch.ops.aten.addmm.default."""
-    parts = target.split(".")
-    if len(parts) != 3:
-        raise SchedlabError(f"cannot resolve op target {target!r} (expected namespace.op.overload)")
-    ns, name, overload = parts
-    try:
-        packet = getattr(getattr(torch.ops, ns), name)
-        fn: Callable[..., Any] = getattr(packet, overload)
-    except (AttributeError, RuntimeError):
-        raise SchedlabError(f"torch {torch.__version__} has no op {target!r}") from None
-    return fn
+    return resolve_overload(target)
 
 
 def fast_callable(op: Callable[..., Any]) -> Callable[..., Any]:
@@ -38,17 +27,7 @@ def fast_callable(op: Callable[..., Any]) -> Callable[..., Any]:
 def decode(a: Any, values: Mapping[int, Any]) -> Any:
     """One encoded argument -> the Python object the aten op takes."""
     if isinstance(a, dict):
-        if "v" in a:
-            return values[int(a["v"])]
-        if "dtype" in a:
-            return getattr(torch, a["dtype"])
-        if "device" in a:
-            return torch.device(a["device"])
-        if "layout" in a:
-            return getattr(torch, a["layout"])
-        if "memory_format" in a:
-            return getattr(torch, a["memory_format"])
-        raise SchedlabError(f"unknown argument encoding {a!r}")
+        return values[int(a["v"])] if "v" in a else decode_enum(a)
     if isinstance(a, (list, tuple)):
         return [decode(x, values) for x in a]
     return a

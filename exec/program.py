@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from schedlab.errors import SchedlabError
+from schedlab.aten import decode_enum, resolve_overload
 from schedlab.graph import Graph
 
 
@@ -31,32 +31,14 @@ def resolve_target(target: str) -> tuple[Callable[..., Any], bool]:
 
     The callable skips `OpOverload.__call__`'s Python frame.
     """
-    parts = target.split(".")
-    if len(parts) != 3:
-        raise SchedlabError(f"op target {target!r} is not of the form namespace.op.overload")
-    ns, name, overload = parts
-    try:
-        packet = getattr(getattr(torch.ops, ns), name)
-        op = getattr(packet, overload)
-    except (AttributeError, RuntimeError):
-        raise SchedlabError(f"unknown op {target!r} in this torch {torch.__version__}") from None
+    op = resolve_overload(target)
     returns = op._schema.returns
     unpack = len(returns) > 1 or (len(returns) == 1 and isinstance(returns[0].type, torch.ListType))
     return getattr(op, "_op", op), unpack
 
 
 def _decode_const(a: Any) -> Any:
-    if isinstance(a, dict):
-        if "dtype" in a:
-            return getattr(torch, a["dtype"])
-        if "device" in a:
-            return torch.device(a["device"])
-        if "layout" in a:
-            return getattr(torch, a["layout"])
-        if "memory_format" in a:
-            return getattr(torch, a["memory_format"])
-        raise SchedlabError(f"cannot decode op argument {a!r}")
-    return a
+    return decode_enum(a) if isinstance(a, dict) else a
 
 
 class _Emitter:
