@@ -187,10 +187,6 @@ class Graph:
         return tuple(tuple(s) for s in out)
 
     @cached_property
-    def op_by_name(self) -> dict[str, int]:
-        return {op.name: op.id for op in self.ops}
-
-    @cached_property
     def hash(self) -> str:
         """Content hash of the graph (structure, shapes, args), 16 hex digits."""
         body = json.dumps(self._json_body(), sort_keys=True, separators=(",", ":"))
@@ -213,10 +209,6 @@ class Graph:
             if o.role is role and (name is None or o.name == name):
                 return o
         raise KeyError(f"graph has no {role.value} output {name or ''}".strip())
-
-    def value_nbytes(self, value: int) -> int:
-        m = self.values[value]
-        return 0 if m is None else m.nbytes
 
     def validate(self) -> None:
         """Check internal consistency; raise SchedlabError naming the first problem."""

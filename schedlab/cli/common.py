@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from schedlab.errors import SchedlabError
 from schedlab.workloads import BUILTIN_WORKLOADS, SIZES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +58,3 @@ def print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=1)
     sys.stdout.write("\n")
 
-
-def need(cond: bool, msg: str) -> None:
-    if not cond:
-        raise SchedlabError(msg)
