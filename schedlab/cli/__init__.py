@@ -52,6 +52,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Before any worker thread exists: executor, eager baseline and calibration all run
+    # with freed tensor memory kept in the process (see schedlab/allocator.py).
+    from schedlab.allocator import tune_malloc
+
+    tune_malloc()
     try:
         return int(args.handler(args) or 0)
     except SchedlabError as e:
