@@ -13,6 +13,14 @@ from tests.conftest import captured_workload
 pytestmark = pytest.mark.bench
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _tuned_allocator() -> None:
+    """The conditions of the CLI, where these figures are also measured (schedlab/allocator.py)."""
+    from schedlab.allocator import tune_malloc
+
+    tune_malloc()
+
+
 @pytest.mark.parametrize("model", ["transformer", "nmt"])
 def test_executor_overhead_vs_eager(benchmark, model: str) -> None:  # type: ignore[no-untyped-def]
     from exec.bench import compare_with_eager
