@@ -106,6 +106,6 @@ def test_peak_never_below_inputs_and_bounded_by_all_bytes() -> None:
     g = random_dag(120, seed=9, view_share=0.2)
     m = cpu_machine(4)
     res = simulate(g, resolve(g, Plan(slots=3, threads=1), m), m, random_cost(9))
-    inputs = sum(g.value_nbytes(i.value) for i in g.inputs)
-    everything = sum(g.value_nbytes(v) for v in range(len(g.values)) if (meta := g.values[v]) and meta.alias_of is None)
+    inputs = sum(meta.nbytes for i in g.inputs if (meta := g.values[i.value]) is not None)
+    everything = sum(meta.nbytes for meta in g.values if meta is not None and meta.alias_of is None)
     assert inputs <= res.peak_memory_bytes["cpu0"] <= everything
