@@ -271,6 +271,18 @@ def results_of(
     return candidates, baselines, best
 
 
+def _beyond_noise(candidates: list[dict[str, Any]], best: int | None, better: dict[str, Any] | None) -> bool | None:
+    """Whether the best plan, if searched, is faster than the better baseline beyond the
+    spread of both: its 75th percentile step below the baseline's 25th. None when the
+    best is a baseline (nothing to tell apart) or a spread is missing."""
+    if best is None or better is None or candidates[best]["baseline"] is not None:
+        return None
+    mine, theirs = candidates[best].get("spread_s"), better.get("spread_s")
+    if not mine or not theirs:
+        return None
+    return bool(mine[1] < theirs[0])
+
+
 def validate_run(
     run_dir: Path,
     *,
@@ -336,6 +348,7 @@ def validate_run(
         "baselines": baselines,
         "best": best,
         "searched_plan_won": best is not None and candidates[best]["baseline"] is None,
+        "beyond_noise": _beyond_noise(candidates, best, baselines.get(better_baseline) if better_baseline else None),
         "better_baseline": better_baseline,
         "best_speedup_over_better_baseline": (
             candidates[best]["speedup"].get(better_baseline) if best is not None and better_baseline else None

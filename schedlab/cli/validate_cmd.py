@@ -72,7 +72,12 @@ def _print(r: dict[str, Any]) -> None:
     if r["best"] is None:
         print("  no plan could be measured")
     else:
-        won = "a searched plan" if r["searched_plan_won"] else "a baseline (no searched plan was faster when measured)"
+        if not r["searched_plan_won"]:
+            won = "a baseline (no searched plan was faster when measured)"
+        elif r.get("beyond_noise"):
+            won = "a searched plan, faster than the better baseline beyond the spread of both"
+        else:
+            won = "a searched plan, but within the spread of the better baseline (not a measurable win)"
         print(f"  best (*): {won}; results in {r['paths']['results']}")
     for note in r["notes"]:
         print(f"  note: {note}")

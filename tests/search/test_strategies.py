@@ -93,3 +93,12 @@ def test_a_searched_plan_identical_to_a_baseline_does_not_win() -> None:
     }
     candidates, _, best = results_of([searched, slower, baseline], measured)
     assert best is not None and candidates[best]["baseline"] == "tensorflow-recommended"
+
+
+def test_a_win_inside_the_baselines_spread_is_not_beyond_noise() -> None:
+    from search.validate import _beyond_noise
+
+    best = [{"baseline": None, "spread_s": [0.28, 0.29]}]
+    assert _beyond_noise(best, 0, {"spread_s": [0.285, 0.293]}) is False
+    assert _beyond_noise(best, 0, {"spread_s": [0.30, 0.31]}) is True
+    assert _beyond_noise([{"baseline": "pytorch-default", "spread_s": [0.2, 0.3]}], 0, {"spread_s": [0.3, 0.4]}) is None
