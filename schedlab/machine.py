@@ -141,19 +141,40 @@ class Machine:
         return write_json_atomic(path, self.to_json(), indent=1)
 
 
-def _read_cpuinfo() -> tuple[str, int]:
-    model, sockets = platform.processor() or "unknown", 1
+def cpu_topology(cpuinfo_text: str) -> tuple[int, int]:
+    """(physical cores, sockets) from /proc/cpuinfo text ("cpu cores" per "physical id");
+    (0, 0) when the text does not say."""
+    cores_of: dict[str, int] = {}
+    for block in cpuinfo_text.split("\n\n"):
+        phys, cores = "0", 0
+        for line in block.splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "physical id":
+                phys = value.strip()
+            elif key == "cpu cores":
+                try:
+                    cores = int(value.strip())
+                except ValueError:
+                    cores = 0
+        if cores:
+            cores_of[phys] = cores
+    return sum(cores_of.values()), len(cores_of)
+
+
+def _read_cpuinfo() -> tuple[str, int, int]:
+    """(CPU model, physical cores, sockets) of this host; 0 where /proc/cpuinfo does not say."""
+    model = platform.processor() or "unknown"
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return model, sockets
-    phys: set[str] = set()
+        return model, 0, 0
     for line in text.splitlines():
         if line.startswith("model name") and ":" in line:
             model = line.split(":", 1)[1].strip()
-        elif line.startswith("physical id") and ":" in line:
-            phys.add(line.split(":", 1)[1].strip())
-    return model, max(1, len(phys))
+            break
+    physical, sockets = cpu_topology(text)
+    return model, physical, sockets
 
 
 def _mem_total_bytes() -> int:
@@ -177,7 +198,7 @@ def detect_host() -> Machine:
     """The machine this process runs on, as one CPU device."""
     import torch
 
-    model, sockets = _read_cpuinfo()
+    model, physical, sockets = _read_cpuinfo()
     cores = usable_cores()
     return Machine(
         name="host",
@@ -185,7 +206,8 @@ def detect_host() -> Machine:
         host={
             "hostname": socket.gethostname(),
             "cpu_model": model,
-            "sockets": sockets,
+            "sockets": sockets or 1,
+            "physical_cores": physical or cores,
             "logical_cores": os.cpu_count() or cores,
             "python": platform.python_version(),
             "torch": torch.__version__,

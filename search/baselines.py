@@ -6,47 +6,21 @@
   physical cores, inter-op threads = sockets. The inter-op pool becomes co-run slots; the
   order stays program order (TensorFlow's executor runs ready ops as they come).
 
-Physical cores and sockets are read from ``/proc/cpuinfo`` ("cpu cores" per "physical id")
-and capped by the cores this process may use.
+Physical cores and sockets come from the Machine description (`detect_host` reads them from
+``/proc/cpuinfo``), capped by the cores of its device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
-from schedlab.machine import Machine
+from schedlab.machine import Machine, cpu_topology
 from schedlab.plan import Plan
 
 PYTORCH_DEFAULT = "pytorch-default"
 TENSORFLOW_RECOMMENDED = "tensorflow-recommended"
 BASELINE_NAMES = (PYTORCH_DEFAULT, TENSORFLOW_RECOMMENDED)
-
-
-def cpu_topology(cpuinfo_text: str | None = None) -> tuple[int, int]:
-    """(physical cores, sockets) from /proc/cpuinfo text (default: this host's); (0, 0) if unknown."""
-    if cpuinfo_text is None:
-        try:
-            cpuinfo_text = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return 0, 0
-    cores_of: dict[str, int] = {}
-    phys, cores = "0", 0
-    for block in cpuinfo_text.split("\n\n"):
-        phys, cores = "0", 0
-        for line in block.splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "physical id":
-                phys = value.strip()
-            elif key == "cpu cores":
-                try:
-                    cores = int(value.strip())
-                except ValueError:
-                    cores = 0
-        if cores:
-            cores_of[phys] = cores
-    return sum(cores_of.values()), len(cores_of)
+__all__ = ["BASELINES", "BASELINE_NAMES", "baseline_plans", "cpu_topology", "pytorch_default", "tensorflow_recommended"]
 
 
 def pytorch_default(machine: Machine) -> Plan:
@@ -54,10 +28,12 @@ def pytorch_default(machine: Machine) -> Plan:
 
 
 def tensorflow_recommended(machine: Machine, cpuinfo_text: str | None = None) -> Plan:
+    """`cpuinfo_text`, if given, describes the CPU instead of `machine.host` (tests)."""
     usable = machine.default_device.cores
-    physical, sockets = cpu_topology(cpuinfo_text)
-    if physical <= 0:  # no /proc/cpuinfo: take the machine description at its word
-        physical, sockets = usable, int(machine.host.get("sockets", 1) or 1)
+    physical, sockets = cpu_topology(cpuinfo_text) if cpuinfo_text is not None else (0, 0)
+    if physical <= 0:
+        physical = int(machine.host.get("physical_cores", usable) or usable)
+        sockets = int(machine.host.get("sockets", 1) or 1)
     threads = max(1, min(physical, usable))
     slots = max(1, min(sockets, usable))
     return Plan(slots=slots, threads=threads, order="topo", name=TENSORFLOW_RECOMMENDED)
