@@ -37,7 +37,7 @@ def rough_cost_us(op: Op) -> float:
     return _ROUGH_DISPATCH_US + 1e6 * max(op.flops / _ROUGH_FLOPS_PER_S, op.bytes_moved / _ROUGH_BYTES_PER_S)
 
 
-def _ranks(keys: Sequence[float]) -> tuple[int, ...]:
+def ranks(keys: Sequence[float]) -> tuple[int, ...]:
     """Priorities 0..n-1 from sort keys (ties broken by op id)."""
     order = sorted(range(len(keys)), key=lambda i: (keys[i], i))
     rank = [0] * len(keys)
@@ -88,9 +88,9 @@ def priorities(
         return tuple(range(n))
     if order == "critical-path":
         up = upward_rank_us(graph, cost_us or rough_cost_us)
-        return _ranks([-u for u in up])
+        return ranks([-u for u in up])
     if order == "w-last":
-        return _ranks([float(op.id + (n if op.kind is OpKind.W else 0)) for op in graph.ops])
+        return ranks([float(op.id + (n if op.kind is OpKind.W else 0)) for op in graph.ops])
     if order.startswith("random:"):
         try:
             seed = int(order.split(":", 1)[1])

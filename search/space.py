@@ -35,7 +35,7 @@ from typing import Any
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, Op, OpKind
 from schedlab.machine import Machine
-from schedlab.order import upward_rank_us
+from schedlab.order import ranks, upward_rank_us
 from schedlab.plan import Plan, list_schedule
 from sim.cost import CostModel
 
@@ -54,21 +54,12 @@ class OrderParams:
     w_defer_dist: float = 0.0  # how far they are deferred, as a share of the step
 
 
-def _unit_ranks(keys: list[float]) -> list[float]:
-    """Each key's rank (ties: index) divided by the count: values in [0, 1)."""
-    n = len(keys)
-    out = [0.0] * n
-    for r, i in enumerate(sorted(range(n), key=lambda i: (keys[i], i))):
-        out[i] = r / n
-    return out
-
-
 def order_keys(graph: Graph, params: OrderParams, up_us: list[float]) -> list[float]:
     """Per-op sort keys of a parametrised order (lower runs first among ready ops)."""
     n = len(graph.ops)
     if n == 0:
         return []
-    cp = _unit_ranks([-u for u in up_us])
+    cp = [r / n for r in ranks([-u for u in up_us])]  # in [0, 1)
     w_ops = [op.id for op in graph.ops if op.kind is OpKind.W]
     n_defer = math.ceil(params.w_defer_frac * len(w_ops) - 1e-9)
     deferred = set(w_ops[: max(0, n_defer)])
@@ -80,11 +71,7 @@ def order_keys(graph: Graph, params: OrderParams, up_us: list[float]) -> list[fl
 
 def parametric_order(graph: Graph, params: OrderParams, up_us: list[float]) -> tuple[int, ...]:
     """The list schedule of `order_keys`: a dependency-respecting explicit op order."""
-    keys = order_keys(graph, params, up_us)
-    prio = [0] * len(keys)
-    for r, i in enumerate(sorted(range(len(keys)), key=lambda i: (keys[i], i))):
-        prio[i] = r
-    return list_schedule(graph, prio)
+    return list_schedule(graph, ranks(order_keys(graph, params, up_us)))
 
 
 def cost_fn(cost: CostModel, threads: int) -> Callable[[Op], float]:
