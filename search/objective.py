@@ -15,38 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph, Op
+from schedlab.graph import Graph
 from schedlab.machine import Machine
 from schedlab.plan import Plan, ResolvedPlan, resolve
 from sim import SimResult
 from sim.cost import CostModel
 
 OBJECTIVES = ("time", "memory")  # what a search may minimise: step time, peak memory
-
-
-class CorunMemo:
-    """A cost model whose co-run slowdowns are memoised per (op id, busy cores, cores).
-
-    The simulator memoises kernel and dispatch times itself; the co-run slowdown is asked
-    again in every simulation. The wrapped model must be a pure function of its arguments.
-    """
-
-    def __init__(self, cost: CostModel) -> None:
-        self.cost = cost
-        self._corun: dict[tuple[int, int, int], float] = {}
-
-    def kernel_us(self, op: Op, threads: int) -> float:
-        return self.cost.kernel_us(op, threads)
-
-    def dispatch_us(self, op: Op) -> float:
-        return self.cost.dispatch_us(op)
-
-    def corun_slowdown(self, op: Op, busy_cores: int, total_cores: int) -> float:
-        key = (op.id, busy_cores, total_cores)
-        s = self._corun.get(key)
-        if s is None:
-            s = self._corun[key] = float(self.cost.corun_slowdown(op, busy_cores, total_cores))
-        return s
 
 
 @dataclass(frozen=True)
@@ -96,7 +71,7 @@ class Evaluator:
             for_slots = getattr(cost, "for_slots", None)
             if for_slots is not None:
                 cost = for_slots(slots)
-            self._sims[corun] = _make_simulator(self.graph, self.machine, CorunMemo(cost))
+            self._sims[corun] = _make_simulator(self.graph, self.machine, cost)
         return self._sims[corun]
 
     def resolve(self, plan: Plan) -> ResolvedPlan:

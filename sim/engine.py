@@ -52,7 +52,7 @@ from sim.fast import run_fast
 from sim.fluid import FluidShare
 from sim.interconnect import Network
 from sim.memory import MemoryTracker
-from sim.prepare import PINNED, Prepared, Structure, build_structure, op_devices, prepare
+from sim.prepare import PINNED, Prepared, Structure, build_structure, op_devices, prepare, slowdown_fns
 from sim.result import SimResult, Timeline, build_trace
 from sim.server import SimServer
 
@@ -225,7 +225,7 @@ class Simulator:
 
     A search reuses one Simulator for thousands of plans: it keeps the structure (tokens,
     transfers, storages) of each placement it meets, and the cost model's dispatch time of
-    each op and kernel time of each (op, threads), so a run only computes what the plan
+    each op, kernel time of each (op, threads) and co-run slowdowns, so a run only computes what the plan
     changes. The cost model must be a pure function of its arguments.
     """
 
@@ -238,6 +238,7 @@ class Simulator:
         self._dispatch_us: list[float] | None = None
         self._kernel_us: dict[int, float] = {}  # op id * _stride + threads -> µs
         self._stride = max(d.cores for d in machine.devices) + 1
+        self._slowdown = slowdown_fns(graph, machine, cost, memo=True)
 
     def run(self, resolved: ResolvedPlan, *, record: bool = True, engine: str = "auto") -> SimResult:
         """Predict one step under `resolved`; see `simulate`."""
@@ -262,6 +263,7 @@ class Simulator:
             structure=structure,
             kernel_us=self._kernels(resolved.threads),
             dispatch_us=self._dispatches(),
+            slowdown=self._slowdown,
         )
         use_fast = engine == "fast" or (engine == "auto" and prep.single_cpu)
         if use_fast:

@@ -110,6 +110,7 @@ def prepare(
     structure: Structure | None = None,
     kernel_us: list[float] | None = None,
     dispatch_us: list[float] | None = None,
+    slowdown: tuple[Callable[[int, int], float], ...] | None = None,
 ) -> Prepared:
     """Flat arrays for one simulation; `structure` and the cost lists may come from a cache."""
     ops = graph.ops
@@ -139,7 +140,7 @@ def prepare(
         kernel_us=kernel_us,
         priority=list(resolved.priority),
         slots=resolved.slots,
-        slowdown=tuple(_slowdown_fn(graph, cost, c) for c in capacity),
+        slowdown=slowdown if slowdown is not None else slowdown_fns(graph, machine, cost),
     )
 
 
@@ -313,12 +314,29 @@ def build_structure(graph: Graph, op_device: tuple[int, ...], n_devices: int) ->
     )
 
 
-def _slowdown_fn(graph: Graph, cost: CostModel, total: int) -> Callable[[int, int], float]:
-    """(op id, busy units of the others) -> co-run slowdown (FluidShare memoises it)."""
+def slowdown_fns(
+    graph: Graph, machine: Machine, cost: CostModel, memo: bool = False
+) -> tuple[Callable[[int, int], float], ...]:
+    """Per device: (op id, busy units of the others) -> co-run slowdown.
+
+    A FluidShare memoises within one run; `memo` keeps the values across runs too, for a
+    Simulator that simulates many plans with one cost model.
+    """
+    return tuple(_slowdown_fn(graph, cost, d.streams if d.kind == "gpu" else d.cores, memo) for d in machine.devices)
+
+
+def _slowdown_fn(graph: Graph, cost: CostModel, total: int, memo: bool) -> Callable[[int, int], float]:
     ops = graph.ops
     corun = cost.corun_slowdown
+    if not memo:
+        return lambda op_id, busy_others: float(corun(ops[op_id], busy_others, total))
+    seen: dict[tuple[int, int], float] = {}
 
     def slowdown(op_id: int, busy_others: int) -> float:
-        return float(corun(ops[op_id], busy_others, total))
+        key = (op_id, busy_others)
+        s = seen.get(key)
+        if s is None:
+            s = seen[key] = float(corun(ops[op_id], busy_others, total))
+        return s
 
     return slowdown
