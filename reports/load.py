@@ -25,22 +25,25 @@ from schedlab.graph import Graph
 from schedlab.io import read_json
 from schedlab.plan import Plan
 from schedlab.trace import Trace
+from search.run_dir import RunPaths
 
 if TYPE_CHECKING:
     from calibrate.profile import Profile
 
 T = TypeVar("T")
 
-RUN_JSON = "run.json"
-RESULTS_JSON = "results.json"
-SEARCH_JSON = "search.json"
-GRAPH_JSON = "graph.json"
-STUDY_DB = "study.db"
-PROFILE_JSON = "profile.json"  # a copy of the profile inside the run dir, if search made one
+# The run directory's file names, relative to it, from the one place that defines them.
+_NAMES = RunPaths(Path())
+RUN_JSON = str(_NAMES.run)
+RESULTS_JSON = str(_NAMES.results)
+SEARCH_JSON = str(_NAMES.search)
+GRAPH_JSON = str(_NAMES.graph)
+STUDY_DB = str(_NAMES.study_db)
+PROFILE_JSON = str(_NAMES.profile)  # the trace-calibrated profile search kept, if any
 TRACE_FILES = {
-    "best.exec": "traces/best.exec.json",
-    "best.sim": "traces/best.sim.json",
-    "baseline.exec": "traces/baseline.exec.json",
+    "best.exec": str(_NAMES.best_exec),
+    "best.sim": str(_NAMES.best_sim),
+    "baseline.exec": str(_NAMES.baseline_exec),
 }
 
 # Which command writes each file (for the error messages).

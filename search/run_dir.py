@@ -37,6 +37,11 @@ class RunPaths:
         return self.root / STUDY_DB
 
     @property
+    def profile(self) -> Path:
+        """The trace-calibrated profile the search simulated with."""
+        return self.root / "profile.json"
+
+    @property
     def search(self) -> Path:
         return self.root / "search.json"
 

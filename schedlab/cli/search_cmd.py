@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{run_dir} holds a search of {_describe(*theirs)}, not {_describe(*mine)}; use another --run-dir"
             )
     machine = detect_host()
-    run_profile = run_dir / "profile.json"
+    run_profile = paths.profile
     if old is not None and paths.graph.exists():
         graph = Graph.load(paths.graph)  # resuming: the captured graph is already there
         if run_profile.exists():  # and so is the profile every trial of it was simulated with
