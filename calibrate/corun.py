@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from calibrate.host_load import foreign_cpu_frac, snapshot
-from calibrate.threads import set_intra_op_threads
+from exec.threads import set_intra_op_threads
 
 
 @dataclass(frozen=True)

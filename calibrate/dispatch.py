@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from calibrate.aten_call import fast_callable, resolve_target
-from calibrate.threads import set_intra_op_threads
 from calibrate.timing import TimingConfig, time_call
+from exec.threads import set_intra_op_threads
 from schedlab.graph import Graph, GraphInput, GraphOutput, InputRole, Op, OpKind, OutputRole, TensorMeta
 from schedlab.machine import Machine
 

@@ -27,8 +27,9 @@ from calibrate.fit import Point, fit_all
 from calibrate.host_load import foreign_cpu_frac, snapshot
 from calibrate.profile import Profile
 from calibrate.sweep import SweepConfig, sweep_cases, sweep_specs
-from calibrate.threads import set_intra_op_threads, thread_counts
+from calibrate.threads import thread_counts
 from calibrate.timing import RetryBudget, TimingConfig, time_point
+from exec.threads import set_intra_op_threads
 from schedlab.errors import SchedlabError
 
 BUILTIN = ("mlp", "cnn", "transformer", "nmt")

@@ -16,6 +16,7 @@ from torch import nn
 
 from exec.check import eager_reference, eager_step
 from exec.runner import Executor, next_inputs
+from exec.threads import set_intra_op_threads
 from schedlab.graph import Graph
 from schedlab.machine import Machine, detect_host
 from schedlab.plan import Plan, resolve
@@ -50,8 +51,8 @@ def compare_with_eager(
     ex = Executor(graph, resolve(graph, plan, machine))
     ref, user, opt = eager_reference(module, graph, input_values)
     inputs = {v: t.clone() for v, t in input_values.items()}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(ex.resolved.threads[0] if plan.slots == 1 else threads)
+    # Eager runs with the plan's thread count (one slot), as the executor's step does.
+    threads = set_intra_op_threads(ex.resolved.threads[0]) if plan.slots == 1 else torch.get_num_threads()
     eager_s: list[float] = []
     exec_s: list[float] = []
     for r in range(warmup + repeats):
@@ -66,7 +67,7 @@ def compare_with_eager(
             exec_s.append(t2 - t1)
         if progress is not None:
             progress()
-    torch.set_num_threads(threads)
+    set_intra_op_threads(threads)
     ratios = sorted(x / e for x, e in zip(exec_s, eager_s, strict=True))
     q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
     e_med, x_med = statistics.median(eager_s), statistics.median(exec_s)

@@ -8,8 +8,9 @@ import torch
 
 from calibrate.corun import measure_corun
 from calibrate.host_load import CpuSnapshot, foreign_cpu_frac, snapshot
-from calibrate.threads import set_intra_op_threads, thread_counts
+from calibrate.threads import thread_counts
 from calibrate.timing import TimingConfig, looks_contended, time_call, time_point
+from exec.threads import set_intra_op_threads
 
 FAST = TimingConfig(budget_s=0.0, min_reps=3, max_reps=3, rounds=2, retries=2, retry_sleep_s=0.0)
 
