@@ -7,21 +7,19 @@ lists and scalars are themselves.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from schedlab.aten import decode_enum, resolve_overload
+import torch
+
+from schedlab.aten import decode_enum, fast_callable, resolve_overload
+
+__all__ = ["decode", "decode_call", "fast_callable", "resolve_target"]
 
 
-def resolve_target(target: str) -> Callable[..., Any]:
+def resolve_target(target: str) -> torch._ops.OpOverload:
     """"aten.addmm.default" -> torch.ops.aten.addmm.default."""
     return resolve_overload(target)
-
-
-def fast_callable(op: Callable[..., Any]) -> Callable[..., Any]:
-    """The C++ entry point of an OpOverload (skips `OpOverload.__call__`'s Python frame),
-    which is what the executor calls (`exec/program.py`); timings must use the same."""
-    return getattr(op, "_op", op)  # type: ignore[no-any-return]
 
 
 def decode(a: Any, values: Mapping[int, Any]) -> Any:

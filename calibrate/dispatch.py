@@ -11,8 +11,8 @@ are negligible: a chain of arithmetic ops on 1-element tensors and a chain of vi
   interpreter lock.
 - ``corun_op_us``: time per op when two slots run two independent chains of negligible
   ops: step wall time / ops. The workers' Python takes turns on the lock and hands it
-  over (a context switch) between ops, so this is more than ``op_us``; the simulator's
-  lock model should come close to it (see the lead's notes in the calibration report).
+  over (a context switch) between ops, so this is more than ``op_us``; it is the
+  simulator's dispatch cost for plans with several slots (`Profile.for_slots`).
 - ``corun_event_floor_us``: median event time of a negligible op in that co-run step
   (its events hold only the call, not the ready-heap bookkeeping around it).
 - ``call_floor_us``, ``view_call_floor_us``: the bare call of a negligible op through the

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from schedlab.aten import decode_enum, resolve_overload
+from schedlab.aten import decode_enum, fast_callable, resolve_overload
 from schedlab.graph import Graph
 
 
@@ -34,7 +34,7 @@ def resolve_target(target: str) -> tuple[Callable[..., Any], bool]:
     op = resolve_overload(target)
     returns = op._schema.returns
     unpack = len(returns) > 1 or (len(returns) == 1 and isinstance(returns[0].type, torch.ListType))
-    return getattr(op, "_op", op), unpack
+    return fast_callable(op), unpack
 
 
 def _decode_const(a: Any) -> Any:

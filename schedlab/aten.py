@@ -6,6 +6,7 @@ microbenchmarks both call ops through this module, so they time the same entry p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,6 +25,13 @@ def resolve_overload(target: str) -> torch._ops.OpOverload:
     except (AttributeError, RuntimeError):
         raise SchedlabError(f"unknown op {target!r} in this torch {torch.__version__}") from None
     return op
+
+
+def fast_callable(op: torch._ops.OpOverload) -> Callable[..., Any]:
+    """The op's C++ entry point, skipping `OpOverload.__call__`'s Python frame: what the
+    executor calls, and so what the calibration's microbenchmarks must time."""
+    fn: Callable[..., Any] = getattr(op, "_op", op)
+    return fn
 
 
 def decode_enum(a: dict[str, Any]) -> Any:
