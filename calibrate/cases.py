@@ -15,7 +15,9 @@ from typing import Any
 
 from calibrate.aten_call import decode_call, fast_callable, resolve_target
 from calibrate.signature import signature
-from schedlab.graph import Graph, Op
+from schedlab.graph import Graph, Op, op_class_of
+
+__all__ = ["Case", "new_signatures", "op_class_of", "workload_cases"]
 
 
 @dataclass(frozen=True)
@@ -31,12 +33,6 @@ class Case:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     source: str  # "mlp/tiny/sgd", "sweep"
-
-
-def op_class_of(target: str) -> str:
-    """Same rule as `Op.op_class`: "aten.addmm.default" -> "addmm"."""
-    parts = target.split(".")
-    return parts[1] if len(parts) >= 3 and parts[0] == "aten" else target
 
 
 def new_signatures(graph: Graph, seen: set[str]) -> list[str]:

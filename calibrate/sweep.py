@@ -18,10 +18,11 @@ from typing import Any
 import torch
 
 from calibrate.aten_call import fast_callable, resolve_target
-from calibrate.cases import Case, op_class_of
+from calibrate.cases import Case
 from calibrate.signature import signature_of
 from schedlab.capture import tensor_meta
 from schedlab.flops import op_cost
+from schedlab.graph import op_class_of
 
 Builder = Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]
 

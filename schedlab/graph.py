@@ -56,6 +56,12 @@ class OutputRole(StrEnum):
     OPT_STATE = "opt_state"  # updated optimizer state
 
 
+def op_class_of(target: str) -> str:
+    """"aten.addmm.default" -> "addmm" (other namespaces: the whole target)."""
+    parts = target.split(".")
+    return parts[1] if len(parts) >= 3 and parts[0] == "aten" else target
+
+
 @dataclass(frozen=True)
 class TensorMeta:
     """Shape, dtype and size of one tensor value."""
@@ -115,8 +121,7 @@ class Op:
     @property
     def op_class(self) -> str:
         """The aten op name without overload, e.g. "addmm": what cost models key on."""
-        parts = self.target.split(".")
-        return parts[1] if len(parts) >= 3 and parts[0] == "aten" else self.target
+        return op_class_of(self.target)
 
     def to_json(self) -> dict[str, Any]:
         return {
