@@ -15,9 +15,8 @@ from typing import Any
 
 from calibrate.aten_call import decode_call, fast_callable, resolve_target
 from calibrate.signature import signature
-from schedlab.graph import Graph, Op, op_class_of
+from schedlab.graph import Graph, Op
 
-__all__ = ["Case", "new_signatures", "op_class_of", "workload_cases"]
 
 
 @dataclass(frozen=True)
