@@ -18,7 +18,6 @@ from calibrate.signature import signature
 from schedlab.graph import Graph, Op
 
 
-
 @dataclass(frozen=True)
 class Case:
     """One op call to benchmark: a function, its arguments, and the work it does."""

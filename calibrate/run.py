@@ -31,8 +31,7 @@ from calibrate.threads import thread_counts
 from calibrate.timing import RetryBudget, TimingConfig, time_point
 from exec.threads import set_intra_op_threads
 from schedlab.errors import SchedlabError
-
-BUILTIN = ("mlp", "cnn", "transformer", "nmt")
+from schedlab.workloads import BUILTIN_WORKLOADS
 
 
 @dataclass(frozen=True)
@@ -40,7 +39,7 @@ class CalibrationConfig:
     """What to measure and how hard. `quick_config()` and `full_config()` are the presets."""
 
     quick: bool
-    workloads: tuple[str, ...] = BUILTIN
+    workloads: tuple[str, ...] = BUILTIN_WORKLOADS
     sizes: tuple[str, ...] = ("tiny",)
     optimizers: tuple[str, ...] = ("sgd", "adam")
     sweep: SweepConfig = field(default_factory=SweepConfig)
