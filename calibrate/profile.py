@@ -172,8 +172,9 @@ class Profile:
     def with_trace(self, trace: Trace, graph: Graph) -> Profile:
         """A new Profile whose signature table also holds the kernels measured in `trace`.
 
-        Each (signature, threads) seen in the trace gets the median event duration minus
-        the executor's in-event floor (`calibrate.trace_cal`); trace entries replace
+        Each (signature, threads) seen in the trace gets the median of its event durations,
+        stalls dropped (`calibrate.trace_cal.robust_low`), minus the executor's in-event
+        floor; trace entries replace
         microbenchmark ones, other thread counts of the signature are kept.
         """
         floor_us = self.dispatch.event_floor_us(trace_slots(trace))
