@@ -3,9 +3,11 @@
 A training step allocates and frees hundreds of MB of tensors. With glibc's defaults,
 tensors above the mmap threshold are mapped fresh and unmapped on free, and each
 worker thread's arena is trimmed back to the OS, so the next step faults every page in
-again: measured here, 10-20 thousand minor faults per step and 15-31% of the CPU in the
-kernel zeroing pages, 2-3x more with co-running workers (each a new arena). One arena,
-no mmap below 32 MiB and no trimming bring that to ~1-3% and make steps repeatable.
+again: measured here (2-core VM, default mlp and transformer), 10-20 thousand minor
+faults per step and 15-31% of the CPU in the kernel zeroing pages, and co-running
+workers (each a new arena) faulted 1.7x (mlp) to 6x (transformer) as often as one slot.
+One arena, no mmap below 32 MiB and no trimming bring the kernel's share to 1.4-4% and
+make steps repeatable.
 
 The CLI calls `tune_malloc()` once at start-up, before any worker thread exists, so the
 executor, the eager baseline and the calibration all run under the same allocator.
