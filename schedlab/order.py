@@ -46,6 +46,14 @@ def ranks(keys: Sequence[float]) -> tuple[int, ...]:
     return tuple(rank)
 
 
+def _positions(seq: Sequence[int]) -> tuple[int, ...]:
+    """op id -> its position in `seq` (a permutation of the op ids)."""
+    pos = [0] * len(seq)
+    for r, i in enumerate(seq):
+        pos[i] = r
+    return tuple(pos)
+
+
 def upward_rank_us(graph: Graph, cost_us: Callable[[Op], float]) -> list[float]:
     """Longest path (in cost) from each op to the end of the step, the op included."""
     up = [0.0] * len(graph.ops)
@@ -80,10 +88,7 @@ def priorities(
         ok, why = topo_order_ok(graph, order)
         if not ok:
             raise SchedlabError(f"plan order: {why}")
-        rank = [0] * n
-        for r, i in enumerate(order):
-            rank[i] = r
-        return tuple(rank)
+        return _positions(order)
     if order == "topo":
         return tuple(range(n))
     if order == "critical-path":
@@ -96,11 +101,7 @@ def priorities(
             seed = int(order.split(":", 1)[1])
         except ValueError:
             raise SchedlabError(f"order {order!r}: the seed after 'random:' must be an integer") from None
-        seq = random_topo_order(graph, seed)
-        rank = [0] * n
-        for r, i in enumerate(seq):
-            rank[i] = r
-        return tuple(rank)
+        return _positions(random_topo_order(graph, seed))
     raise SchedlabError(
         f"unknown order policy {order!r}; use topo, critical-path, w-last, random:SEED or a list of op ids"
     )

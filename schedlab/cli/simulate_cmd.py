@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import warnings
 from pathlib import Path
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     result = simulate(graph, resolved, machine, profile.for_slots(plan.slots), record=True)
     assert result.trace is not None
     out = Path(args.out) if args.out else TRACES_DIR / f"{slug(args.model)}-{args.size}-{args.optimizer}-{plan.hash[:8]}.sim.json"
-    trace = type(result.trace)(events=result.trace.events, meta={**result.trace.meta, "workload": args.model, "plan": plan.to_json()})
+    trace = dataclasses.replace(result.trace, meta={**result.trace.meta, "workload": args.model, "plan": plan.to_json()})
     trace.save(out)
     chrome = out.with_name(out.name.removesuffix(".json") + ".chrome.json")
     trace.save_chrome(chrome)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -57,9 +58,7 @@ def run(args: argparse.Namespace) -> int:
         )
     finally:
         bar.close()
-    meta = dict(result.trace.meta)
-    meta["numeric_check"] = check.to_json()
-    trace = type(result.trace)(events=result.trace.events, meta=meta)
+    trace = dataclasses.replace(result.trace, meta={**result.trace.meta, "numeric_check": check.to_json()})
     out = Path(args.out) if args.out else TRACES_DIR / f"{slug(args.model)}-{args.size}-{args.optimizer}-{plan.hash[:8]}.json"
     chrome = out.with_name(out.name.removesuffix(".json") + ".chrome.json")
     trace.save(out)
