@@ -101,9 +101,10 @@ def measure_and_predict(
     calibration_threads: Sequence[int] = (),
     progress: Callable[[], None] | None = None,
 ) -> list[FidelityRow]:
-    from exec import run_steps
+    from exec import Executor, compile_graph, run_steps
     from sim import Simulator, simulate
 
+    program = compile_graph(graph)  # one compilation serves every plan
     rows: list[FidelityRow] = []
     sims: dict[bool, Simulator] = {}  # one per executor kind: one slot, or co-running
     for plan in plans:
@@ -113,7 +114,9 @@ def measure_and_predict(
         simulator.run(resolved, record=False)  # the first run of a plan fills the caches
         sim = simulator.run(resolved, record=False)
         cold = simulate(graph, resolved, machine, cost, record=False)
-        meas = run_steps(graph, input_values, plan, machine, steps=steps, warmup=warmup)
+        meas = run_steps(
+            graph, input_values, plan, machine, steps=steps, warmup=warmup, executor=Executor(graph, resolved, program)
+        )
         rows.append(
             FidelityRow(
                 workload=workload,

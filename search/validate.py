@@ -155,19 +155,20 @@ def measure(
     on_progress: Callable[[], None] | None = None,
 ) -> dict[str, Measurement]:
     """Check and time every plan (keyed by plan hash); see the module docstring."""
-    from exec import Executor, check_step, run_steps
+    from exec import Executor, check_step, compile_graph, run_steps
 
     def tick() -> None:
         if on_progress is not None:
             on_progress()
 
     out: dict[str, Measurement] = {}
+    program = compile_graph(graph)  # one compilation serves every plan of the graph
     for plan in plans:
         if plan.hash in out:
             continue
         m = out[plan.hash] = Measurement(plan)
         try:
-            ex = Executor(graph, resolve(graph, plan, machine))
+            ex = Executor(graph, resolve(graph, plan, machine), program)
             check = check_step(module, graph, input_values, _one_step(ex))
             m.executor, m.max_rel_diff, m.numeric_ok = ex, check.max_rel_diff, check.ok()
             if not check.ok():
