@@ -55,7 +55,8 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/mypy schedlab exec sim calibrate search reports
+	$(BIN)/python -m tests.tools.package_tree build/typecheck >/dev/null
+	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p schedlab
 
 calibrate: $(STAMP)
 	$(BIN)/schedlab calibrate

@@ -1,6 +1,6 @@
 """Calibration: microbenchmarks, executor overhead, co-run slowdowns and traces -> a Profile.
 
-    from calibrate import Profile, run_calibration, DEFAULT_PROFILE_PATH
+    from schedlab.calibrate import Profile, run_calibration, DEFAULT_PROFILE_PATH
     profile = run_calibration(quick=True, out=DEFAULT_PROFILE_PATH)
     profile = Profile.load()                      # where `simulate` looks by default
     profile = profile.with_trace(trace, graph)    # real-step timings beat microbenchmarks
@@ -11,15 +11,15 @@
 
 from __future__ import annotations
 
-from calibrate.profile import (
+from schedlab.calibrate.profile import (
     DEFAULT_PROFILE_PATH,
     PROFILE_SCHEMA,
     PROFILE_VERSION,
     Profile,
     ProfileMachineWarning,
 )
-from calibrate.run import CalibrationConfig, full_config, quick_config, run_calibration
-from calibrate.signature import signature
+from schedlab.calibrate.run import CalibrationConfig, full_config, quick_config, run_calibration
+from schedlab.calibrate.signature import signature
 
 __all__ = [
     "DEFAULT_PROFILE_PATH",

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from calibrate.aten_call import decode_call, fast_callable, resolve_target
-from calibrate.signature import signature
+from schedlab.calibrate.aten_call import decode_call, fast_callable, resolve_target
+from schedlab.calibrate.signature import signature
 from schedlab.graph import Graph, Op
 
 

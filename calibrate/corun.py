@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from calibrate.host_load import foreign_cpu_frac, snapshot
-from exec.threads import set_intra_op_threads
+from schedlab.calibrate.host_load import foreign_cpu_frac, snapshot
+from schedlab.exec.threads import set_intra_op_threads
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from calibrate.aten_call import fast_callable, resolve_target
-from calibrate.timing import TimingConfig, time_call
-from exec.threads import set_intra_op_threads
+from schedlab.calibrate.aten_call import fast_callable, resolve_target
+from schedlab.calibrate.timing import TimingConfig, time_call
+from schedlab.exec.threads import set_intra_op_threads
 from schedlab.graph import Graph, GraphInput, GraphOutput, InputRole, Op, OpKind, OutputRole, TensorMeta
 from schedlab.machine import Machine
 
@@ -95,7 +95,7 @@ def _executor_figures(
     graph: Graph, inputs: dict[int, torch.Tensor], machine: Machine, slots: int, steps: int
 ) -> tuple[float, float, float]:
     """Median event us of non-view ops, of view ops, and step wall us per op."""
-    from exec import run_steps
+    from schedlab.exec import run_steps
     from schedlab.plan import Plan
 
     result = run_steps(graph, inputs, Plan(slots=slots, threads=1), machine, steps=steps, warmup=1)

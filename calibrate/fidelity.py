@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from scipy.stats import kendalltau
 
-from calibrate.profile import Profile
+from schedlab.calibrate.profile import Profile
 from schedlab.graph import Graph
 from schedlab.machine import Machine
 from schedlab.plan import Plan, resolve
@@ -101,22 +101,21 @@ def measure_and_predict(
     calibration_threads: Sequence[int] = (),
     progress: Callable[[], None] | None = None,
 ) -> list[FidelityRow]:
-    from exec import Executor, compile_graph, run_steps
-    from sim import Simulator, simulate
+    from schedlab.exec import ExecBackend
+    from schedlab.sim import SimBackend, simulate
 
-    program = compile_graph(graph)  # one compilation serves every plan
+    # The two backends of one interface, asked the same thing (graph, resolved plan, machine).
+    costs = {False: profile.for_slots(1), True: profile.for_slots(2)}  # one-slot or co-running executor
+    predictor = SimBackend(lambda r: costs[r.slots > 1])
+    executor = ExecBackend(input_values, warmup=warmup, workload=workload)
     rows: list[FidelityRow] = []
-    sims: dict[bool, Simulator] = {}  # one per executor kind: one slot, or co-running
     for plan in plans:
         resolved = resolve(graph, plan, machine)
-        cost = profile.for_slots(plan.slots)
-        simulator = sims.setdefault(plan.slots > 1, Simulator(graph, machine, cost))
+        simulator = predictor.simulator(graph, resolved, machine)
         simulator.run(resolved, record=False)  # the first run of a plan fills the caches
         sim = simulator.run(resolved, record=False)
-        cold = simulate(graph, resolved, machine, cost, record=False)
-        meas = run_steps(
-            graph, input_values, plan, machine, steps=steps, warmup=warmup, executor=Executor(graph, resolved, program)
-        )
+        cold = simulate(graph, resolved, machine, costs[plan.slots > 1], record=False)
+        meas = executor.run(graph, resolved, machine, steps=steps)
         rows.append(
             FidelityRow(
                 workload=workload,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import least_squares, minimize_scalar
 
-from calibrate.model import PARAM_NAMES, Array, WorkThreadsModel, predict_array
+from schedlab.calibrate.model import PARAM_NAMES, Array, WorkThreadsModel, predict_array
 
 # Classes whose cost is mostly arithmetic; the fallback model is fitted on the others.
 COMPUTE_CLASSES = frozenset(

@@ -45,21 +45,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from calibrate.corun import CorunFigures
-from calibrate.dispatch import DispatchFigures
-from calibrate.fit import ClassFit
-from calibrate.model import WorkThreadsModel
-from calibrate.signature import signature
-from calibrate.trace_cal import trace_figures, trace_slots
+from schedlab.calibrate.corun import CorunFigures
+from schedlab.calibrate.dispatch import DispatchFigures
+from schedlab.calibrate.fit import ClassFit
+from schedlab.calibrate.model import WorkThreadsModel
+from schedlab.calibrate.signature import signature
+from schedlab.calibrate.trace_cal import trace_figures, trace_slots
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, Op
 from schedlab.machine import Machine
+from schedlab.paths import default_profile_path
 from schedlab.trace import Trace
 
 PROFILE_SCHEMA = "schedlab.profile"
 PROFILE_VERSION = 1
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_PROFILE_PATH = REPO_ROOT / "traces" / "profile.json"
+DEFAULT_PROFILE_PATH = default_profile_path()
 _MODEL_NAMES = ("work_threads", "work_threads_scaled")
 
 

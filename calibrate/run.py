@@ -20,17 +20,17 @@ from typing import Any
 
 from tqdm import tqdm
 
-from calibrate.cases import Case, new_signatures, workload_cases
-from calibrate.corun import measure_corun
-from calibrate.dispatch import measure_dispatch
-from calibrate.fit import Point, fit_all
-from calibrate.host_load import foreign_cpu_frac, snapshot
-from calibrate.profile import Profile
-from calibrate.sweep import SweepConfig, sweep_cases, sweep_specs
-from calibrate.threads import thread_counts
-from calibrate.timing import RetryBudget, TimingConfig, time_point
-from exec.threads import set_intra_op_threads
+from schedlab.calibrate.cases import Case, new_signatures, workload_cases
+from schedlab.calibrate.corun import measure_corun
+from schedlab.calibrate.dispatch import measure_dispatch
+from schedlab.calibrate.fit import Point, fit_all
+from schedlab.calibrate.host_load import foreign_cpu_frac, snapshot
+from schedlab.calibrate.profile import Profile
+from schedlab.calibrate.sweep import SweepConfig, sweep_cases, sweep_specs
+from schedlab.calibrate.threads import thread_counts
+from schedlab.calibrate.timing import RetryBudget, TimingConfig, time_point
 from schedlab.errors import SchedlabError
+from schedlab.exec.threads import set_intra_op_threads
 from schedlab.workloads import BUILTIN_WORKLOADS
 
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from calibrate.aten_call import fast_callable, resolve_target
-from calibrate.cases import Case
-from calibrate.signature import signature_of
+from schedlab.calibrate.aten_call import fast_callable, resolve_target
+from schedlab.calibrate.cases import Case
+from schedlab.calibrate.signature import signature_of
 from schedlab.capture import tensor_meta
 from schedlab.flops import op_cost
 from schedlab.graph import op_class_of

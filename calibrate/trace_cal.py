@@ -28,13 +28,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from calibrate.signature import signature
+from schedlab.calibrate.signature import signature
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
 from schedlab.trace import Trace, TraceEvent
 
 if TYPE_CHECKING:
-    from calibrate.profile import Profile
+    from schedlab.calibrate.profile import Profile
     from schedlab.machine import Machine
 
 _NOT_KERNELS = ("OVERHEAD", "COMM")
@@ -139,7 +139,7 @@ def calibrate_with_traces(
 ) -> Profile:
     """The Profile plus the op times of `graph` measured in a few real steps under one
     slot, program order, 1 thread and all threads: the trace-driven calibration."""
-    from exec import run_steps
+    from schedlab.exec import run_steps
     from schedlab.plan import Plan
 
     for threads in sorted({1, machine.default_device.cores}):

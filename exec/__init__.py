@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from exec.check import NumericCheck, check_step, eager_reference, eager_step
-from exec.program import Program, compile_graph
-from exec.runner import ExecResult, Executor, OpFailed, next_inputs, run_steps
+from schedlab.exec.backend import ExecBackend
+from schedlab.exec.check import NumericCheck, check_step, eager_reference, eager_step
+from schedlab.exec.program import Program, compile_graph
+from schedlab.exec.runner import ExecResult, Executor, OpFailed, next_inputs, run_steps
 
 __all__ = [
+    "ExecBackend",
     "ExecResult",
     "Executor",
     "NumericCheck",

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from exec.check import eager_reference, eager_step
-from exec.runner import Executor, next_inputs
-from exec.threads import set_intra_op_threads
+from schedlab.exec.check import eager_reference, eager_step
+from schedlab.exec.runner import Executor, next_inputs
+from schedlab.exec.threads import set_intra_op_threads
 from schedlab.graph import Graph
 from schedlab.machine import Machine, detect_host
 from schedlab.plan import Plan, resolve

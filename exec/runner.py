@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from exec.program import Program, compile_graph
 from schedlab.errors import SchedlabError
+from schedlab.exec.program import Program, compile_graph
 from schedlab.graph import Graph, InputRole, OutputRole
 from schedlab.machine import Machine, detect_host
 from schedlab.plan import Plan, ResolvedPlan, resolve

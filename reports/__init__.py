@@ -1,6 +1,6 @@
 """Paper-style figures of a run directory, drawn from stored files only (DESIGN.md, invariant 6).
 
-    from reports import build_report
+    from schedlab.reports import build_report
     report = build_report("runs/demo")      # runs/demo/report/index.html, figures.json, PNG + PDF
     print(report.index)
 
@@ -16,23 +16,23 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from reports.build import FIGURE_NAMES, Report, build_report
-    from reports.figures import FigureRecord, FigureSkipped
-    from reports.index import Skipped
-    from reports.load import RunData, Suite, load
+    from schedlab.reports.build import FIGURE_NAMES, Report, build_report
+    from schedlab.reports.figures import FigureRecord, FigureSkipped
+    from schedlab.reports.index import Skipped
+    from schedlab.reports.load import RunData, Suite, load
 
 # Imported on first use, so that `python -m reports.figures.NAME` does not import every
 # figure module (itself included) before running it.
 _WHERE = {
-    "FIGURE_NAMES": "reports.build",
-    "Report": "reports.build",
-    "build_report": "reports.build",
-    "FigureRecord": "reports.figures",
-    "FigureSkipped": "reports.figures",
-    "Skipped": "reports.index",
-    "RunData": "reports.load",
-    "Suite": "reports.load",
-    "load": "reports.load",
+    "FIGURE_NAMES": "schedlab.reports.build",
+    "Report": "schedlab.reports.build",
+    "build_report": "schedlab.reports.build",
+    "FigureRecord": "schedlab.reports.figures",
+    "FigureSkipped": "schedlab.reports.figures",
+    "Skipped": "schedlab.reports.index",
+    "RunData": "schedlab.reports.load",
+    "Suite": "schedlab.reports.load",
+    "load": "schedlab.reports.load",
 }
 
 

@@ -1,6 +1,6 @@
 """Assemble a report: load the run (or suite), draw every figure, write the index.
 
-    from reports import build_report
+    from schedlab.reports import build_report
     report = build_report("runs/demo")          # -> runs/demo/report/index.html
 
 Reads only the run directory (and the Profile it names); writes only under the report
@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from reports.figures import FigureRecord, FigureSkipped, gantt, history, pred_vs_meas, speedup, thread_scaling
-from reports.index import Skipped, write_figures_json, write_index
-from reports.load import RunData, Suite, load
+from schedlab.reports.figures import FigureRecord, FigureSkipped, gantt, history, pred_vs_meas, speedup, thread_scaling
+from schedlab.reports.index import Skipped, write_figures_json, write_index
+from schedlab.reports.load import RunData, Suite, load
 
 REPORT_DIR = "report"
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reports.figures import FigureRecord, _rel, median_spread_text, versions_text
-from reports.load import RunData, Suite
 from schedlab.io import write_json_atomic, write_text_atomic
+from schedlab.reports.figures import FigureRecord, _rel, median_spread_text, versions_text
+from schedlab.reports.load import RunData, Suite
 
 REPORT_SCHEMA = "schedlab.report"
 REPORT_VERSION = 1

@@ -24,11 +24,11 @@ from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
 from schedlab.io import read_json
 from schedlab.plan import Plan
+from schedlab.search.run_dir import RunPaths
 from schedlab.trace import Trace
-from search.run_dir import RunPaths
 
 if TYPE_CHECKING:
-    from calibrate.profile import Profile
+    from schedlab.calibrate.profile import Profile
 
 T = TypeVar("T")
 
@@ -504,7 +504,7 @@ def _load_profile(run: dict[str, Any], run_dir: Path, problems: dict[str, str]) 
         ) + " (run `schedlab calibrate`)"
         return None, None
     try:
-        from calibrate.profile import Profile
+        from schedlab.calibrate.profile import Profile
 
         return Profile.load(where, check_machine=False), where
     except Exception as e:  # the profile format is young: a bad profile skips one figure only

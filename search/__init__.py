@@ -1,6 +1,6 @@
 """search: plans searched in the calibrated simulator, and the best validated on hardware.
 
-    from search import SearchSpace, Evaluator, optimize, run_search, validate_run
+    from schedlab.search import SearchSpace, Evaluator, optimize, run_search, validate_run
 
 - `space`: Optuna trial -> Plan (``concurrency``, ``order``, ``all``)
 - `objective`: a plan's simulated step time and peak memory (`Evaluator`)
@@ -14,14 +14,14 @@
 
 from __future__ import annotations
 
-from search.baselines import BASELINE_NAMES, baseline_plans
-from search.objective import Evaluation, Evaluator
-from search.run_dir import RunConfig, RunPaths, default_storage, read_run
-from search.runner import run_search, summarize
-from search.space import SPACES, OrderParams, SearchSpace, parametric_order
-from search.strategies import STRATEGY_NAMES, strategy_plans
-from search.study import create_study, open_storage, optimize
-from search.validate import validate_run
+from schedlab.search.baselines import BASELINE_NAMES, baseline_plans
+from schedlab.search.objective import Evaluation, Evaluator
+from schedlab.search.run_dir import RunConfig, RunPaths, default_storage, read_run
+from schedlab.search.runner import run_search, summarize
+from schedlab.search.space import SPACES, OrderParams, SearchSpace, parametric_order
+from schedlab.search.strategies import STRATEGY_NAMES, strategy_plans
+from schedlab.search.study import create_study, open_storage, optimize
+from schedlab.search.validate import validate_run
 
 __all__ = [
     "BASELINE_NAMES",

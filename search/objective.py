@@ -18,8 +18,8 @@ from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
 from schedlab.machine import Machine
 from schedlab.plan import Plan, ResolvedPlan, resolve
-from sim import SimResult
-from sim.cost import CostModel
+from schedlab.sim import SimResult
+from schedlab.sim.cost import CostModel
 
 OBJECTIVES = ("time", "memory")  # what a search may minimise: step time, peak memory
 
@@ -109,6 +109,6 @@ class Evaluator:
 
 def _make_simulator(graph: Graph, machine: Machine, cost: CostModel) -> Any:
     """The simulator bound once to this graph (sim.Simulator)."""
-    from sim import Simulator
+    from schedlab.sim import Simulator
 
     return Simulator(graph, machine, cost)

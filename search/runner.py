@@ -20,12 +20,12 @@ from optuna.trial import TrialState
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
 from schedlab.machine import Machine
-from search.baselines import baseline_plans
-from search.objective import Evaluator
-from search.run_dir import RunConfig, RunPaths, write_run, write_search
-from search.space import SearchSpace
-from search.strategies import OPTUNA, strategy_plans
-from search.study import (
+from schedlab.search.baselines import baseline_plans
+from schedlab.search.objective import Evaluator
+from schedlab.search.run_dir import RunConfig, RunPaths, write_run, write_search
+from schedlab.search.space import SearchSpace
+from schedlab.search.strategies import OPTUNA, strategy_plans
+from schedlab.search.study import (
     completed_trials,
     create_study,
     fail_stale_trials,
@@ -35,7 +35,7 @@ from search.study import (
     plan_hash,
     record_plans,
 )
-from sim.cost import CostModel
+from schedlab.sim.cost import CostModel
 
 TOP_DISTINCT = 10  # plans listed in search.json "best"
 SEED_SPACE = "fixed"  # the "space" of a seed strategy's trials: its own fixed candidates
@@ -139,7 +139,7 @@ def run_search(
                 sampler = make_sampler(config.objectives, sampler_seed(config.seed, 0, n_before))
                 optimize(study, storage, space, evaluator, config.objectives, target, sampler=sampler, on_trial=on_trial)
             else:
-                from search.workers import run_workers
+                from schedlab.search.workers import run_workers
 
                 run_workers(run_dir, workers, study, strategy, space_name, target, on_progress=on_trial)
         else:

@@ -37,7 +37,7 @@ from schedlab.graph import Graph, Op, OpKind
 from schedlab.machine import Machine
 from schedlab.order import ranks, upward_rank_us
 from schedlab.plan import Plan, list_schedule
-from sim.cost import CostModel
+from schedlab.sim.cost import CostModel
 
 SPACES = ("concurrency", "order", "all")
 ORDER_CHOICES = ("topo", "critical-path", "w-last", "mixed")

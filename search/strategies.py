@@ -29,8 +29,8 @@ from schedlab.graph import Graph, OpKind
 from schedlab.machine import Machine
 from schedlab.order import upward_rank_us
 from schedlab.plan import Plan
-from search.space import OrderParams, cost_fn, parametric_order
-from sim.cost import CostModel
+from schedlab.search.space import OrderParams, cost_fn, parametric_order
+from schedlab.sim.cost import CostModel
 
 OPTUNA = "optuna"
 PAPER_CONCURRENCY = "paper-concurrency"

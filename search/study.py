@@ -42,8 +42,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from schedlab.errors import SchedlabError
 from schedlab.plan import Plan
-from search.objective import Evaluation, Evaluator
-from search.space import SearchSpace
+from schedlab.search.objective import Evaluation, Evaluator
+from schedlab.search.space import SearchSpace
 
 SQLITE_BUSY_TIMEOUT_S = 120.0
 STALE_AFTER_S = 600.0  # a trial RUNNING this long is a dead worker's (one trial is a simulation)

@@ -27,8 +27,7 @@ from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
 from schedlab.machine import Machine, detect_host
 from schedlab.plan import Plan, resolve
-from schedlab.trace import Trace, library_versions
-from search.run_dir import (
+from schedlab.search.run_dir import (
     RESULTS_SCHEMA,
     RESULTS_VERSION,
     RunConfig,
@@ -38,6 +37,7 @@ from search.run_dir import (
     storage_url,
     write_results,
 )
+from schedlab.trace import Trace, library_versions
 
 DEFAULT_TOP = 3
 DEFAULT_REPEATS = 5
@@ -155,7 +155,7 @@ def measure(
     on_progress: Callable[[], None] | None = None,
 ) -> dict[str, Measurement]:
     """Check and time every plan (keyed by plan hash); see the module docstring."""
-    from exec import Executor, check_step, compile_graph, run_steps
+    from schedlab.exec import Executor, check_step, compile_graph, run_steps
 
     def tick() -> None:
         if on_progress is not None:
@@ -401,8 +401,8 @@ def _write_traces(
 
 
 def _simulated_trace(config: RunConfig, graph: Graph, machine: Machine, plan: Plan, notes: list[str]) -> Trace | None:
-    from calibrate.profile import Profile
-    from search.objective import Evaluator
+    from schedlab.calibrate.profile import Profile
+    from schedlab.search.objective import Evaluator
 
     if not Path(config.profile).exists():
         notes.append(f"no simulated trace of the best plan: profile {config.profile} is gone")
@@ -420,7 +420,7 @@ def _record_in_study(run_dir: Path, config: RunConfig, results: dict[str, Any], 
     """The measured figures, as the study's user attribute "validation" (finished trials are read-only)."""
     import optuna
 
-    from search.study import open_storage
+    from schedlab.search.study import open_storage
 
     summary = {
         "created_unix_s": results["created_unix_s"],

@@ -15,15 +15,15 @@ from schedlab.errors import SchedlabError
 
 def run_worker(run_dir: Path, index: int) -> int:
     """Run trials until the study holds run.json's trial count; returns how many this worker completed."""
-    from calibrate.profile import Profile
+    from schedlab.calibrate.profile import Profile
     from schedlab.graph import Graph
     from schedlab.machine import Machine
-    from search.objective import Evaluator
-    from search.run_dir import RunPaths, read_run, storage_url
-    from search.runner import sampler_seed
-    from search.space import SearchSpace
-    from search.strategies import OPTUNA
-    from search.study import load_study, make_sampler, open_storage, optimize
+    from schedlab.search.objective import Evaluator
+    from schedlab.search.run_dir import RunPaths, read_run, storage_url
+    from schedlab.search.runner import sampler_seed
+    from schedlab.search.space import SearchSpace
+    from schedlab.search.strategies import OPTUNA
+    from schedlab.search.study import load_study, make_sampler, open_storage, optimize
 
     config = read_run(run_dir)
     if config.strategy != OPTUNA:

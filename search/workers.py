@@ -1,6 +1,6 @@
 """N worker processes on one study: `run_workers` starts them and waits, showing progress.
 
-Each worker is ``python -m search.worker RUN_DIR --index K``: it reads run.json and
+Each worker is ``python -m schedlab.search.worker RUN_DIR --index K``: it reads run.json and
 graph.json, loads the profile, and runs `search.study.optimize` against the study's
 storage until the study holds the asked number of COMPLETE trials. The study (and, for
 SQLite, the schema) must exist before the workers start; `search.runner` creates it.
@@ -19,21 +19,14 @@ from pathlib import Path
 import optuna
 
 from schedlab.errors import SchedlabError
-from search.run_dir import RunPaths
-from search.study import completed_trials
+from schedlab.search.run_dir import RunPaths
+from schedlab.search.study import completed_trials
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 POLL_S = 0.25
 
 
 def worker_command(run_dir: Path, index: int) -> list[str]:
-    return [sys.executable, "-m", "search.worker", str(run_dir), "--index", str(index)]
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-    return env
+    return [sys.executable, "-m", "schedlab.search.worker", str(run_dir), "--index", str(index)]
 
 
 def _tail(path: Path, lines: int = 5) -> str:
@@ -64,7 +57,7 @@ def run_workers(
                 procs.append(
                     (
                         subprocess.Popen(
-                            worker_command(run_dir, k), stdout=subprocess.DEVNULL, stderr=f, env=_env(), cwd=os.getcwd()
+                            worker_command(run_dir, k), stdout=subprocess.DEVNULL, stderr=f, cwd=os.getcwd()
                         ),
                         log,
                     )

@@ -7,16 +7,18 @@ in microseconds; results are in seconds and bytes.
 
 from __future__ import annotations
 
-from sim.engine import ENGINES, Simulator, simulate
-from sim.fluid import FluidShare
-from sim.interconnect import Network, TransferRecord, link_time_us
-from sim.result import SimResult
-from sim.server import SimServer
+from schedlab.sim.backend import SimBackend
+from schedlab.sim.engine import ENGINES, Simulator, simulate
+from schedlab.sim.fluid import FluidShare
+from schedlab.sim.interconnect import Network, TransferRecord, link_time_us
+from schedlab.sim.result import SimResult
+from schedlab.sim.server import SimServer
 
 __all__ = [
     "ENGINES",
     "FluidShare",
     "Network",
+    "SimBackend",
     "SimResult",
     "SimServer",
     "Simulator",

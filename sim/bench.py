@@ -14,8 +14,8 @@ import statistics
 import time
 
 from schedlab.plan import Plan, resolve
-from sim.engine import Simulator, simulate
-from sim.testing import cpu_machine, random_cost, random_dag
+from schedlab.sim.engine import Simulator, simulate
+from schedlab.sim.testing import cpu_machine, random_cost, random_dag
 
 
 def measure(

@@ -47,14 +47,14 @@ from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
-from sim.cost import CostModel
-from sim.fast import run_fast
-from sim.fluid import FluidShare
-from sim.interconnect import Network
-from sim.memory import MemoryTracker
-from sim.prepare import PINNED, Prepared, Structure, build_structure, op_devices, prepare, slowdown_fns
-from sim.result import SimResult, Timeline, build_trace
-from sim.server import SimServer
+from schedlab.sim.cost import CostModel
+from schedlab.sim.fast import run_fast
+from schedlab.sim.fluid import FluidShare
+from schedlab.sim.interconnect import Network
+from schedlab.sim.memory import MemoryTracker
+from schedlab.sim.prepare import PINNED, Prepared, Structure, build_structure, op_devices, prepare, slowdown_fns
+from schedlab.sim.result import SimResult, Timeline, build_trace
+from schedlab.sim.server import SimServer
 
 ENGINES = ("auto", "simpy", "fast")
 _SETTLE = EventPriority(2)  # after NORMAL (1): once every ordinary event of the instant is done

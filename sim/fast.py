@@ -31,10 +31,10 @@ from collections import deque
 from heapq import heapify, heappop, heappush
 
 from schedlab.errors import SchedlabError
-from sim.fluid import FluidShare
-from sim.memory import MemoryTracker
-from sim.prepare import Prepared
-from sim.result import Timeline
+from schedlab.sim.fluid import FluidShare
+from schedlab.sim.memory import MemoryTracker
+from schedlab.sim.prepare import Prepared
+from schedlab.sim.result import Timeline
 
 _DISPATCH_END = 0
 _TIMER = 1

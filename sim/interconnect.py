@@ -26,8 +26,8 @@ import simpy
 
 from schedlab.errors import SchedlabError
 from schedlab.machine import Link, Machine
-from sim.fluid import FluidShare
-from sim.server import SimServer
+from schedlab.sim.fluid import FluidShare
+from schedlab.sim.server import SimServer
 
 __all__ = ["Network", "TransferRecord", "link_time_us"]
 

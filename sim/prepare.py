@@ -27,7 +27,7 @@ from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
-from sim.cost import CostModel
+from schedlab.sim.cost import CostModel
 
 PINNED = 1 << 60  # reference count of a storage that is never freed (graph inputs and outputs)
 

@@ -8,8 +8,8 @@ from typing import Any
 from schedlab.graph import Graph
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
+from schedlab.sim.prepare import Prepared
 from schedlab.trace import Trace, TraceEvent, base_meta
-from sim.prepare import Prepared
 
 
 @dataclass(frozen=True)

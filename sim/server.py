@@ -11,7 +11,7 @@ from functools import partial
 
 import simpy
 
-from sim.fluid import FluidShare
+from schedlab.sim.fluid import FluidShare
 
 
 class SimServer:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reports.load import RunData, file_sha256, load
+from schedlab.reports.load import RunData, file_sha256, load
 
 MEASURED = "measured"
 SIMULATED = "simulated"

@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reports import style
-from reports.figures import BOTH, FigureRecord, FigureSkipped, main_for, run_conditions, run_conditions_text
-from reports.load import TRACE_FILES, RunData
 from schedlab.errors import SchedlabError
 from schedlab.plan import Plan
+from schedlab.reports import style
+from schedlab.reports.figures import BOTH, FigureRecord, FigureSkipped, main_for, run_conditions, run_conditions_text
+from schedlab.reports.load import TRACE_FILES, RunData
 from schedlab.trace import Trace, TraceEvent
 
 SIM_STEP = 0

@@ -15,9 +15,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reports import style
-from reports.figures import SIMULATED, FigureRecord, FigureSkipped, describe_conditions, main_for, run_conditions
-from reports.load import RUN_JSON, SEARCH_JSON, STUDY_DB, RunData, TrialPoint, host_text, readonly_storage_url
+from schedlab.reports import style
+from schedlab.reports.figures import (
+    SIMULATED,
+    FigureRecord,
+    FigureSkipped,
+    describe_conditions,
+    main_for,
+    run_conditions,
+)
+from schedlab.reports.load import RUN_JSON, SEARCH_JSON, STUDY_DB, RunData, TrialPoint, host_text, readonly_storage_url
 
 
 def running_best(values: list[float]) -> list[float]:

@@ -17,8 +17,8 @@ from typing import Any
 
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
 
-from reports import style
-from reports.figures import (
+from schedlab.reports import style
+from schedlab.reports.figures import (
     BOTH,
     FigureRecord,
     FigureSkipped,
@@ -27,7 +27,7 @@ from reports.figures import (
     run_conditions,
     run_conditions_text,
 )
-from reports.load import RESULTS_JSON, Measured, RunData
+from schedlab.reports.load import RESULTS_JSON, Measured, RunData
 
 BAND = 0.10  # the shaded band: prediction within ±10%
 _BASELINE_MARKERS = ("s", "^", "v", "P", "X")

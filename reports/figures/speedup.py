@@ -17,10 +17,10 @@ from typing import Any
 
 from matplotlib.ticker import FixedLocator, NullLocator
 
-from reports import style
-from reports.figures import BOTH, FigureRecord, FigureSkipped, describe_conditions, median_spread_text
-from reports.load import RESULTS_JSON, Measured, RunData, load
 from schedlab.errors import SchedlabError
+from schedlab.reports import style
+from schedlab.reports.figures import BOTH, FigureRecord, FigureSkipped, describe_conditions, median_spread_text
+from schedlab.reports.load import RESULTS_JSON, Measured, RunData, load
 
 
 def speedup_of(best: Measured, base: Measured, baseline_name: str) -> float:

@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reports import style
-from reports.figures import FigureRecord, FigureSkipped, describe_conditions, main_for, run_conditions
-from reports.load import GRAPH_JSON, TRACE_FILES, RunData, file_sha256
 from schedlab.graph import Graph, Op
+from schedlab.reports import style
+from schedlab.reports.figures import FigureRecord, FigureSkipped, describe_conditions, main_for, run_conditions
+from schedlab.reports.load import GRAPH_JSON, TRACE_FILES, RunData, file_sha256
 
 if TYPE_CHECKING:
-    from calibrate.profile import Profile
+    from schedlab.calibrate.profile import Profile
 
 MAX_CLASSES = 6
 MEASURED_AND_MODEL = "measured (dots) and fitted model (lines)"
@@ -59,7 +59,7 @@ def op_times_us(run: RunData, graph: Graph, profile: Profile, cores: int) -> tup
 
 def panels(run: RunData, max_classes: int = MAX_CLASSES) -> tuple[list[Panel], str, int]:
     """The panels to draw, how op time was ranked, and the largest thread count."""
-    from calibrate.signature import signature
+    from schedlab.calibrate.signature import signature
 
     graph, profile = run.graph, run.profile
     if graph is None:

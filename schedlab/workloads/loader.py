@@ -66,9 +66,10 @@ def _resolve_factory(spec: str) -> Callable[[], Any]:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise SchedlabError(f"bad workload spec {spec!r}; expected 'package.module:function'")
-    # Like `python -m`: user models in the current folder are importable.
+    # User models in the current folder are importable, but never shadow an installed
+    # package (a `torch.py` or `optuna.py` beside the user must not break schedlab).
     if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+        sys.path.append(os.getcwd())
     try:
         mod = importlib.import_module(module_name)
     except Exception as e:  # any import-time failure is the user's to fix

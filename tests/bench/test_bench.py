@@ -23,7 +23,7 @@ def _tuned_allocator() -> None:
 
 @pytest.mark.parametrize("model", ["transformer", "nmt"])
 def test_executor_overhead_vs_eager(benchmark, model: str) -> None:  # type: ignore[no-untyped-def]
-    from exec.bench import compare_with_eager
+    from schedlab.exec.bench import compare_with_eager
 
     w, c = captured_workload(model, "sgd", "default")
     res = benchmark.pedantic(
@@ -37,11 +37,11 @@ def test_executor_overhead_vs_eager(benchmark, model: str) -> None:  # type: ign
 
 @pytest.mark.parametrize("model", ["transformer", "nmt"])
 def test_simulation_is_faster_than_execution(benchmark, model: str) -> None:  # type: ignore[no-untyped-def]
-    from calibrate.profile import DEFAULT_PROFILE_PATH, Profile
-    from exec import run_steps
+    from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH, Profile
+    from schedlab.exec import run_steps
     from schedlab.machine import detect_host
     from schedlab.plan import Plan, resolve
-    from sim import simulate
+    from schedlab.sim import simulate
 
     if not DEFAULT_PROFILE_PATH.exists():
         pytest.skip("no profile: run `make calibrate` first")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from calibrate.corun import CorunFigures
-from calibrate.dispatch import DispatchFigures
-from calibrate.fit import ClassFit
-from calibrate.model import WorkThreadsModel
-from calibrate.profile import Profile
+from schedlab.calibrate.corun import CorunFigures
+from schedlab.calibrate.dispatch import DispatchFigures
+from schedlab.calibrate.fit import ClassFit
+from schedlab.calibrate.model import WorkThreadsModel
+from schedlab.calibrate.profile import Profile
 from schedlab.graph import Graph, GraphInput, GraphOutput, InputRole, Op, OpKind, OutputRole, TensorMeta
 
 # mm: 10 us per MFLOP on one thread, fully parallel for large work.

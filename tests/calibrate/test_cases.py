@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from calibrate.aten_call import decode, decode_call, resolve_target
-from calibrate.cases import new_signatures, workload_cases
-from calibrate.signature import signature, signature_of
-from calibrate.sweep import SweepConfig, sweep_cases, sweep_specs
+from schedlab.calibrate.aten_call import decode, decode_call, resolve_target
+from schedlab.calibrate.cases import new_signatures, workload_cases
+from schedlab.calibrate.signature import signature, signature_of
+from schedlab.calibrate.sweep import SweepConfig, sweep_cases, sweep_specs
 from schedlab.capture import capture
 from schedlab.errors import SchedlabError
 from schedlab.workloads import load_workload

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from calibrate.fit import Point, fit_all, fit_class, fit_scale, fit_work_threads, split_signatures
-from calibrate.model import WorkThreadsModel
+from schedlab.calibrate.fit import Point, fit_all, fit_class, fit_scale, fit_work_threads, split_signatures
+from schedlab.calibrate.model import WorkThreadsModel
 
 FLOOR_US = 1.5
 

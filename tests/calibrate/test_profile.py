@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from calibrate import DEFAULT_PROFILE_PATH, Profile, ProfileMachineWarning, signature
+from schedlab.calibrate import DEFAULT_PROFILE_PATH, Profile, ProfileMachineWarning, signature
 from schedlab.errors import SchedlabError
 from schedlab.machine import Device, Machine
 from tests.calibrate.factories import DISPATCH, FALLBACK_MODEL, MM_MODEL, make_op, make_profile
@@ -171,7 +171,7 @@ def test_dispatch_for_corun_slots() -> None:
 def test_oversubscription_factor_applies_only_when_others_fill_every_core() -> None:
     import dataclasses
 
-    from calibrate.corun import CorunFigures
+    from schedlab.calibrate.corun import CorunFigures
     from tests.calibrate.factories import make_op, make_profile
 
     base = make_profile()

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import calibrate.run as run_mod
-from calibrate import DEFAULT_PROFILE_PATH, CalibrationConfig, Profile, run_calibration, signature
-from calibrate.sweep import SweepConfig
-from calibrate.timing import TimingConfig
+import schedlab.calibrate.run as run_mod
+from schedlab.calibrate import DEFAULT_PROFILE_PATH, CalibrationConfig, Profile, run_calibration, signature
+from schedlab.calibrate.sweep import SweepConfig
+from schedlab.calibrate.timing import TimingConfig
 from schedlab.capture import capture
 from schedlab.cli import calibrate_cmd
 from schedlab.workloads import load_workload
@@ -82,7 +82,7 @@ def test_calibrate_command_defaults_to_the_profile_simulate_reads() -> None:
 
 
 def test_with_trace_of_a_real_executor_step(tiny_profile: tuple[Profile, Path]) -> None:
-    from exec import run_steps
+    from schedlab.exec import run_steps
     from schedlab.plan import Plan
 
     profile, _ = tiny_profile
@@ -93,7 +93,7 @@ def test_with_trace_of_a_real_executor_step(tiny_profile: tuple[Profile, Path]) 
     assert traced.meta["traces"][0]["events_used"] > 0
     mm = next(op for op in c.graph.ops if op.op_class == "addmm")
     durs = [e.dur_ns / 1e3 for e in result.trace.events if signature(c.graph.ops[e.op]) == signature(mm)]
-    from calibrate.trace_cal import robust_low
+    from schedlab.calibrate.trace_cal import robust_low
 
     expected = max(0.0, robust_low(durs) - profile.dispatch.op_us)
     assert traced.kernel_us(mm, 1) == pytest.approx(expected, rel=1e-6, abs=1e-3)

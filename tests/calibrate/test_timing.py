@@ -6,11 +6,11 @@ import threading
 
 import torch
 
-from calibrate.corun import measure_corun
-from calibrate.host_load import CpuSnapshot, foreign_cpu_frac, snapshot
-from calibrate.threads import thread_counts
-from calibrate.timing import TimingConfig, looks_contended, time_call, time_point
-from exec.threads import set_intra_op_threads
+from schedlab.calibrate.corun import measure_corun
+from schedlab.calibrate.host_load import CpuSnapshot, foreign_cpu_frac, snapshot
+from schedlab.calibrate.threads import thread_counts
+from schedlab.calibrate.timing import TimingConfig, looks_contended, time_call, time_point
+from schedlab.exec.threads import set_intra_op_threads
 
 FAST = TimingConfig(budget_s=0.0, min_reps=3, max_reps=3, rounds=2, retries=2, retry_sleep_s=0.0)
 
@@ -101,7 +101,7 @@ def test_corun_on_one_core_is_neutral() -> None:
 
 
 def test_retries_stop_when_the_budget_is_spent() -> None:
-    from calibrate.timing import RetryBudget
+    from schedlab.calibrate.timing import RetryBudget
 
     stuck = FakeOp({1: [500.0], 2: [10_000.0]})
     budget = RetryBudget(0.0)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from calibrate import signature
-from calibrate.trace_cal import trace_slots
+from schedlab.calibrate import signature
+from schedlab.calibrate.trace_cal import trace_slots
 from schedlab.errors import SchedlabError
 from schedlab.trace import Trace, TraceEvent
 from tests.calibrate.factories import DISPATCH, make_graph, make_profile
@@ -88,7 +88,7 @@ def test_trace_of_another_graph_is_refused() -> None:
 
 
 def test_robust_low_ignores_stalls() -> None:
-    from calibrate.trace_cal import robust_low
+    from schedlab.calibrate.trace_cal import robust_low
 
     us = 1000.0  # durations are in ns
     assert robust_low([50 * us, 500 * us, 600 * us]) == 50 * us  # two of three steps stalled

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from exec import run_steps
 from schedlab.capture import capture
+from schedlab.exec import run_steps
 from schedlab.plan import Plan
 from schedlab.workloads import Workload
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exec import Executor, check_step
+from schedlab.exec import Executor, check_step
 from schedlab.machine import detect_host
 from schedlab.plan import Plan, resolve
 from tests.conftest import captured_workload
@@ -33,7 +33,7 @@ def test_adam_step_matches_eager(name: str, slots: int) -> None:
 
 
 def test_multi_step_training_lowers_the_loss() -> None:
-    from exec import next_inputs, run_steps
+    from schedlab.exec import next_inputs, run_steps
     from schedlab.graph import OutputRole
 
     _, c = captured_workload("mlp", "adam")

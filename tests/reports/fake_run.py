@@ -16,8 +16,8 @@ from schedlab.graph import Graph, OpKind
 from schedlab.io import write_json_atomic
 from schedlab.machine import Device, Machine
 from schedlab.plan import Plan
+from schedlab.sim.testing import GraphBuilder
 from schedlab.trace import Trace, TraceEvent, base_meta
-from sim.testing import GraphBuilder
 
 HOST = Machine(
     name="host",
@@ -119,12 +119,12 @@ def _build(cls: Any, **known: Any) -> Any:
 def write_profile(path: Path, graph: Graph) -> bool:
     """A Profile with a fit per class and signature rows; False if the Profile API does not allow it."""
     try:
-        from calibrate.corun import CorunFigures
-        from calibrate.dispatch import DispatchFigures
-        from calibrate.fit import ClassFit
-        from calibrate.model import PARAM_NAMES, WorkThreadsModel
-        from calibrate.profile import Profile
-        from calibrate.signature import signature
+        from schedlab.calibrate.corun import CorunFigures
+        from schedlab.calibrate.dispatch import DispatchFigures
+        from schedlab.calibrate.fit import ClassFit
+        from schedlab.calibrate.model import PARAM_NAMES, WorkThreadsModel
+        from schedlab.calibrate.profile import Profile
+        from schedlab.calibrate.signature import signature
 
         def fit(us_per_gflop: float, us_per_mb: float, p_max: float) -> ClassFit:
             known = {"a_us": 6.0, "us_per_gflop": us_per_gflop, "us_per_mb": us_per_mb, "p_max": p_max,

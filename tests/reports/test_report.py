@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from reports import FIGURE_NAMES
-from reports.figures import gantt
-from reports.load import file_sha256
 from schedlab.cli import main
+from schedlab.reports import FIGURE_NAMES
+from schedlab.reports.figures import gantt
+from schedlab.reports.load import file_sha256
 from tests.reports.fake_run import make_run_dir
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from reports.figures.history import running_best
-from reports.figures.speedup import predicted_speedup, speedup_of, spread_of
-from reports.load import Measured
-from reports.style import log_ticks
 from schedlab.plan import Plan
+from schedlab.reports.figures.history import running_best
+from schedlab.reports.figures.speedup import predicted_speedup, speedup_of, spread_of
+from schedlab.reports.load import Measured
+from schedlab.reports.style import log_ticks
 
 
 @pytest.mark.parametrize(("lo", "hi"), [(15.0, 24.0), (40.0, 41.5), (0.3, 700.0), (1.0, 10.0), (2.2, 2.3)])

@@ -62,7 +62,7 @@ def test_graph_json_round_trip_keeps_everything(tmp_path) -> None:  # type: igno
 
 
 def test_loaded_graph_runs_without_the_model(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from exec import Executor
+    from schedlab.exec import Executor
     from schedlab.machine import detect_host
     from schedlab.plan import Plan, resolve
 

@@ -14,11 +14,11 @@ _PARAMS = {"a_us": 2.0, "us_per_gflop": 1e5, "us_per_mb": 100.0, "p_max": 0.9, "
 
 def fake_profile() -> object:
     """A Profile built with its own API from round numbers (no measurement)."""
-    from calibrate.corun import CorunFigures
-    from calibrate.dispatch import DispatchFigures
-    from calibrate.fit import ClassFit
-    from calibrate.model import PARAM_NAMES, WorkThreadsModel
-    from calibrate.profile import Profile
+    from schedlab.calibrate.corun import CorunFigures
+    from schedlab.calibrate.dispatch import DispatchFigures
+    from schedlab.calibrate.fit import ClassFit
+    from schedlab.calibrate.model import PARAM_NAMES, WorkThreadsModel
+    from schedlab.calibrate.profile import Profile
     from schedlab.machine import detect_host
 
     model = WorkThreadsModel.from_params({k: _PARAMS.get(k, 0.0) for k in PARAM_NAMES})

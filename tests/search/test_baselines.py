@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from schedlab.machine import detect_host
 from schedlab.plan import resolve
-from search.baselines import (
+from schedlab.search.baselines import (
     BASELINE_NAMES,
     baseline_plans,
     cpu_topology,
     pytorch_default,
     tensorflow_recommended,
 )
-from sim.testing import cpu_machine
+from schedlab.sim.testing import cpu_machine
 from tests.conftest import captured_workload
 
 

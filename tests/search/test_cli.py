@@ -133,7 +133,7 @@ def test_memory_objective_lists_the_pareto_front(capsys, tmp_path: Path, profile
 
 
 def test_validation_picks_one_plan_per_concurrency_setting_first() -> None:
-    from search.validate import pick
+    from schedlab.search.validate import pick
 
     def row(slots: int, threads: int, order: str) -> dict[str, object]:
         return {"plan": {"slots": slots, "threads": threads, "class_threads": {}, "op_threads": {}, "order": order}}

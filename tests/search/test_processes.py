@@ -10,8 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _search(run_dir: Path, profile: Path, *extra: str) -> list[str]:
     return [
@@ -21,7 +19,7 @@ def _search(run_dir: Path, profile: Path, *extra: str) -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    return dict(os.environ)
 
 
 def _trials(db: Path, state: str = "COMPLETE") -> dict[int, tuple[float, str]]:
@@ -44,7 +42,7 @@ def _trials(db: Path, state: str = "COMPLETE") -> dict[int, tuple[float, str]]:
 def test_search_killed_with_sigkill_resumes_without_losing_trials(tmp_path: Path, profile_path: Path) -> None:
     run_dir, db = tmp_path / "run", tmp_path / "run" / "study.db"
     cmd = _search(run_dir, profile_path, "--trials", "60")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     before: dict[int, tuple[float, str]] = {}
     while time.monotonic() < deadline and proc.poll() is None:
@@ -57,7 +55,7 @@ def test_search_killed_with_sigkill_resumes_without_losing_trials(tmp_path: Path
     proc.wait()
     before = _trials(db)  # everything committed before the kill
     assert 10 <= len(before) < 60
-    done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, timeout=300)
+    done = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode()[-1000:]
     after = _trials(db)
     assert len(after) == 60
@@ -70,7 +68,7 @@ def test_two_workers_complete_the_asked_trials_together(tmp_path: Path, profile_
     n = 120
     done = subprocess.run(
         _search(run_dir, profile_path, "--trials", str(n), "--workers", "2", "--space", "concurrency"),
-        cwd=ROOT, env=_env(), capture_output=True, timeout=300,
+        cwd=tmp_path, env=_env(), capture_output=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr.decode()[-1000:]
     assert len(_trials(db)) == n

@@ -8,8 +8,8 @@ import pytest
 from schedlab.graph import OpKind
 from schedlab.order import priorities
 from schedlab.plan import Plan, list_schedule, resolve
-from search.space import SPACES, OrderParams, SearchSpace, heaviest_classes, parametric_order
-from sim.testing import cpu_machine, random_cost
+from schedlab.search.space import SPACES, OrderParams, SearchSpace, heaviest_classes, parametric_order
+from schedlab.sim.testing import cpu_machine, random_cost
 from tests.conftest import captured_workload
 
 

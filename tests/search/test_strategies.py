@@ -6,8 +6,15 @@ import pytest
 
 from schedlab.graph import Op, OpKind
 from schedlab.plan import resolve
-from search.strategies import STRATEGIES, best_threads, compress_threads, ooo, paper_concurrency, strategy_plans
-from sim.testing import TableCost, cpu_machine
+from schedlab.search.strategies import (
+    STRATEGIES,
+    best_threads,
+    compress_threads,
+    ooo,
+    paper_concurrency,
+    strategy_plans,
+)
+from schedlab.sim.testing import TableCost, cpu_machine
 from tests.conftest import captured_workload
 
 
@@ -81,7 +88,7 @@ def test_ooo_defers_weight_gradient_ops() -> None:
 
 def test_a_searched_plan_identical_to_a_baseline_does_not_win() -> None:
     from schedlab.plan import Plan
-    from search.validate import Contender, Measurement, results_of
+    from schedlab.search.validate import Contender, Measurement, results_of
 
     same, other = Plan(threads=2), Plan(threads=1)
     searched = Contender(plan=same, predicted_step_time_s=1.0, trial=7, strategy="optuna")
@@ -96,7 +103,7 @@ def test_a_searched_plan_identical_to_a_baseline_does_not_win() -> None:
 
 
 def test_a_win_inside_the_baselines_spread_is_not_beyond_noise() -> None:
-    from search.validate import _beyond_noise
+    from schedlab.search.validate import _beyond_noise
 
     best = [{"baseline": None, "spread_s": [0.28, 0.29]}]
     assert _beyond_noise(best, 0, {"spread_s": [0.285, 0.293]}) is False

@@ -10,10 +10,10 @@ import optuna
 from optuna.trial import TrialState
 
 from schedlab.machine import Device, Machine
-from search.objective import Evaluator
-from search.space import SearchSpace
-from search.study import create_study, fail_stale_trials, load_study, make_sampler, open_storage, optimize
-from sim.testing import cpu_machine, random_cost
+from schedlab.search.objective import Evaluator
+from schedlab.search.space import SearchSpace
+from schedlab.search.study import create_study, fail_stale_trials, load_study, make_sampler, open_storage, optimize
+from schedlab.sim.testing import cpu_machine, random_cost
 from tests.conftest import captured_workload
 
 

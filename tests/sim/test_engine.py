@@ -9,9 +9,9 @@ import pytest
 from schedlab.errors import SchedlabError
 from schedlab.graph import OpKind
 from schedlab.plan import Plan, resolve
+from schedlab.sim import SimResult, Simulator, simulate
+from schedlab.sim.testing import GraphBuilder, TableCost, chain, cpu_machine, fork_join, random_cost, random_dag
 from schedlab.trace import Trace
-from sim import SimResult, Simulator, simulate
-from sim.testing import GraphBuilder, TableCost, chain, cpu_machine, fork_join, random_cost, random_dag
 from tests.sim.conftest import spans
 
 

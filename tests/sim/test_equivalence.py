@@ -8,8 +8,8 @@ import pytest
 
 from schedlab.machine import load_machine
 from schedlab.plan import Plan, resolve
-from sim import SimResult, simulate
-from sim.testing import TableCost, cpu_machine, place, random_cost, random_dag, random_plan
+from schedlab.sim import SimResult, simulate
+from schedlab.sim.testing import TableCost, cpu_machine, place, random_cost, random_dag, random_plan
 
 
 def rows(res: SimResult) -> list[list[object]]:

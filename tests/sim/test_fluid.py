@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim import FluidShare
+from schedlab.sim import FluidShare
 
 
 def drain(fs: FluidShare, now: float) -> list[tuple[float, list[int]]]:

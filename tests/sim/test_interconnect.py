@@ -8,8 +8,8 @@ import simpy
 from schedlab.errors import SchedlabError
 from schedlab.machine import Device, Link, Machine, load_machine
 from schedlab.plan import Plan, resolve
-from sim import Network, TransferRecord, link_time_us, simulate
-from sim.testing import GraphBuilder, TableCost, place, two_device_machine
+from schedlab.sim import Network, TransferRecord, link_time_us, simulate
+from schedlab.sim.testing import GraphBuilder, TableCost, place, two_device_machine
 from tests.sim.conftest import spans
 
 MB = 1_000_000

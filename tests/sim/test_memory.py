@@ -6,9 +6,9 @@ import pytest
 
 from schedlab.graph import OutputRole
 from schedlab.plan import Plan, resolve
-from sim import simulate
-from sim.prepare import alias_roots
-from sim.testing import GraphBuilder, TableCost, cpu_machine, random_cost, random_dag
+from schedlab.sim import simulate
+from schedlab.sim.prepare import alias_roots
+from schedlab.sim.testing import GraphBuilder, TableCost, cpu_machine, random_cost, random_dag
 
 ENGINES = ("fast", "simpy")
 

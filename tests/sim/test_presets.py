@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from schedlab.machine import load_machine
 from schedlab.plan import Plan, resolve
-from sim import simulate
-from sim.bench import main as bench_main
-from sim.testing import random_cost, random_dag
+from schedlab.sim import simulate
+from schedlab.sim.bench import main as bench_main
+from schedlab.sim.testing import random_cost, random_dag
 
 
 def test_manycore_68_with_16_threads() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.fidelity import FidelityRow, plan_spread, summarise
+from schedlab.calibrate.fidelity import FidelityRow, plan_spread, summarise
 from schedlab.cli import main
 from schedlab.machine import detect_host
 from tests.calibrate.factories import make_profile

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from schedlab.graph import OpKind
-from sim.testing import GraphBuilder, TableCost, chain, fork_join, random_dag
+from schedlab.sim.testing import GraphBuilder, TableCost, chain, fork_join, random_dag
 
 
 def test_builders_make_valid_graphs() -> None:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
+from schedlab.paths import data_dir
 from schedlab.workloads import BUILTIN_WORKLOADS, SIZES
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TRACES_DIR = REPO_ROOT / "traces"
+TRACES_DIR = data_dir()
 
 
 def add_model_args(p: argparse.ArgumentParser, default_size: str = "default") -> None:

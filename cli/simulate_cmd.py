@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def load_profile(path: str | None, machine_is_host: bool = True):  # type: ignore[no-untyped-def]
     """The Profile, with a machine mismatch printed as one warning line on stderr."""
-    from calibrate.profile import Profile, ProfileMachineWarning
+    from schedlab.calibrate.profile import Profile, ProfileMachineWarning
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ProfileMachineWarning)
@@ -52,7 +52,7 @@ def load_profile(path: str | None, machine_is_host: bool = True):  # type: ignor
 def run(args: argparse.Namespace) -> int:
     from schedlab.machine import load_machine
     from schedlab.plan import resolve
-    from sim import simulate
+    from schedlab.sim import simulate
 
     machine = load_machine(args.machine)
     profile = load_profile(args.profile, machine_is_host=args.machine in (None, "host"))

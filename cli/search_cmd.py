@@ -20,8 +20,8 @@ DEFAULT_TRIALS = 200
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from search.space import SPACES
-    from search.strategies import STRATEGY_NAMES
+    from schedlab.search.space import SPACES
+    from schedlab.search.strategies import STRATEGY_NAMES
 
     p = sub.add_parser(
         "search",
@@ -72,11 +72,11 @@ def default_run_dir(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from calibrate.profile import DEFAULT_PROFILE_PATH, Profile
+    from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH, Profile
     from schedlab.graph import Graph
     from schedlab.machine import detect_host
-    from search.run_dir import RunConfig, RunPaths, default_storage, read_run, storage_url
-    from search.runner import run_search
+    from schedlab.search.run_dir import RunConfig, RunPaths, default_storage, read_run, storage_url
+    from schedlab.search.runner import run_search
 
     if args.trials < 1:
         raise SchedlabError("--trials must be >= 1")
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_trace_calibration:
             # Trace-driven calibration: a few real steps of this very graph teach the
             # profile what each op costs here (fidelity: ~6% MAPE with it).
-            from calibrate.trace_cal import calibrate_with_traces
+            from schedlab.calibrate.trace_cal import calibrate_with_traces
 
             print(f"schedlab search: timing a few steps of {args.model} to calibrate the simulator", file=sys.stderr)
             profile = calibrate_with_traces(profile, graph, captured.input_values, machine, steps=3)

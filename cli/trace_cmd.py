@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from exec import Executor, check_step, run_steps
+    from schedlab.exec import Executor, check_step, run_steps
     from schedlab.machine import detect_host
     from schedlab.plan import resolve
 

@@ -18,7 +18,7 @@ BUSY_MACHINE_FRAC = 0.10  # other processes' CPU share above which timings are s
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from calibrate.profile import DEFAULT_PROFILE_PATH
+    from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
 
     p.add_argument("--quick", action="store_true", help="short calibration (tiny workloads, small sweep)")
     p.add_argument(
@@ -97,7 +97,7 @@ def _print_table(s: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the calibration and write the Profile; print a summary."""
-    from calibrate.run import run_calibration
+    from schedlab.calibrate.run import run_calibration
 
     t0 = time.perf_counter()
     profile = run_calibration(quick=args.quick, out=args.out, progress=not getattr(args, "no_progress", False))

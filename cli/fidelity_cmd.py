@@ -37,8 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from calibrate.fidelity import measure_and_predict, plan_spread, summarise
-    from calibrate.trace_cal import calibrate_with_traces
+    from schedlab.calibrate.fidelity import measure_and_predict, plan_spread, summarise
+    from schedlab.calibrate.trace_cal import calibrate_with_traces
     from schedlab.capture import capture
     from schedlab.cli.simulate_cmd import load_profile
     from schedlab.io import write_json_atomic

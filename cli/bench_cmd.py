@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from exec.bench import compare_with_eager
+    from schedlab.exec.bench import compare_with_eager
     from schedlab.machine import detect_host
 
     machine = detect_host()

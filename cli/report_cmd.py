@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from reports import build_report
+    from schedlab.reports import build_report
 
     report = build_report(Path(args.run_dir), args.out)
     if args.json:

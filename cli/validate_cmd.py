@@ -14,7 +14,7 @@ from schedlab.cli.common import print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from search.validate import DEFAULT_REPEATS, DEFAULT_STEPS, DEFAULT_TOP, DEFAULT_WARMUP
+    from schedlab.search.validate import DEFAULT_REPEATS, DEFAULT_STEPS, DEFAULT_TOP, DEFAULT_WARMUP
 
     p = sub.add_parser(
         "validate",
@@ -36,8 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from search.run_dir import RunPaths
-    from search.validate import validate_run
+    from schedlab.search.run_dir import RunPaths
+    from schedlab.search.validate import validate_run
 
     results = validate_run(
         args.run_dir, top=args.top, repeats=args.repeats, steps=args.steps, warmup=args.warmup,

@@ -34,7 +34,7 @@ def _stage(title: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from calibrate.profile import DEFAULT_PROFILE_PATH
+    from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
     from schedlab.cli import main
 
     t0 = time.perf_counter()
