@@ -11,16 +11,19 @@ from schedlab.paths import data_dir
 from schedlab.workloads import BUILTIN_WORKLOADS, SIZES
 
 TRACES_DIR = data_dir()
+DEFAULT_SIZE = "default"  # of every command that takes a MODEL
 
 
-def add_model_args(p: argparse.ArgumentParser, default_size: str = "default") -> None:
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """MODEL, --size, --optimizer and --seed, with the same defaults in every command: a plan
+    written with `schedlab plan` is checked against the graph `simulate` and `trace` run."""
     p.add_argument(
         "model",
         metavar="MODEL",
         help=f"a built-in workload ({', '.join(BUILTIN_WORKLOADS)}) or package.module:function "
         "returning (module, example_inputs)",
     )
-    p.add_argument("--size", choices=SIZES, default=default_size, help=f"built-in workload size (default {default_size})")
+    p.add_argument("--size", choices=SIZES, default=DEFAULT_SIZE, help=f"built-in workload size (default {DEFAULT_SIZE})")
     p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="optimizer of the step (default sgd)")
     p.add_argument("--seed", type=int, default=0, help="seed for parameters and inputs (default 0)")
 

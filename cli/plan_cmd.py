@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description="Write a Plan JSON file. The plan is checked against the model's captured graph "
         "and the machine before it is written.",
     )
-    add_model_args(p, default_size="tiny")
+    add_model_args(p)
     add_machine_arg(p)
     p.add_argument("--slots", type=int, default=1, help="ops that may run at once, one worker each (default 1)")
     p.add_argument("--threads", type=int, default=None, help="intra-op threads per op (default: all cores)")

@@ -34,10 +34,22 @@ def test_trace_json_contract(capsys, tmp_path: Path) -> None:  # type: ignore[no
 
 def test_plan_then_trace(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     plan = tmp_path / "p.json"
-    rc, _, _ = _run(capsys, "plan", "cnn", "--slots", "2", "--threads", "1", "--order", "critical-path", "-o", str(plan))
+    rc, _, _ = _run(capsys, "plan", "cnn", "--size", "tiny", "--slots", "2", "--threads", "1", "--order", "critical-path", "-o", str(plan))
     assert rc == 0 and json.loads(plan.read_text())["slots"] == 2
     rc, out, _ = _run(capsys, "trace", "cnn", "--size", "tiny", "--plan", str(plan), "--steps", "2", "--out", str(tmp_path / "t.json"), "--json")
     assert rc == 0 and json.loads(out)["plan"]["order"] == "critical-path"
+
+
+def test_every_model_command_defaults_to_the_same_size() -> None:
+    """A plan written without --size is checked against the graph simulate/trace/search run."""
+    from schedlab.cli import build_parser
+
+    parser = build_parser()
+    sizes = {
+        cmd: parser.parse_args([cmd, "mlp", *extra]).size
+        for cmd, extra in (("plan", ["-o", "p.json"]), ("trace", []), ("simulate", []), ("search", []))
+    }
+    assert set(sizes.values()) == {"default"}, sizes
 
 
 @pytest.mark.parametrize(
@@ -50,8 +62,8 @@ def test_plan_then_trace(capsys, tmp_path: Path) -> None:  # type: ignore[no-unt
         (["trace", "tests.fixtures.user_model:make_not_module"], "nn.Module"),
         (["trace", "tests.fixtures.user_model:make_raises"], "make_raises"),
         (["trace", "mlp", "--size", "tiny", "--steps", "0"], "--steps must be >= 1"),
-        (["plan", "mlp", "--threads", "999", "-o", "/tmp/never-written.json"], "more than the"),
-        (["plan", "mlp", "--order", "bogus", "-o", "/tmp/never-written.json"], "unknown order policy"),
+        (["plan", "mlp", "--size", "tiny", "--threads", "999", "-o", "/tmp/never-written.json"], "more than the"),
+        (["plan", "mlp", "--size", "tiny", "--order", "bogus", "-o", "/tmp/never-written.json"], "unknown order policy"),
     ],
 )
 def test_bad_input_is_one_clear_error(capsys, argv: list[str], msg: str) -> None:  # type: ignore[no-untyped-def]
