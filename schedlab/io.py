@@ -1,43 +1,48 @@
-"""File helpers: atomic JSON writes (nothing half-written) and reads with clear errors."""
+"""File helpers: atomic writes (nothing half-written) and JSON reads with clear errors."""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from schedlab.errors import SchedlabError
 
 
-def write_json_atomic(path: str | Path, data: Any, indent: int | None = None) -> Path:
-    """Write JSON to a temp file in the same folder, then rename: readers never see half a file."""
+@contextmanager
+def atomic_file(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
+    """Open a temp file beside `path` for writing ("w" or "wb"); on a clean exit rename it
+    onto `path`, else delete it: readers never see half a file, an error leaves the old one."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_file writes with mode 'w' or 'wb', not {mode!r}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=indent)
+        with os.fdopen(fd, mode) as f:
+            yield f
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+
+
+def write_json_atomic(path: str | Path, data: Any, indent: int | None = None) -> Path:
+    """Write JSON atomically (`atomic_file`)."""
+    with atomic_file(path) as f:
+        json.dump(data, f, indent=indent)
+    return Path(path)
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write text atomically (`atomic_file`)."""
+    with atomic_file(path) as f:
+        f.write(text)
+    return Path(path)
 
 
 def read_json(path: str | Path, what: str = "file") -> Any:

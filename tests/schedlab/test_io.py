@@ -1,0 +1,34 @@
+"""Atomic writes: a reader sees the old file or the new one, never half of one; nothing is left behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from schedlab.io import atomic_file, write_json_atomic, write_text_atomic
+
+
+def test_writers_replace_the_file_and_leave_no_temp(tmp_path: Path) -> None:
+    p = tmp_path / "sub" / "a.json"
+    write_json_atomic(p, {"x": 1})
+    write_json_atomic(p, {"x": 2}, indent=1)
+    assert json.loads(p.read_text()) == {"x": 2}
+    write_text_atomic(tmp_path / "b.txt", "hello\n")
+    with atomic_file(tmp_path / "c.bin", "wb") as f:
+        f.write(b"\x00\x01")
+    assert (tmp_path / "b.txt").read_text() == "hello\n" and (tmp_path / "c.bin").read_bytes() == b"\x00\x01"
+    assert sorted(q.name for q in tmp_path.rglob("*")) == ["a.json", "b.txt", "c.bin", "sub"]
+
+
+def test_a_failed_write_keeps_the_old_file(tmp_path: Path) -> None:
+    p = write_text_atomic(tmp_path / "a.txt", "old")
+    with pytest.raises(RuntimeError), atomic_file(p) as f:
+        f.write("half of the new")
+        raise RuntimeError("disk full")
+    with pytest.raises(TypeError):
+        write_json_atomic(p, {"not serialisable": object()})
+    assert p.read_text() == "old" and [q.name for q in tmp_path.iterdir()] == ["a.txt"]
+    with pytest.raises(ValueError, match="mode"), atomic_file(p, "a"):
+        pass
