@@ -29,7 +29,7 @@ from torch import nn
 
 from schedlab.errors import SchedlabError
 from schedlab.flops import op_cost
-from schedlab.graph import Graph, GraphInput, GraphOutput, InputRole, Op, OpKind, OutputRole, TensorMeta
+from schedlab.graph import Graph, GraphInput, GraphOutput, InputRole, Op, OpKind, OutputRole, TensorMeta, storage_root
 from schedlab.optim import OPTIMIZERS, OptimizerSpec
 from schedlab.workloads import Workload
 
@@ -169,7 +169,7 @@ class _Importer:
         for v in vals:
             m = tensor_meta(v)
             if m is not None and alias_src is not None:
-                m = TensorMeta(m.shape, m.dtype, m.nbytes, alias_of=self._storage_root(alias_src))
+                m = TensorMeta(m.shape, m.dtype, m.nbytes, alias_of=storage_root(self.values, alias_src))
             out_ids.append(self.new_value(m))
         in_metas = [self.values[i] for i in used]
         out_metas = [self.values[i] for i in out_ids]
@@ -190,10 +190,6 @@ class _Importer:
         )
         self.ops.append(op)
         return tuple(out_ids) if multi else out_ids[0]
-
-    def _storage_root(self, v: int) -> int:
-        m = self.values[v]
-        return v if m is None or m.alias_of is None else m.alias_of
 
 
 def _check_workload_exports(workload: Workload) -> tuple[Any, Any]:
@@ -335,10 +331,6 @@ def _annotate(
             r |= reach[c]
         reach[op.id] = r
 
-    def root(v: int) -> int:
-        m = values[v]
-        return v if m is None or m.alias_of is None else m.alias_of
-
     out: list[Op] = []
     layer: list[str | None] = [None] * len(ops)
     for op in ops:
@@ -346,7 +338,7 @@ def _annotate(
         kind = OpKind.F if forward[op.id] else (OpKind.W if single else OpKind.B)
         # Layer: the module of a parameter the op reads; for W work the one layer it
         # feeds; otherwise the layer of the op that produced its first input.
-        lay = next((_owner(param_of_value[root(v)]) for v in op.inputs if root(v) in param_of_value), None)
+        lay = next((_owner(param_of_value[storage_root(values, v)]) for v in op.inputs if storage_root(values, v) in param_of_value), None)
         if lay is None and kind is OpKind.W:
             lay = owners[reach[op.id].bit_length() - 1]
         if lay is None:

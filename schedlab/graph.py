@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -285,6 +285,47 @@ class Graph:
         from schedlab.io import read_json
 
         return Graph.from_json(read_json(path, what="graph"))
+
+
+def storage_root(values: Sequence[TensorMeta | None], v: int) -> int:
+    """The value whose storage value `v` uses: `v` itself unless its TensorMeta says it is
+    a view (`alias_of`), followed to the end of the chain. Capture calls it while the value
+    list grows; `alias_roots` is the same rule for a finished Graph."""
+    return _follow_aliases(v, lambda u: _meta_parent(values, u), len(values))
+
+
+def alias_roots(graph: Graph) -> list[int]:
+    """value id -> the value whose storage it uses (itself unless it is a view).
+
+    A value is a view when its TensorMeta says `alias_of`, or when an op marked `is_view`
+    writes it without saying of what: it then aliases the op's first input.
+    """
+    values = graph.values
+    parent = [_meta_parent(values, v) for v in range(len(values))]
+    for op in graph.ops:
+        if op.is_view and op.inputs:
+            for v in op.outputs:
+                meta = values[v]
+                if meta is None or meta.alias_of is None:
+                    parent[v] = op.inputs[0]
+    return [_follow_aliases(v, parent.__getitem__, len(values)) for v in range(len(values))]
+
+
+def _meta_parent(values: Sequence[TensorMeta | None], v: int) -> int:
+    meta = values[v]
+    if meta is not None and meta.alias_of is not None and 0 <= meta.alias_of < len(values):
+        return meta.alias_of
+    return v
+
+
+def _follow_aliases(v: int, parent: Callable[[int], int], n_values: int) -> int:
+    r, hops = v, 0
+    while (p := parent(r)) != r:
+        r = p
+        hops += 1
+        if hops > n_values:
+            raise SchedlabError(f"graph value {v}: alias_of chain has a cycle")
+    return r
 
 
 def topo_order_ok(graph: Graph, order: Iterable[int]) -> tuple[bool, str]:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph
+from schedlab.graph import Graph, alias_roots
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
 from schedlab.sim.cost import CostModel
@@ -142,35 +142,6 @@ def prepare(
         slots=resolved.slots,
         slowdown=slowdown if slowdown is not None else slowdown_fns(graph, machine, cost),
     )
-
-
-def alias_roots(graph: Graph) -> list[int]:
-    """value id -> the value whose storage it uses (itself unless it is a view).
-
-    A value is a view when its TensorMeta says `alias_of`, or when an op marked `is_view`
-    writes it without saying of what: it then aliases the op's first input.
-    """
-    n = len(graph.values)
-    parent = list(range(n))
-    for v, meta in enumerate(graph.values):
-        if meta is not None and meta.alias_of is not None and 0 <= meta.alias_of < n:
-            parent[v] = meta.alias_of
-    for op in graph.ops:
-        if op.is_view and op.inputs:
-            for v in op.outputs:
-                meta = graph.values[v]
-                if meta is None or meta.alias_of is None:
-                    parent[v] = op.inputs[0]
-    root = [0] * n
-    for v in range(n):
-        r, hops = v, 0
-        while parent[r] != r:
-            r = parent[r]
-            hops += 1
-            if hops > n:
-                raise SchedlabError(f"graph value {v}: alias_of chain has a cycle")
-        root[v] = r
-    return root
 
 
 def build_structure(graph: Graph, op_device: tuple[int, ...], n_devices: int) -> Structure:

@@ -88,3 +88,20 @@ def test_corrupt_graph_gives_one_clear_error(mutate, msg) -> None:  # type: igno
     mutate(d)
     with pytest.raises(SchedlabError, match=msg):
         Graph.from_json(d)
+
+
+def test_storage_root_follows_view_chains_and_names_a_cycle() -> None:
+    from schedlab.graph import TensorMeta, alias_roots, storage_root
+
+    def meta(alias_of: int | None) -> TensorMeta:
+        return TensorMeta((2,), "float32", 8, alias_of=alias_of)
+
+    values = [meta(None), meta(0), meta(1), None, meta(99)]  # 2 -> 1 -> 0; 99 is out of range
+    assert [storage_root(values, v) for v in range(5)] == [0, 0, 0, 3, 4]
+    with pytest.raises(SchedlabError, match="cycle"):
+        storage_root([meta(1), meta(0)], 0)
+    # A captured graph: capture's roots and the finished graph's roots agree on every value.
+    _, c = captured_workload("transformer")
+    g = c.graph
+    assert alias_roots(g) == [storage_root(g.values, v) for v in range(len(g.values))]
+    assert any(r != v for v, r in enumerate(alias_roots(g)))  # it has views

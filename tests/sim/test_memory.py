@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from schedlab.graph import OutputRole
+from schedlab.graph import OutputRole, alias_roots
 from schedlab.plan import Plan, resolve
 from schedlab.sim import simulate
-from schedlab.sim.prepare import alias_roots
 from schedlab.sim.testing import GraphBuilder, TableCost, cpu_machine, random_cost, random_dag
 
 ENGINES = ("fast", "simpy")
