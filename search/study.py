@@ -19,6 +19,13 @@ left RUNNING by a killed worker is *stale*: its ``user_attrs["worker"]`` names a
 of this host that is gone, or it started more than `STALE_AFTER_S` ago; it is failed and
 no longer counted.
 
+Clocks. Optuna writes ``datetime_start`` as the writer's local wall time, without a zone,
+so a host east of another would read the other's fresh trials as hours old and fail them.
+Each trial therefore also carries its start in UTC (``user_attrs["started_utc"]``, ISO
+8601 with +00:00), and every age is computed in UTC. ``datetime_start`` stays local, as
+Optuna and its dashboard expect (durations are taken against its local
+``datetime_complete``).
+
 SQLite: the schema and the study are created by one process before any worker starts
 (fresh processes racing to create a schema is a known failure), and every connection
 waits up to `SQLITE_BUSY_TIMEOUT_S` for a lock instead of failing.
@@ -46,6 +53,7 @@ from schedlab.search.objective import Evaluation, Evaluator
 from schedlab.search.space import SearchSpace
 
 SQLITE_BUSY_TIMEOUT_S = 120.0
+STARTED_ATTR = "started_utc"  # user attribute: when the trial was reserved, ISO 8601 in UTC
 STALE_AFTER_S = 600.0  # a trial RUNNING this long is a dead worker's (one trial is a simulation)
 POLL_S = 0.05  # how often a worker waiting on in-flight trials looks again
 DIRECTIONS = {"time": StudyDirection.MINIMIZE, "memory": StudyDirection.MINIMIZE}
@@ -57,6 +65,50 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+# The pip package of each database driver SQLAlchemy may ask for, by the dialect's driver
+# name (a plain postgresql:// URL means psycopg 3 under SQLAlchemy 2.x).
+DRIVER_PACKAGES = {
+    "psycopg": "psycopg[binary]",
+    "psycopg2": "psycopg2-binary",
+    "pg8000": "pg8000",
+    "asyncpg": "asyncpg",
+    "pymysql": "PyMySQL",
+    "mysqldb": "mysqlclient",
+    "mysqlconnector": "mysql-connector-python",
+    "mariadbconnector": "mariadb",
+    "oracledb": "oracledb",
+    "cx_oracle": "cx_Oracle",
+    "pyodbc": "pyodbc",
+    "pymssql": "pymssql",
+}
+
+
+def shown_url(url: str) -> str:
+    """`url` as messages print it: the password, if any, replaced by ***."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy can parse: the error will say so
+        return url
+
+
+def _missing_driver(url: str, e: ImportError) -> SchedlabError:
+    """One line naming the driver SQLAlchemy could not import and the package that provides it."""
+    from sqlalchemy.engine import make_url
+
+    cause = e.__cause__ if isinstance(e.__cause__, ImportError) else e
+    try:
+        driver = str(make_url(url).get_dialect().driver)
+    except Exception:
+        driver = (cause.name or "").split(".")[0]
+    package = DRIVER_PACKAGES.get(driver, driver)
+    how = f'pip install "{package}"' if package else "install the database driver for it"
+    return SchedlabError(
+        f"storage {shown_url(url)} needs the database driver {driver!r}, which cannot be imported ({cause}): {how}"
+    )
+
+
 def open_storage(url: str) -> optuna.storages.BaseStorage:
     """An Optuna storage for `url` (SQLite gets a busy timeout); one SchedlabError if it fails."""
     engine_kwargs: dict[str, Any] = {}
@@ -65,10 +117,10 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     try:
         storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
     except ImportError as e:
-        raise SchedlabError(f"storage {url!r} needs a database driver that is not installed: {e}") from None
+        raise _missing_driver(url, e) from None
     except Exception as e:  # sqlalchemy and driver errors: bad URL, unreachable server, ...
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SchedlabError(f"cannot open study storage {url!r}: {first}") from None
+        raise SchedlabError(f"cannot open study storage {shown_url(url)}: {first}") from None
     if url.startswith("sqlite"):
         _tune_sqlite(storage)
     return storage
@@ -139,16 +191,36 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def is_stale(t: FrozenTrial, now: datetime.datetime | None = None) -> bool:
-    """A RUNNING trial whose worker is gone (see the module docstring)."""
+def utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def started_utc(t: FrozenTrial) -> datetime.datetime | None:
+    """When `t` started, as an aware UTC time (see "Clocks" in the module docstring).
+
+    A trial without the UTC stamp (recorded by an older schedlab) falls back to Optuna's
+    naive local ``datetime_start`` read in this host's zone, which is right for trials
+    of this host.
+    """
+    stamp = t.user_attrs.get(STARTED_ATTR)
+    if isinstance(stamp, str):
+        with contextlib.suppress(ValueError):
+            return datetime.datetime.fromisoformat(stamp).astimezone(datetime.UTC)
+    if t.datetime_start is not None:
+        return t.datetime_start.astimezone(datetime.UTC)
+    return None
+
+
+def is_stale(t: FrozenTrial, now_utc: datetime.datetime | None = None) -> bool:
+    """A RUNNING trial whose worker is gone (see the module docstring); `now_utc` is aware."""
     if t.state is not TrialState.RUNNING:
         return False
     host, _, pid = str(t.user_attrs.get("worker", "")).rpartition(":")
     if host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
         return True
-    if t.datetime_start is not None:
-        now = now or datetime.datetime.now()
-        return (now - t.datetime_start).total_seconds() > STALE_AFTER_S
+    started = started_utc(t)
+    if started is not None:
+        return ((now_utc or utc_now()) - started).total_seconds() > STALE_AFTER_S
     return False
 
 
@@ -175,7 +247,7 @@ class Counts:
 
 def count_of(trials: Sequence[FrozenTrial], strategy: str, space: str) -> Counts:
     complete = sum(1 for t in trials if t.state is TrialState.COMPLETE and _matches(t, strategy, space))
-    now = datetime.datetime.now()
+    now = utc_now()
     in_flight = tuple(
         t.number
         for t in trials
@@ -259,16 +331,19 @@ class _Mirror:
 
 
 def _reservation(params: dict[str, Any], distributions: dict[str, Any], attrs: dict[str, Any]) -> FrozenTrial:
-    """A RUNNING trial with its parameters and attributes, created in one transaction."""
+    """A RUNNING trial with its parameters and attributes, created in one transaction.
+
+    It starts now: in Optuna's local wall time, and in UTC as `STARTED_ATTR`."""
+    now = utc_now()
     return FrozenTrial(
         number=-1,
         state=TrialState.RUNNING,
         value=None,
-        datetime_start=datetime.datetime.now(),
+        datetime_start=now.astimezone().replace(tzinfo=None),
         datetime_complete=None,
         params=params,
         distributions=distributions,
-        user_attrs=attrs,
+        user_attrs={**attrs, STARTED_ATTR: now.isoformat()},
         system_attrs={},
         intermediate_values={},
         trial_id=-1,
