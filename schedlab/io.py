@@ -20,15 +20,52 @@ def atomic_file(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_file writes with mode 'w' or 'wb', not {mode!r}")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise _cannot_write(path, e) from None
     try:
         with os.fdopen(fd, mode) as f:
             yield f
         os.replace(tmp, path)
+    except OSError as e:  # disk full, `path` a folder: the user's to fix, not a traceback
+        Path(tmp).unlink(missing_ok=True)
+        raise _cannot_write(path, e) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _cannot_write(path: Path, e: OSError) -> SchedlabError:
+    return SchedlabError(f"cannot write {path}: {e.strerror or e}")
+
+
+def check_writable(path: str | Path) -> None:
+    """Fail now, not after minutes of work, if no file can be written at `path`: create a temp
+    file where it would go, then remove it and any folder made for it (nothing is left)."""
+    path = Path(path)
+    if path.is_dir():
+        raise SchedlabError(f"cannot write {path}: it is a folder; give a file path")
+    made: list[Path] = []
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        made.append(folder)
+        folder = folder.parent
+    if not folder.is_dir():
+        raise SchedlabError(f"cannot write {path}: {folder} is not a folder")
+    try:
+        for d in reversed(made):
+            d.mkdir()
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise _cannot_write(path, e) from None
+    finally:
+        for d in made:
+            if d.exists():
+                d.rmdir()
 
 
 def write_json_atomic(path: str | Path, data: Any, indent: int | None = None) -> Path:

@@ -32,3 +32,17 @@ def test_a_failed_write_keeps_the_old_file(tmp_path: Path) -> None:
     assert p.read_text() == "old" and [q.name for q in tmp_path.iterdir()] == ["a.txt"]
     with pytest.raises(ValueError, match="mode"), atomic_file(p, "a"):
         pass
+
+
+def test_a_write_the_file_system_refuses_is_one_clear_error(tmp_path: Path) -> None:
+    from schedlab.errors import SchedlabError
+    from schedlab.io import check_writable
+
+    blocker = write_text_atomic(tmp_path / "file", "x")
+    for bad in (tmp_path, blocker / "a.json"):  # a folder; a path under a file
+        with pytest.raises(SchedlabError, match="cannot write"):
+            write_json_atomic(bad, {"x": 1})
+        with pytest.raises(SchedlabError, match="cannot write"):
+            check_writable(bad)
+    check_writable(tmp_path / "new" / "deeper" / "a.json")  # writable: the probe leaves nothing
+    assert [q.name for q in tmp_path.iterdir()] == ["file"] and blocker.read_text() == "x"
