@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from schedlab.errors import SchedlabError
 
@@ -24,10 +25,18 @@ COMMANDS = (
 )
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """A bad flag is one line on stderr like every other error (exit status 2), not the usage
+    text plus a line; subcommand parsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from schedlab import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrors(
         prog="schedlab",
         description="Find faster ways to run a neural-network training step: capture it as a graph, "
         "run it under a plan, simulate plans, search them, validate the best on hardware.",
