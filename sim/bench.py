@@ -1,10 +1,16 @@
-"""Simulator speed: simulated ops per second on a random synthetic graph.
+"""Simulator speed over graph sizes: simulated ops per second, cold and reused.
 
-    python -m sim.bench [--ops 2000] [--repeats 3] [--slots 4] [--cores 8]
+    python -m schedlab.sim.bench [--sizes 1000,5000,20000,100000] [--repeats 5] [--slots 1,2] [--cores 2]
 
-Prints, for each engine and for record=False / record=True, the median over the repeats
-of ops / wall time of `simulate` (preparation included), and the same for a `Simulator`
-bound once and reused across runs, as a search does.
+For each size, a random synthetic DAG (views included) is simulated under a plan of
+`--slots` co-run slots on `--cores` cores, with record=False (the search's call):
+
+- reused: a `Simulator` bound once and run again, as a search runs thousands of plans;
+- cold: a new `simulate()` call per run, the simulator's set-up and the cost model's
+  per-op lookups included (the graph object's flat arrays, kept on the graph, are warm);
+- first: a graph object never simulated before, so nothing at all is warm.
+
+The Python reference engine ("fast") is timed too on sizes up to 20k ops, for the ratio.
 """
 
 from __future__ import annotations
@@ -12,52 +18,82 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import dataclass
 
 from schedlab.plan import Plan, resolve
 from schedlab.sim.engine import Simulator, simulate
 from schedlab.sim.testing import cpu_machine, random_cost, random_dag
 
 
-def measure(
-    n_ops: int, repeats: int, slots: int, cores: int, engine: str, record: bool, reuse: bool = False
-) -> tuple[float, float]:
-    """(median ops/s, simulated step time in ms)."""
-    graph = random_dag(n_ops, seed=1, window=24)
+@dataclass(frozen=True)
+class SpeedRow:
+    ops: int
+    slots: int
+    engine: str
+    reused_ops_per_s: float
+    cold_ops_per_s: float
+    first_ops_per_s: float
+    step_ms: float  # the simulated step, a check that every engine simulated the same thing
+
+
+def measure(n_ops: int, slots: int, cores: int, engine: str, repeats: int) -> SpeedRow:
     machine = cpu_machine(cores)
-    plan = Plan(slots=slots, threads=max(1, cores // slots), order="critical-path")
-    resolved = resolve(graph, plan, machine)
     cost = random_cost(1)
-    _ = graph.hash  # computed once per graph (cached on it), not part of a simulation
-    sim = Simulator(graph, machine, cost)
-    if reuse:
-        sim.run(resolved, record=False, engine=engine)  # fills its caches
-    rates: list[float] = []
-    step_ms = 0.0
-    for _rep in range(repeats):
+    plan = Plan(slots=slots, threads=max(1, cores // slots), order="critical-path")
+
+    def fresh_graph() -> object:
+        g = random_dag(n_ops, seed=1, window=24, view_share=0.2)
+        _ = g.hash, g.succs  # the graph's own derived structure, not the simulator's work
+        return g
+
+    first: list[float] = []
+    for _ in range(max(1, repeats // 2)):
+        g = fresh_graph()
+        r = resolve(g, plan, machine)  # type: ignore[arg-type]
         t0 = time.perf_counter()
-        if reuse:
-            res = sim.run(resolved, record=record, engine=engine)
-        else:
-            res = simulate(graph, resolved, machine, cost, record=record, engine=engine)
-        rates.append(n_ops / (time.perf_counter() - t0))
-        step_ms = res.step_time_s * 1e3
-    return statistics.median(rates), step_ms
+        simulate(g, r, machine, cost, record=False, engine=engine)  # type: ignore[arg-type]
+        first.append(time.perf_counter() - t0)
+    cold: list[float] = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        res = simulate(g, r, machine, cost, record=False, engine=engine)  # type: ignore[arg-type]
+        cold.append(time.perf_counter() - t0)
+    sim = Simulator(g, machine, cost)  # type: ignore[arg-type]
+    sim.run(r, record=False, engine=engine)
+    reused: list[float] = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        sim.run(r, record=False, engine=engine)
+        reused.append(time.perf_counter() - t0)
+    return SpeedRow(
+        ops=n_ops,
+        slots=slots,
+        engine=engine,
+        reused_ops_per_s=n_ops / statistics.median(reused),
+        cold_ops_per_s=n_ops / statistics.median(cold),
+        first_ops_per_s=n_ops / statistics.median(first),
+        step_ms=res.step_time_s * 1e3,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m sim.bench", description=__doc__.split("\n")[0] if __doc__ else None)
-    ap.add_argument("--ops", type=int, default=2000)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--slots", type=int, default=4)
-    ap.add_argument("--cores", type=int, default=8)
+    ap = argparse.ArgumentParser(prog="python -m schedlab.sim.bench", description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--sizes", default="1000,5000,20000,100000", help="graph sizes in ops, comma-separated")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--slots", default="1,2", help="co-run slots, comma-separated")
+    ap.add_argument("--cores", type=int, default=2)
+    ap.add_argument("--python-up-to", type=int, default=20000, help="largest size the Python reference engine runs")
     args = ap.parse_args(argv)
-    print(f"random DAG of {args.ops} ops, {args.cores} cores, {args.slots} slots, median of {args.repeats}")
-    for engine in ("fast", "simpy"):
-        for record in (False, True):
-            rate, step_ms = measure(args.ops, args.repeats, args.slots, args.cores, engine, record)
-            print(f"  simulate()      engine={engine:5s} record={record!s:5s}  {rate:10,.0f} ops/s   (simulated step {step_ms:.3f} ms)")
-        rate, _ = measure(args.ops, args.repeats, args.slots, args.cores, engine, False, reuse=True)
-        print(f"  Simulator.run() engine={engine:5s} record=False  {rate:10,.0f} ops/s   (bound once, reused)")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(f"random DAGs, {args.cores} cores, record=False, median of {args.repeats}; simulated ops per second")
+    print(f"{'ops':>8} {'slots':>5} {'engine':>9} {'reused':>12} {'cold':>12} {'first':>12} {'step ms':>10}")
+    for n in sizes:
+        for slots in (int(s) for s in args.slots.split(",")):
+            engines = ["compiled"] + (["fast"] if n <= args.python_up_to else [])
+            for engine in engines:
+                r = measure(n, slots, args.cores, engine, args.repeats)
+                print(f"{r.ops:>8} {r.slots:>5} {r.engine:>9} {r.reused_ops_per_s:>12,.0f} {r.cold_ops_per_s:>12,.0f} "
+                      f"{r.first_ops_per_s:>12,.0f} {r.step_ms:>10.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from collections.abc import Generator
 from heapq import heapify, heappop, heappush
 from typing import Any
 
+import numpy as np
 import simpy
 from simpy.events import EventPriority
 from simpy.resources.resource import Request
@@ -47,8 +48,10 @@ from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
+from schedlab.sim.compiled import FlatStructure, LoopResult, flatten, run_compiled
 from schedlab.sim.cost import CostModel
 from schedlab.sim.fast import run_fast
+from schedlab.sim.flatgraph import flat_single_device
 from schedlab.sim.fluid import FluidShare
 from schedlab.sim.interconnect import Network
 from schedlab.sim.memory import MemoryTracker
@@ -56,7 +59,7 @@ from schedlab.sim.prepare import PINNED, Prepared, Structure, build_structure, o
 from schedlab.sim.result import SimResult, Timeline, build_trace
 from schedlab.sim.server import SimServer
 
-ENGINES = ("auto", "simpy", "fast")
+ENGINES = ("auto", "simpy", "fast", "compiled")
 _SETTLE = EventPriority(2)  # after NORMAL (1): once every ordinary event of the instant is done
 _PICK = EventPriority(3)  # after the settle of the same instant
 
@@ -213,6 +216,14 @@ class _SimpyRun:
             wake.succeed(self.lock.request())
 
 
+class _PreparedPlan:
+    """The two fields of a ResolvedPlan the compiled loop reads, taken from a Prepared."""
+
+    def __init__(self, prep: Prepared) -> None:
+        self.slots = prep.slots
+        self.priority = prep.priority
+
+
 def run_simpy(prep: Prepared, machine: Machine) -> tuple[Timeline, MemoryTracker, list[float]]:
     """Simulate one step with the general SimPy model. Returns times, memory, busy unit-µs per device."""
     r = _SimpyRun(prep, machine)
@@ -239,6 +250,13 @@ class Simulator:
         self._kernel_us: dict[int, float] = {}  # op id * _stride + threads -> µs
         self._stride = max(d.cores for d in machine.devices) + 1
         self._slowdown = slowdown_fns(graph, machine, cost, memo=True)
+        # The compiled engine's per-graph arrays: kernel µs per (op, threads) and co-run
+        # slowdown per (op, busy cores of the others) on the one device, NaN until asked.
+        self._flat: dict[tuple[int, ...], FlatStructure] = {}
+        self._flat_one: FlatStructure | None = None  # every op on one device (sim.flatgraph)
+        self._kernel_table: np.ndarray | None = None
+        self._slow_table: np.ndarray | None = None
+        self._dispatch_arr: np.ndarray | None = None
 
     def run(self, resolved: ResolvedPlan, *, record: bool = True, engine: str = "auto") -> SimResult:
         """Predict one step under `resolved`; see `simulate`."""
@@ -248,12 +266,17 @@ class Simulator:
         graph, machine = self.graph, self.machine
         if len(resolved.device) != len(graph.ops):
             raise SchedlabError(f"resolved plan covers {len(resolved.device)} ops but graph {graph.name!r} has {len(graph.ops)}")
+        if engine in ("auto", "compiled") and not record:
+            dev = self._uniform_cpu_device(resolved)
+            if dev is not None:
+                return self._run_compiled(resolved, dev, t0)
         placement = op_devices(resolved, machine)
         structure = self._structures.get(placement)
         if structure is None:
             structure = build_structure(graph, placement, len(machine.devices))
             if len(self._structures) >= self.max_placements:
                 self._structures.pop(next(iter(self._structures)))
+                self._flat.clear()
             self._structures[placement] = structure
         prep = prepare(
             graph,
@@ -265,17 +288,20 @@ class Simulator:
             dispatch_us=self._dispatches(),
             slowdown=self._slowdown,
         )
-        use_fast = engine == "fast" or (engine == "auto" and prep.single_cpu)
-        if use_fast:
-            if not prep.single_cpu:
-                raise SchedlabError("the fast simulator engine needs every op on one CPU device; use engine='simpy'")
+        if engine in ("fast", "compiled") and not prep.single_cpu:
+            raise SchedlabError(f"the {engine} simulator engine needs every op on one CPU device; use engine='simpy'")
+        if engine == "fast":
             tl, mem, busy = run_fast(prep)
+        elif prep.single_cpu and engine in ("auto", "compiled"):
+            engine = "compiled"
+            tl, mem, busy = self._compiled_timeline(prep, placement, structure)
         else:
+            engine = "simpy"
             tl, mem, busy = run_simpy(prep, machine)
         step_us = max(max(tl.end_us, default=0.0), max((t[3] for t in tl.transfers), default=0.0))
         dev_ids = prep.device_ids
         oom = tuple(d for i, d in enumerate(dev_ids) if mem.peak[i] > prep.memory_bytes[i])
-        name = "fast" if use_fast else "simpy"
+        name = engine
         trace = None
         if record:
             trace = build_trace(graph, resolved, machine, prep, tl, {"engine": name, "oom_devices": list(oom)})
@@ -288,6 +314,110 @@ class Simulator:
             oom_devices=oom,
             engine=name,
         )
+
+    # ---- the compiled engine (sim.compiled) ----------------------------------------------
+
+    def _uniform_cpu_device(self, resolved: ResolvedPlan) -> int | None:
+        """The index of the one CPU device every op runs on, or None."""
+        devices = resolved.device
+        if not devices or devices.count(devices[0]) != len(devices):
+            return None
+        for i, d in enumerate(self.machine.devices):
+            if d.id == devices[0]:
+                return i if d.kind == "cpu" else None
+        raise SchedlabError(f"resolved plan places an op on device {devices[0]!r}, not in machine {self.machine.name!r}")
+
+    def _loop(self, resolved: ResolvedPlan, dev: int, flat: FlatStructure, threads: np.ndarray,
+              kernel_us: np.ndarray, dispatch_us: np.ndarray) -> LoopResult:
+        capacity = self.machine.devices[dev].cores
+        return run_compiled(
+            flat,
+            slots=resolved.slots,
+            capacity=capacity,
+            priority=np.asarray(resolved.priority, dtype=np.int64),
+            dispatch_us=dispatch_us,
+            kernel_us=kernel_us,
+            demand=threads,
+            slowdown=self._slowdowns(dev, capacity, resolved.slots),
+        )
+
+    def _run_compiled(self, resolved: ResolvedPlan, dev: int, t0: float) -> SimResult:
+        """The search's path: one CPU device, no trace; per-op work happens in arrays only."""
+        if self._flat_one is None:
+            self._flat_one = flat_single_device(self.graph)
+        threads = np.asarray(resolved.threads, dtype=np.int64)
+        res = self._loop(resolved, dev, self._flat_one, threads, self._kernels_arr(threads), self._dispatches_arr())
+        machine = self.machine
+        peaks = {d.id: 0 for d in machine.devices}
+        peaks[machine.devices[dev].id] = res.peak_bytes
+        oom = tuple(d.id for d in machine.devices if peaks[d.id] > d.memory_bytes)
+        busy = {d.id: 0.0 for d in machine.devices}
+        busy[machine.devices[dev].id] = res.busy_unit_us / 1e6
+        step_us = float(res.end_us.max()) if len(res.end_us) else 0.0
+        return SimResult(
+            step_time_s=step_us / 1e6,
+            peak_memory_bytes=peaks,
+            trace=None,
+            sim_wall_s=time.perf_counter() - t0,
+            busy_core_s=busy,
+            oom_devices=oom,
+            engine="compiled",
+        )
+
+    def _compiled_timeline(
+        self, prep: Prepared, placement: tuple[int, ...], structure: Structure
+    ) -> tuple[Timeline, MemoryTracker, list[float]]:
+        """The compiled loop on a prepared plan, as the engines' common Timeline (for traces)."""
+        threads = np.asarray(prep.threads, dtype=np.int64)
+        resolved = _PreparedPlan(prep)
+        dev = placement[0] if placement else 0
+        flat = self._flat.get(placement)
+        if flat is None:
+            flat = self._flat[placement] = flatten(structure)
+        res = self._loop(resolved, dev, flat, threads,  # type: ignore[arg-type]
+                         np.asarray(prep.kernel_us, dtype=np.float64), np.asarray(prep.dispatch_us, dtype=np.float64))
+        mem = MemoryTracker(list(structure.initial_live))
+        mem.peak[dev] = res.peak_bytes
+        busy = [0.0] * len(prep.device_ids)
+        busy[dev] = res.busy_unit_us
+        tl = Timeline(res.start_us.tolist(), res.end_us.tolist(), res.worker.tolist(), res.start_order.tolist())
+        return tl, mem, busy
+
+    def _kernels_arr(self, threads: np.ndarray) -> np.ndarray:
+        """Kernel µs of every op at its thread count, from a per-(op, threads) table."""
+        n = len(self.graph.ops)
+        table = self._kernel_table
+        if table is None:
+            table = self._kernel_table = np.full((n, self._stride), np.nan)
+        rows = np.arange(n)
+        if threads.size and (threads.min() < 1 or threads.max() >= self._stride):
+            raise SchedlabError(f"thread counts must be 1..{self._stride - 1} on machine {self.machine.name!r}")
+        out = table[rows, threads]
+        missing = np.flatnonzero(np.isnan(out))
+        if missing.size:
+            ops, kernel = self.graph.ops, self.cost.kernel_us
+            for i in missing.tolist():
+                k = int(threads[i])
+                table[i, k] = out[i] = float(kernel(ops[i], k))
+        return out
+
+    def _dispatches_arr(self) -> np.ndarray:
+        if self._dispatch_arr is None:
+            self._dispatch_arr = np.asarray(self._dispatches(), dtype=np.float64)
+        return self._dispatch_arr
+
+    def _slowdowns(self, dev: int, capacity: int, slots: int) -> np.ndarray:
+        """slowdown[op, busy cores of the others]: with one slot only column 0 is ever read."""
+        n = len(self.graph.ops)
+        table = self._slow_table
+        if table is None or table.shape[1] != capacity + 1:
+            table = self._slow_table = np.full((n, capacity + 1), np.nan)
+        cols = range(1) if slots == 1 else range(capacity + 1)
+        fn = self._slowdown[dev]
+        for b in cols:
+            if np.isnan(table[0, b]) if n else False:
+                table[:, b] = [fn(o, b) for o in range(n)]
+        return table
 
     def _dispatches(self) -> list[float]:
         if self._dispatch_us is None:
@@ -321,8 +451,9 @@ def simulate(
     """Predict one step of `graph` under `resolved` on `machine` with `cost`.
 
     `record`: also build the Trace (source "sim"); a search passes False. `engine`: "auto"
-    takes the fast heap loop when every op runs on one CPU device and the SimPy model
-    otherwise; "simpy" and "fast" force one (the tests compare them). To simulate many
+    takes the compiled loop (`sim.compiled`) when every op runs on one CPU device and the
+    SimPy model otherwise; "simpy", "fast" (the Python reference of the compiled loop) and
+    "compiled" force one (the tests compare them). To simulate many
     plans of one graph, bind a `Simulator` once instead.
     """
     return Simulator(graph, machine, cost).run(resolved, record=record, engine=engine)

@@ -22,7 +22,7 @@ class SimResult:
     sim_wall_s: float  # wall-clock time the simulation took (time.perf_counter)
     busy_core_s: dict[str, float] = field(default_factory=dict)  # core-seconds (gpu: stream-seconds) in use
     oom_devices: tuple[str, ...] = ()  # devices whose peak exceeds Device.memory_bytes
-    engine: str = ""  # "fast" (heap loop, one CPU device) or "simpy"
+    engine: str = ""  # "compiled" or "fast" (one CPU device: compiled loop, its Python reference) or "simpy"
 
     @property
     def ok(self) -> bool:

@@ -1,7 +1,9 @@
 """Benchmarks (`make bench`): ratios measured in one run, so a noisy shared machine hits both sides.
 
 - executor vs eager PyTorch, default transformer and nmt: target at most 1.10x;
-- simulating a default step vs executing it: target at least 20x faster.
+- simulating a default step vs executing it: target at least 20x faster;
+- simulated ops per second on the search's path (a reused Simulator, record=False):
+  target at least 1 million on a 5,000-op graph, and 300 thousand for a fresh `simulate()`.
 """
 
 from __future__ import annotations
@@ -56,3 +58,17 @@ def test_simulation_is_faster_than_execution(benchmark, model: str) -> None:  # 
     print(f"\n{model}: execute {exec_s * 1e3:.1f} ms, simulate {benchmark.stats.stats.median * 1e3:.2f} ms "
           f"-> {ratio:.0f}x, {len(c.graph) / benchmark.stats.stats.median:.0f} simulated ops/s")
     assert sim.step_time_s > 0 and ratio >= 20
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_simulated_ops_per_second(benchmark, slots: int) -> None:  # type: ignore[no-untyped-def]
+    from schedlab.sim.bench import measure
+
+    row = benchmark.pedantic(lambda: measure(5000, slots, 2, "compiled", repeats=7), rounds=1, iterations=1)
+    ref = measure(5000, slots, 2, "fast", repeats=3)
+    benchmark.extra_info.update({**row.__dict__, "python_reused_ops_per_s": ref.reused_ops_per_s})
+    print(f"\n5000 ops, {slots} slot(s): reused {row.reused_ops_per_s:,.0f}, cold {row.cold_ops_per_s:,.0f}, "
+          f"first {row.first_ops_per_s:,.0f} ops/s; Python reference reused {ref.reused_ops_per_s:,.0f} ops/s "
+          f"({row.reused_ops_per_s / ref.reused_ops_per_s:.1f}x)")
+    assert row.step_ms == ref.step_ms  # both engines simulated the same step
+    assert row.reused_ops_per_s >= 1e6 and row.cold_ops_per_s >= 3e5

@@ -30,7 +30,7 @@ def run(graph_builder_or_graph, plan: Plan, cores: int, cost: TableCost, engine:
     return simulate(g, resolve(g, plan, m), m, cost, engine=engine)
 
 
-ENGINES = ("fast", "simpy")
+ENGINES = ("fast", "simpy", "compiled")
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -156,7 +156,7 @@ def test_engine_choice() -> None:
     g = chain(3)
     m = cpu_machine(2)
     r = resolve(g, Plan(), m)
-    assert simulate(g, r, m, TableCost()).engine == "fast"
+    assert simulate(g, r, m, TableCost()).engine == "compiled"
     assert simulate(g, r, m, TableCost(), engine="simpy").engine == "simpy"
     with pytest.raises(SchedlabError, match="engine"):
         simulate(g, r, m, TableCost(), engine="warp")

@@ -9,7 +9,7 @@ from schedlab.plan import Plan, resolve
 from schedlab.sim import simulate
 from schedlab.sim.testing import GraphBuilder, TableCost, cpu_machine, random_cost, random_dag
 
-ENGINES = ("fast", "simpy")
+ENGINES = ("fast", "simpy", "compiled")
 
 
 def small(a_is_output: bool = False) -> GraphBuilder:

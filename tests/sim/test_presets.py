@@ -15,7 +15,7 @@ def test_manycore_68_with_16_threads() -> None:
     g = random_dag(300, seed=3)
     r = resolve(g, Plan(slots=4, threads=16), m)
     res = simulate(g, r, m, random_cost(3))
-    assert res.engine == "fast"
+    assert res.engine == "compiled"
     assert res.trace is not None and {e.threads for e in res.trace.events} == {16}
     assert 0 < res.busy_core_s["cpu0"] <= 68 * res.step_time_s
     assert res.oom_devices == ()
