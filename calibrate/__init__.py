@@ -6,7 +6,7 @@
     profile = profile.with_trace(trace, graph)    # real-step timings beat microbenchmarks
     cost = profile.for_slots(plan.slots)          # dispatch of the co-run executor
 
-`python -m calibrate [--quick] [--out PROFILE] [--json]` is what `make calibrate` runs.
+`python -m schedlab.calibrate [--quick] [--out PROFILE] [--json]` is what `make calibrate` runs.
 """
 
 from __future__ import annotations

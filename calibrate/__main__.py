@@ -1,4 +1,4 @@
-"""`python -m calibrate [--quick] [--out PROFILE] [--json]`: what `make calibrate` runs."""
+"""`python -m schedlab.calibrate [--quick] [--out PROFILE] [--json]`: what `make calibrate` runs."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from schedlab.errors import SchedlabError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m calibrate", description=run.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m schedlab.calibrate", description=run.__doc__)
     add_arguments(parser)
     try:
         return run(parser.parse_args(argv))
     except SchedlabError as e:
-        print(f"python -m calibrate: error: {e}", file=sys.stderr)
+        print(f"python -m schedlab.calibrate: error: {e}", file=sys.stderr)
         return 2
 
 

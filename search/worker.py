@@ -1,4 +1,4 @@
-"""`python -m search.worker RUN_DIR [--index K]`: one search worker (see search/workers.py).
+"""`python -m schedlab.search.worker RUN_DIR [--index K]`: one search worker (see search/workers.py).
 
 Everything it needs is in the run directory: run.json (study, storage, space, trial
 count, objectives, profile, machine) and graph.json. It needs no model capture.
@@ -39,7 +39,7 @@ def run_worker(run_dir: Path, index: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m search.worker", description=run_worker.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m schedlab.search.worker", description=run_worker.__doc__)
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     parser.add_argument("--index", type=int, default=0, help="worker number (seeds its sampler)")
     args = parser.parse_args(argv)
