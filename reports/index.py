@@ -18,7 +18,7 @@ from typing import Any
 
 from schedlab.io import write_json_atomic, write_text_atomic
 from schedlab.reports.figures import FigureRecord, _rel, median_spread_text, versions_text
-from schedlab.reports.load import RunData, Suite
+from schedlab.reports.load import RunData, Suite, best_label
 
 REPORT_SCHEMA = "schedlab.report"
 REPORT_VERSION = 1
@@ -160,8 +160,11 @@ def _run_table(run: RunData) -> str:
             f"{median_spread_text(best.measured_s, best.spread_s)}, predicted "
             + ("?" if best.predicted_s is None else f"{best.predicted_s * 1e3:.3f} ms (simulated)"),
         ))
-    if not res.searched_plan_won:
-        rows.append(("fastest measured", "no plan" if res.best is None else f"baseline {res.best.label}"))
+    rows.append((
+        "best plan (fastest measured)",
+        "no plan measured cleanly" if res.best is None
+        else f"{best_label(res.best)}: {res.best.plan_hash}, {median_spread_text(res.best.measured_s, res.best.spread_s)}",
+    ))
     for name, m in sorted(res.baselines.items()):
         rows.append((f"baseline {name}", f"{m.plan_hash}: {median_spread_text(m.measured_s, m.spread_s)}"))
     for label, why in res.excluded:

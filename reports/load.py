@@ -91,8 +91,9 @@ class Measured:
 class Results:
     """results.json: the plans measured cleanly, and those that were not (with why).
 
-    `best` is what results.json names best (a baseline when no searched plan beat them);
-    `best_searched` is the fastest searched candidate, which the speedup figure shows.
+    `best` is what results.json names best (a baseline when no searched plan beat them):
+    the plan every figure calls the run's best (`best_plan`). `best_searched` is the
+    fastest searched candidate, which figures show beside it.
     """
 
     candidates: tuple[Measured, ...]  # searched plans measured cleanly (baselines not repeated)
@@ -113,17 +114,24 @@ class Results:
     def searched_plan_won(self) -> bool:
         return self.best is not None and self.best.role == "candidate"
 
-    def require_best_searched(self) -> Measured:
-        """The fastest searched candidate, or FigureSkipped-worthy SchedlabError text."""
-        best = self.best_searched
-        if best is None:
-            why = "; ".join(f"{label}: {reason}" for label, reason in self.excluded) or "no candidates"
-            raise NoCleanCandidate(f"no searched plan was measured cleanly ({why})")
-        return best
+
+class NoBestPlan(SchedlabError):
+    """results.json names no plan with a clean measurement as best."""
 
 
-class NoCleanCandidate(SchedlabError):
-    """results.json holds no searched plan with a clean measurement."""
+def best_plan(results: Results) -> Measured:
+    """The run's best plan, the one every figure and the index page call best: the fastest
+    plan measured cleanly, searched or baseline, as `schedlab validate` chose it (a baseline
+    when no searched plan was measured faster). Raises NoBestPlan, saying why, without one."""
+    if results.best is not None:
+        return results.best
+    why = "; ".join(f"{label}: {reason}" for label, reason in results.excluded) or "no plans"
+    raise NoBestPlan(f"no plan was measured cleanly ({why})")
+
+
+def best_label(best: Measured) -> str:
+    """What to call the best plan: "best plan", or "best plan (= baseline NAME)"."""
+    return "best plan" if best.role == "candidate" else f"best plan (= baseline {best.label})"
 
 
 @dataclass(frozen=True)

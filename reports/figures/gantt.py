@@ -22,7 +22,7 @@ from schedlab.errors import SchedlabError
 from schedlab.plan import Plan
 from schedlab.reports import style
 from schedlab.reports.figures import BOTH, FigureRecord, FigureSkipped, main_for, run_conditions, run_conditions_text
-from schedlab.reports.load import TRACE_FILES, RunData
+from schedlab.reports.load import TRACE_FILES, RunData, best_label
 from schedlab.trace import Trace, TraceEvent
 
 SIM_STEP = 0
@@ -88,6 +88,8 @@ def draw(run: RunData, out_stem: Path) -> FigureRecord:
         (m for m in (*run.results.candidates, *run.results.baselines.values()) if m.plan_hash == plan.hash), None
     )
     plan_hashes = {str(t.meta.get("plan_hash", "")) for t in (sim, meas)} | {plan.hash}
+    if run.results.best is not None:  # traces of another plan than the best one: warned below
+        plan_hashes.add(run.results.best.plan_hash)
     plan_hashes.discard("")
     graph_hashes = {str(t.meta.get("graph_hash", "")) for t in (sim, meas)} | {run.graph.hash if run.graph else ""}
     graph_hashes.discard("")
@@ -190,8 +192,11 @@ def draw(run: RunData, out_stem: Path) -> FigureRecord:
 
 
 def drawn_plan(run: RunData, meas: Trace) -> tuple[Plan, str]:
-    """The plan the traces are of (the measured trace says), and what it is: "best plan"
-    or "best plan (= baseline NAME)" when no searched plan beat that baseline."""
+    """The plan the traces are of (the measured trace says), and what it is, in the words
+    the speedup figure uses for the run's best plan (`load.best_plan`): "best plan", "best
+    plan (= baseline NAME)", or "traced plan, not the best ..." when the traces disagree
+    with results.json (the figure then also warns)."""
+    best = run.results.best
     plan: Plan | None = None
     raw = meas.meta.get("plan")
     if raw:
@@ -200,13 +205,14 @@ def drawn_plan(run: RunData, meas: Trace) -> tuple[Plan, str]:
         except SchedlabError:
             plan = None
     if plan is None:
-        if run.results.best is None:
+        if best is None:
             raise FigureSkipped("the trace names no plan and results.json names no best plan")
-        plan = run.results.best.plan
-    for name, m in run.results.baselines.items():
-        if m.plan_hash == plan.hash:
-            return plan, f"best plan (= baseline {name})"
-    return plan, "best plan"
+        plan = best.plan
+    if best is None:
+        return plan, "traced plan (results.json names no best plan)"
+    if best.plan_hash == plan.hash:
+        return plan, best_label(best)
+    return plan, f"traced plan, not the {best_label(best)} {best.plan_hash[:8]}"
 
 
 def _bars(ax: Any, evs: list[TraceEvent], y_of: dict[tuple[str, int], int], kinds: list[str]) -> None:

@@ -5,6 +5,10 @@ speedups, baseline median step time over the best plan's median, with whiskers f
 interquartile ranges ([base p25 / best p75, base p75 / best p25]). Hollow diamonds are the
 speedups the simulator predicted for the same plans.
 
+The best plan is the run's best as every figure names it (`load.best_plan`): when no
+searched plan was measured faster than a baseline, that baseline is the best plan, its
+bar over itself is 1.00x, and the caption says how the fastest searched plan fared.
+
 Data: results.json of each run (schedlab validate).
 """
 
@@ -17,10 +21,9 @@ from typing import Any
 
 from matplotlib.ticker import FixedLocator, NullLocator
 
-from schedlab.errors import SchedlabError
 from schedlab.reports import style
 from schedlab.reports.figures import BOTH, FigureRecord, FigureSkipped, describe_conditions, median_spread_text
-from schedlab.reports.load import RESULTS_JSON, Measured, RunData, load
+from schedlab.reports.load import RESULTS_JSON, Measured, NoBestPlan, RunData, best_label, best_plan, load
 
 
 def speedup_of(best: Measured, base: Measured, baseline_name: str) -> float:
@@ -29,8 +32,9 @@ def speedup_of(best: Measured, base: Measured, baseline_name: str) -> float:
 
 
 def spread_of(best: Measured, base: Measured) -> tuple[float, float] | None:
-    """[low, high] speedup from the interquartile ranges of both, or None without spreads."""
-    if best.spread_s is None or base.spread_s is None:
+    """[low, high] speedup from the interquartile ranges of both, or None without spreads
+    (or when the best plan is this baseline: a plan has no spread against itself)."""
+    if best is base or best.spread_s is None or base.spread_s is None:
         return None
     return base.spread_s[0] / best.spread_s[1], base.spread_s[1] / best.spread_s[0]
 
@@ -42,9 +46,15 @@ def predicted_speedup(best: Measured, base: Measured) -> float | None:
 
 
 def draw(all_runs: Sequence[RunData], out_stem: Path) -> FigureRecord:
-    # A workload whose searched plans all failed to measure has no bar to draw; say so.
-    missing = {r.workload: _no_best(r) for r in all_runs if r.results.best_searched is None}
-    runs = [r for r in all_runs if r.results.best_searched is not None]
+    # A workload whose plans all failed to measure has no bar to draw; say so.
+    bests: dict[str, Measured] = {}
+    missing: dict[str, str] = {}
+    for r in all_runs:
+        try:
+            bests[r.name] = best_plan(r.results)
+        except NoBestPlan as e:
+            missing[r.workload] = str(e)
+    runs = [r for r in all_runs if r.name in bests]
     if not runs:
         raise FigureSkipped("; ".join(f"{w}: {why}" for w, why in missing.items()))
     baselines = sorted({name for r in runs for name in r.results.baselines})
@@ -56,15 +66,20 @@ def draw(all_runs: Sequence[RunData], out_stem: Path) -> FigureRecord:
     conditions: dict[str, Any] = {"workloads": {}, "not_drawn": missing}
     bars: list[tuple[float, int, float, tuple[float, float] | None, float | None]] = []  # x, baseline, s, iqr, pred
     for gi, run in enumerate(runs):
-        best = run.results.require_best_searched()
+        best = bests[run.name]
+        searched = run.results.best_searched
         wl: dict[str, Any] = {
             "run": run.name,
             "host": run.host,
             "graph_hash": run.graph_hash,
             "repeats": run.results.repeats,
             "steps_per_repeat": run.results.steps_per_repeat,
-            "best": _cond(best),
+            "best": {**_cond(best), "role": best.role, "is": best_label(best)},
             "searched_plan_won": run.results.searched_plan_won,
+            "best_searched": None if searched is None else {
+                **_cond(searched),
+                "speedup": {n: speedup_of(searched, b, n) for n, b in sorted(run.results.baselines.items())},
+            },
             "excluded": [list(e) for e in run.results.excluded],
             "baselines": {},
         }
@@ -115,7 +130,11 @@ def draw(all_runs: Sequence[RunData], out_stem: Path) -> FigureRecord:
                 )
                 any_pred = True
         ax.set_xticks(range(len(runs)))
-        ax.set_xticklabels([r.workload for r in runs])
+        two_line = any(bests[r.name].role == "baseline" for r in runs)  # tick says which baseline is best
+        ax.set_xticklabels([
+            r.workload + ("" if bests[r.name].role == "candidate" else f"\n(best: baseline {bests[r.name].label})")
+            for r in runs
+        ])
         ax.set_xlim(-0.6, len(runs) - 0.4)
         if log:
             lo, hi = min(min(values), 1.0) / 1.4, max(values) * 1.6
@@ -129,7 +148,7 @@ def draw(all_runs: Sequence[RunData], out_stem: Path) -> FigureRecord:
         handles, labels = ax.get_legend_handles_labels()
         order = sorted(range(len(labels)), key=lambda i: labels[i].startswith("predicted"))
         ax.legend([handles[i] for i in order], [labels[i] for i in order], loc="upper center",
-                  bbox_to_anchor=(0.5, -0.13), ncol=n_b + int(any_pred), handlelength=1.2)
+                  bbox_to_anchor=(0.5, -0.22 if two_line else -0.13), ncol=n_b + int(any_pred), handlelength=1.2)
         hosts = sorted({r.host for r in runs})
         reps = sorted({str(r.results.repeats) for r in runs})
         png, pdf = style.save(
@@ -143,15 +162,15 @@ def draw(all_runs: Sequence[RunData], out_stem: Path) -> FigureRecord:
         "over the best plan's median, measured on the real executor. Whiskers span the interquartile ranges; "
         "hollow diamonds are the speedups the simulator predicted (simulated)."
     )
-    lost = [r.workload for r in runs if not r.results.searched_plan_won]
+    lost = [_lost_text(r, bests[r.name]) for r in runs if bests[r.name].role == "baseline"]
     if lost:
-        caption += f" On {', '.join(lost)} a baseline was faster than every searched plan (bars below 1)."
+        caption += " " + " ".join(lost)
     if missing:
         caption += " Not drawn: " + "; ".join(f"{w} ({why})" for w, why in missing.items()) + "."
     stats = []
     for run in runs:
-        best = run.results.require_best_searched()
-        each = [f"best {best.plan_hash[:8]} {median_spread_text(best.measured_s, best.spread_s)}"]
+        best = bests[run.name]
+        each = [f"{best_label(best)} {best.plan_hash[:8]} {median_spread_text(best.measured_s, best.spread_s)}"]
         each += [
             f"{n} {m.plan_hash[:8]} {median_spread_text(m.measured_s, m.spread_s)}"
             for n, m in sorted(run.results.baselines.items())
@@ -177,12 +196,19 @@ def draw(all_runs: Sequence[RunData], out_stem: Path) -> FigureRecord:
     )
 
 
-def _no_best(run: RunData) -> str:
-    try:
-        run.results.require_best_searched()
-    except SchedlabError as e:
-        return str(e)
-    return ""
+def _lost_text(run: RunData, best: Measured) -> str:
+    """The caption's sentence for a run whose best plan is a baseline."""
+    text = (
+        f"On {run.workload} a baseline was faster than every searched plan: the best plan is baseline "
+        f"{best.label} (its bar over itself is 1.00×)"
+    )
+    searched = run.results.best_searched
+    if searched is not None:
+        text += (
+            f"; the fastest searched plan, {searched.label} ({searched.plan_hash[:8]}), measured "
+            f"{speedup_of(searched, best, best.label):.2f}× of it"
+        )
+    return text + "."
 
 
 def _cond(m: Measured) -> dict[str, Any]:

@@ -259,8 +259,9 @@ def make_run_dir(
         "created_unix_s": time.time(), "objectives": list(objectives),
     })
     traces = run_dir / "traces"
-    list_schedule_trace(graph, best_plan, "sim").save(traces / "best.sim.json")
-    list_schedule_trace(graph, best_plan, "exec", steps=3, jitter=0.25, gap_us=12.0, seed=seed).save(
+    traced = tf_plan if baseline_wins else best_plan  # validate traces its best plan, baseline or not
+    list_schedule_trace(graph, traced, "sim").save(traces / "best.sim.json")
+    list_schedule_trace(graph, traced, "exec", steps=3, jitter=0.25, gap_us=12.0, seed=seed).save(
         traces / "best.exec.json")
     list_schedule_trace(graph, tf_plan, "exec", steps=3, jitter=0.25, gap_us=12.0, seed=seed + 1).save(
         traces / "baseline.exec.json")

@@ -197,13 +197,44 @@ def test_failed_plans_and_a_winning_baseline_are_reported_not_hidden(
     assert rc == 0, err
     figs = _figures(run_dir / "report")
     sp = figs["speedup"]["conditions"]["workloads"]["mlp/tiny"]
-    assert sp["searched_plan_won"] is False and sp["baselines"]["tensorflow-recommended"]["speedup"] < 1.0
-    assert "a baseline was faster than every searched plan" in figs["speedup"]["caption"]
+    assert sp["searched_plan_won"] is False and sp["best"]["role"] == "baseline"
+    # The best plan is the winning baseline: 1.00x over itself, faster than the other one.
+    assert sp["baselines"]["tensorflow-recommended"]["speedup"] == 1.0
+    assert sp["baselines"]["tensorflow-recommended"]["speedup_iqr"] is None
+    assert sp["baselines"]["pytorch-default"]["speedup"] > 1.0
+    assert sp["best_searched"]["speedup"]["tensorflow-recommended"] < 1.0  # and how the searched best fared
+    caption = figs["speedup"]["caption"]
+    assert "a baseline was faster than every searched plan" in caption and "tensorflow-recommended" in caption
     assert sp["excluded"] and "OpFailed" in sp["excluded"][0][1]
     # Baselines listed among the candidates (as validate writes them) are drawn once, as baselines.
     points = figs["pred_vs_meas"]["conditions"]["points"]
     assert sorted(p["role"] for p in points) == ["baseline"] * 2 + ["candidate"] * 5
     assert "Left out (no clean measurement)" in figs["pred_vs_meas"]["caption"]
     html = (run_dir / "report" / "index.html").read_text()
-    assert "not measured cleanly" in html and "OpFailed" in html and "fastest measured" in html
+    assert "not measured cleanly" in html and "OpFailed" in html
+    assert "best plan (= baseline tensorflow-recommended)" in html
     assert figs["history"]["conditions"]["trials"] == 9  # two objectives: the step time is drawn
+
+
+@pytest.mark.parametrize("baseline_wins", [False, True])
+def test_speedup_and_gantt_agree_on_the_best_plan(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, baseline_wins: bool
+) -> None:
+    """Both figures draw the plan results.json names best: a baseline when a baseline won."""
+    from schedlab.plan import Plan
+
+    run_dir = make_run_dir(tmp_path / "run", n_trials=4, profile=False, baseline_wins=baseline_wins)
+    results = json.loads((run_dir / "results.json").read_text())
+    best = results["candidates"][results["best"]]
+    assert (best["baseline"] == "tensorflow-recommended") is baseline_wins
+    rc, _, err = _run(capsys, "report", str(run_dir))
+    assert rc == 0, err
+    figs = _figures(run_dir / "report")
+    want = Plan.from_json(best["plan"]).hash
+    speedup_best = figs["speedup"]["conditions"]["workloads"]["mlp/tiny"]["best"]
+    gantt = figs["gantt"]["conditions"]
+    assert speedup_best["plan_hash"] == gantt["plan_hash"] == want
+    assert speedup_best["is"] == gantt["plan_is"]
+    assert gantt["plan_is"] == ("best plan (= baseline tensorflow-recommended)" if baseline_wins else "best plan")
+    # The traces are of that plan too: the Gantt chart names one plan, not a disagreement.
+    assert f"plan {want}" in figs["gantt"]["conditions_text"] and "plans " not in figs["gantt"]["conditions_text"]
