@@ -1,4 +1,5 @@
-"""Resolve a workload spec (a built-in name or ``package.module:function``) to a Workload.
+"""Resolve a workload spec (a built-in name, ``heldout:NAME`` or ``package.module:function``)
+to a Workload.
 
 Every way a spec can go wrong raises `SchedlabError` with one message saying what to fix.
 """
@@ -16,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from schedlab.errors import SchedlabError
-from schedlab.workloads import cnn, mlp, nmt, transformer
+from schedlab.workloads import cnn, heldout, mlp, nmt, transformer
 
 Builder = Callable[[str], tuple[nn.Module, tuple[Tensor, ...]]]
 
@@ -44,7 +45,10 @@ def load_workload(spec: str, size: str = "default", seed: int = 0) -> Workload:
     """Build the workload `spec` at `size` with parameters and inputs seeded by `seed`."""
     if size not in SIZES:
         raise SchedlabError(f"unknown workload size {size!r}; choose one of: {', '.join(SIZES)}")
-    if ":" in spec:
+    if heldout.is_heldout(spec):  # a reserved prefix, checked before user factories
+        torch.manual_seed(seed)
+        module, inputs = heldout.build(spec, size)
+    elif ":" in spec:
         factory = _resolve_factory(spec)
         torch.manual_seed(seed)
         module, inputs = _call_factory(spec, factory)
@@ -54,7 +58,7 @@ def load_workload(spec: str, size: str = "default", seed: int = 0) -> Workload:
     else:
         raise SchedlabError(
             f"unknown workload {spec!r}; built-in workloads are {', '.join(BUILTIN_WORKLOADS)}, "
-            "or give your own model factory as 'package.module:function'"
+            f"held-out ones {', '.join(heldout.HELDOUT_WORKLOADS)}, or give your own model factory as 'package.module:function'"
         )
     module.train()
     _check_loss(spec, module, inputs)
