@@ -87,7 +87,7 @@ def priorities(
     if not isinstance(order, str):
         ok, why = topo_order_ok(graph, order)
         if not ok:
-            raise SchedlabError(f"plan order: {why}")
+            raise SchedlabError(why)  # resolve() says "plan order: "
         return _positions(order)
     if order == "topo":
         return tuple(range(n))

@@ -23,6 +23,16 @@ from schedlab.machine import Machine
 PLAN_SCHEMA_VERSION = 1
 
 
+class PlanError(SchedlabError):
+    """A plan that does not fit its graph or machine. `field` names the plan field at fault
+    ("threads", "class_threads[mm]"), so the CLI can name the flag or file it came from."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"plan {field}: {detail}")
+        self.field = field
+        self.detail = detail
+
+
 @dataclass(frozen=True)
 class Plan:
     slots: int = 1  # ops that may run at once (one worker thread each)
@@ -82,6 +92,11 @@ class Plan:
             else:
                 raise SchedlabError("plan field 'order' must be a policy name or a list of op ids (integers)")
             threads = d.get("threads")
+            for key in ("class_threads", "op_threads"):
+                if not isinstance(d.get(key, {}), dict):
+                    raise SchedlabError(f"plan field {key} must be an object of name -> threads, got {d[key]!r}")
+            if d.get("device") is not None and not isinstance(d["device"], str):
+                raise SchedlabError(f"plan field device must be a device id or null, got {d['device']!r}")
             plan = Plan(
                 slots=_int(d.get("slots", 1), "slots"),
                 threads=None if threads is None else _int(threads, "threads"),
@@ -104,7 +119,11 @@ class Plan:
     def load(path: str | Path) -> Plan:
         from schedlab.io import read_json
 
-        return Plan.from_json(read_json(path, what="plan"))
+        d = read_json(path, what="plan")
+        try:
+            return Plan.from_json(d)
+        except SchedlabError as e:
+            raise SchedlabError(f"plan file {path}: {e}") from None
 
 
 def _int(x: Any, what: str) -> int:
@@ -147,43 +166,53 @@ def list_schedule(graph: Graph, priority: tuple[int, ...] | list[int]) -> tuple[
 
 
 def resolve(graph: Graph, plan: Plan, machine: Machine) -> ResolvedPlan:
-    """Validate `plan` against `graph` and `machine`; one clear SchedlabError per problem."""
+    """Validate `plan` against `graph` and `machine`; one clear PlanError per problem."""
     from schedlab.order import priorities
 
-    device = machine.device(plan.device) if plan.device is not None else machine.default_device
+    try:
+        device = machine.device(plan.device) if plan.device is not None else machine.default_device
+    except SchedlabError as e:
+        raise PlanError("device", str(e)) from None
     n = len(graph.ops)
     if plan.slots < 1:
-        raise SchedlabError(f"plan slots must be >= 1, got {plan.slots}")
+        raise PlanError("slots", f"must be >= 1, got {plan.slots}")
     if plan.slots > device.cores and device.kind == "cpu":
-        raise SchedlabError(
-            f"plan asks for {plan.slots} co-run slots but device {device.id} has {device.cores} cores; "
-            f"use --slots {device.cores} or fewer"
+        raise PlanError(
+            "slots", f"{plan.slots} co-run slots need {plan.slots} cores, device {device.id} has "
+            f"{device.cores}; use {device.cores} or fewer"
         )
     default_threads = device.cores if plan.threads is None else plan.threads
 
-    def check_threads(k: int, what: str) -> None:
+    def check_threads(k: int, field: str) -> None:
         if k < 1:
-            raise SchedlabError(f"{what}: threads must be >= 1, got {k}")
+            raise PlanError(field, f"must be >= 1, got {k}")
         if k > device.cores:
-            raise SchedlabError(
-                f"{what}: {k} threads is more than the {device.cores} cores of device {device.id}"
+            raise PlanError(
+                field, f"{k} threads is more than the {device.cores} cores of device {device.id}; "
+                f"use {device.cores} or fewer"
             )
 
-    check_threads(default_threads, "plan threads")
+    check_threads(default_threads, "threads")
     known_classes = {op.op_class for op in graph.ops}
     for cls, k in plan.class_threads.items():
         if cls not in known_classes:
-            raise SchedlabError(f"plan class_threads names op class {cls!r}, which this graph does not have")
+            raise PlanError(
+                "class_threads", f"names op class {cls!r}, which this graph does not have "
+                f"(it has: {', '.join(sorted(known_classes))})"
+            )
         check_threads(k, f"class_threads[{cls}]")
     for op_id, k in plan.op_threads.items():
         if not 0 <= op_id < n:
-            raise SchedlabError(f"plan op_threads names unknown op id {op_id} (graph has ops 0..{n - 1})")
+            raise PlanError("op_threads", f"names unknown op id {op_id} (graph has ops 0..{n - 1})")
         check_threads(k, f"op_threads[{op_id}]")
 
     threads = tuple(
         plan.op_threads.get(op.id, plan.class_threads.get(op.op_class, default_threads)) for op in graph.ops
     )
-    prio = priorities(graph, plan.order)
+    try:
+        prio = priorities(graph, plan.order)
+    except SchedlabError as e:
+        raise PlanError("order", str(e)) from None
     return ResolvedPlan(
         plan=plan,
         slots=plan.slots,

@@ -69,7 +69,7 @@ def test_explicit_order_round_trips(tmp_path) -> None:  # type: ignore[no-untype
         (Plan(op_threads={10**6: 1}), "unknown op id 1000000"),
         (Plan(class_threads={"nosuchop": 1}), "op class 'nosuchop'"),
         (Plan(slots=3), "3 co-run slots"),
-        (Plan(slots=0), "slots must be >= 1"),
+        (Plan(slots=0), "plan slots: must be >= 1"),
         (Plan(order="fastest"), "unknown order policy 'fastest'"),
         (Plan(order="random:x"), "seed after 'random:'"),
         (Plan(order=(1, 0)), "every op id exactly once"),
