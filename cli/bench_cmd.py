@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from schedlab.cli.common import capture_model, load_plan_arg, print_json
+from schedlab.cli.common import capture_model, load_plan_arg, print_json, resolve_plan_arg
+from schedlab.errors import SchedlabError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -30,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
     from schedlab.exec.bench import compare_with_eager
     from schedlab.machine import detect_host
 
+    if args.repeats < 1:
+        raise SchedlabError("--repeats must be >= 1")
     machine = detect_host()
     plan = load_plan_arg(args.plan)
     rows: dict[str, dict[str, object]] = {}
@@ -37,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     for model in args.models:
         ns = argparse.Namespace(model=model, size=args.size, optimizer=args.optimizer, seed=0)
         workload, captured = capture_model(ns)
+        resolve_plan_arg(captured.graph, plan, machine, args.plan)  # a plan that does not fit names its file
         with tqdm(total=args.repeats + 2, desc=f"bench {model}", unit="pair", file=sys.stderr, disable=None) as bar:
             res = compare_with_eager(
                 workload.module, captured.graph, captured.input_values, plan, machine, repeats=args.repeats,

@@ -52,6 +52,19 @@ def load_plan_arg(path: str | None) -> Any:
     return Plan() if path is None else Plan.load(path)
 
 
+def resolve_plan_arg(graph: Any, plan: Any, machine: Any, path: str | None) -> Any:
+    """`resolve`; a plan from file `path` that does not fit the graph or machine names the file."""
+    from schedlab.errors import SchedlabError
+    from schedlab.plan import resolve
+
+    try:
+        return resolve(graph, plan, machine)
+    except SchedlabError as e:
+        if path is None:
+            raise
+        raise SchedlabError(f"plan file {path}: {e}") from None
+
+
 def slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 

@@ -15,6 +15,7 @@ from schedlab.cli.common import (
     capture_model,
     load_plan_arg,
     print_json,
+    resolve_plan_arg,
     slug,
 )
 from schedlab.errors import SchedlabError
@@ -51,7 +52,6 @@ def load_profile(path: str | None, machine_is_host: bool = True):  # type: ignor
 
 def run(args: argparse.Namespace) -> int:
     from schedlab.machine import load_machine
-    from schedlab.plan import resolve
     from schedlab.sim import simulate
 
     machine = load_machine(args.machine)
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     plan = load_plan_arg(args.plan)
     _, captured = capture_model(args)
     graph = captured.graph
-    resolved = resolve(graph, plan, machine)
+    resolved = resolve_plan_arg(graph, plan, machine, args.plan)
     result = simulate(graph, resolved, machine, profile.for_slots(plan.slots), record=True)
     assert result.trace is not None
     out = Path(args.out) if args.out else TRACES_DIR / f"{slug(args.model)}-{args.size}-{args.optimizer}-{plan.hash[:8]}.sim.json"

@@ -7,7 +7,15 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from schedlab.cli.common import TRACES_DIR, add_model_args, capture_model, load_plan_arg, print_json, slug
+from schedlab.cli.common import (
+    TRACES_DIR,
+    add_model_args,
+    capture_model,
+    load_plan_arg,
+    print_json,
+    resolve_plan_arg,
+    slug,
+)
 from schedlab.errors import SchedlabError
 
 
@@ -33,7 +41,6 @@ def run(args: argparse.Namespace) -> int:
 
     from schedlab.exec import Executor, check_step, run_steps
     from schedlab.machine import detect_host
-    from schedlab.plan import resolve
 
     if args.steps < 1 or args.warmup < 0:
         raise SchedlabError("--steps must be >= 1 and --warmup >= 0")
@@ -41,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     machine = detect_host()
     workload, captured = capture_model(args)
     graph = captured.graph
-    executor = Executor(graph, resolve(graph, plan, machine))
+    executor = Executor(graph, resolve_plan_arg(graph, plan, machine, args.plan))
     check = check_step(workload.module, graph, captured.input_values, lambda iv: executor.step(iv)[0])
     bar = tqdm(total=args.warmup + args.steps, desc=f"trace {args.model}", unit="step", file=sys.stderr, disable=None)
     try:
