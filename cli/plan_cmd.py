@@ -6,8 +6,11 @@ import argparse
 import sys
 
 from schedlab.cli.common import add_machine_arg, add_model_args, capture_model
+from schedlab.errors import SchedlabError
 from schedlab.order import ORDER_HELP
-from schedlab.plan import Plan, resolve
+from schedlab.plan import Plan, PlanError, resolve
+
+FLAG_FIELDS = ("slots", "threads", "order")  # plan fields this command sets from flags of the same name
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -33,7 +36,12 @@ def run(args: argparse.Namespace) -> int:
     plan = Plan(slots=args.slots, threads=args.threads, order=args.order, name=args.name)
     machine = load_machine(args.machine)
     _, captured = capture_model(args)
-    resolved = resolve(captured.graph, plan, machine)  # raises one clear error if it does not fit
+    try:
+        resolved = resolve(captured.graph, plan, machine)
+    except PlanError as e:  # the plan came from flags: name the flag
+        if e.field not in FLAG_FIELDS:
+            raise
+        raise SchedlabError(f"--{e.field} {getattr(args, e.field)}: {e.detail}") from None
     plan.save(args.out)
     print(
         f"wrote {args.out}: {plan.describe()} "
