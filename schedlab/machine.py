@@ -7,6 +7,7 @@ the presets for hardware the project does not have.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import socket
@@ -85,35 +86,48 @@ class Machine:
         }
 
     @staticmethod
-    def from_json(d: dict[str, Any]) -> Machine:
+    def from_json(d: Any) -> Machine:
         if not isinstance(d, dict) or d.get("schema") != "schedlab.machine":
             raise SchedlabError('not a schedlab machine file (missing "schema": "schedlab.machine")')
+        if d.get("version") != MACHINE_SCHEMA_VERSION:
+            raise SchedlabError(
+                f"machine version {d.get('version')!r} is not supported (expected {MACHINE_SCHEMA_VERSION})"
+            )
+        where = ""  # the device or link being read, for the error
         try:
-            devices = tuple(
-                Device(
-                    id=str(x["id"]),
-                    kind=str(x["kind"]),
-                    cores=int(x["cores"]),
-                    memory_bytes=int(x["memory_bytes"]),
-                    streams=int(x.get("streams", 1)),
-                    peak_flops=float(x.get("peak_flops", 0.0)),
-                    mem_bw_bytes_per_s=float(x.get("mem_bw_bytes_per_s", 0.0)),
+            if not isinstance(d.get("devices"), list):
+                raise ValueError(f"field 'devices' must be a list of devices, got {d.get('devices')!r}")
+            devices = []
+            for i, x in enumerate(d["devices"]):
+                where = f"devices[{i}]"
+                devices.append(
+                    Device(
+                        id=str(x["id"]),
+                        kind=str(x["kind"]),
+                        cores=_number(x, "cores", int),
+                        memory_bytes=_number(x, "memory_bytes", int),
+                        streams=_number(x, "streams", int, 1),
+                        peak_flops=_number(x, "peak_flops", float, 0.0),
+                        mem_bw_bytes_per_s=_number(x, "mem_bw_bytes_per_s", float, 0.0),
+                    )
                 )
-                for x in d["devices"]
-            )
-            links = tuple(
-                Link(
-                    src=str(x["src"]),
-                    dst=str(x["dst"]),
-                    bw_bytes_per_s=float(x["bw_bytes_per_s"]),
-                    latency_s=float(x["latency_s"]),
-                    name=str(x.get("name", "")),
+            links = []
+            for i, x in enumerate(d.get("links", [])):
+                where = f"links[{i}]"
+                links.append(
+                    Link(
+                        src=str(x["src"]),
+                        dst=str(x["dst"]),
+                        bw_bytes_per_s=_number(x, "bw_bytes_per_s", float),
+                        latency_s=_number(x, "latency_s", float),
+                        name=str(x.get("name", "")),
+                    )
                 )
-                for x in d.get("links", [])
-            )
-            m = Machine(name=str(d["name"]), devices=devices, links=links, host=dict(d.get("host", {})))
+            where = ""
+            m = Machine(name=str(d["name"]), devices=tuple(devices), links=tuple(links), host=dict(d.get("host", {})))
         except (KeyError, TypeError, ValueError) as e:
-            raise SchedlabError(f"corrupt machine description: {type(e).__name__}: {e}") from None
+            detail = f"missing field {e}" if isinstance(e, KeyError) else str(e)
+            raise SchedlabError(f"corrupt machine description: {where + ': ' if where else ''}{detail}") from None
         m.check()
         return m
 
@@ -126,8 +140,9 @@ class Machine:
         for d in self.devices:
             if d.kind not in ("cpu", "gpu"):
                 raise SchedlabError(f"device {d.id}: kind must be 'cpu' or 'gpu', not {d.kind!r}")
-            if d.cores < 1 or d.memory_bytes <= 0 or d.streams < 1:
-                raise SchedlabError(f"device {d.id}: cores, streams must be >= 1 and memory_bytes > 0")
+            for key, value, least in (("cores", d.cores, 1), ("streams", d.streams, 1), ("memory_bytes", d.memory_bytes, 1)):
+                if value < least:
+                    raise SchedlabError(f"device {d.id}: {key} must be >= {least}, got {value}")
         for lk in self.links:
             for end in (lk.src, lk.dst):
                 if end not in ids:
@@ -139,6 +154,16 @@ class Machine:
         from schedlab.io import write_json_atomic
 
         return write_json_atomic(path, self.to_json(), indent=1)
+
+
+def _number(x: Any, key: str, kind: type[int] | type[float], default: float | None = None) -> Any:
+    """Field `key` of a device or link as `kind`: a JSON number (an integer for int), else ValueError."""
+    v = x[key] if default is None else x.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (
+        kind is int and v != int(v)
+    ):
+        raise ValueError(f"field {key!r} must be {'an integer' if kind is int else 'a number'}, got {v!r}")
+    return kind(v)
 
 
 def cpu_topology(cpuinfo_text: str) -> tuple[int, int]:
@@ -283,4 +308,8 @@ def load_machine(spec: str | None) -> Machine:
         raise SchedlabError(
             f"machine {spec!r} is neither 'host', a preset ({', '.join(PRESETS)}) nor an existing JSON file"
         )
-    return Machine.from_json(read_json(spec, what="machine"))
+    d = read_json(spec, what="machine")
+    try:
+        return Machine.from_json(d)
+    except SchedlabError as e:
+        raise SchedlabError(f"machine file {spec}: {e}") from None
