@@ -252,8 +252,8 @@ class Graph:
         return {"schema": "schedlab.graph", "version": GRAPH_SCHEMA_VERSION, **self._json_body(), "meta": self.meta}
 
     @staticmethod
-    def from_json(d: dict[str, Any]) -> Graph:
-        if d.get("schema") != "schedlab.graph":
+    def from_json(d: Any) -> Graph:
+        if not isinstance(d, dict) or d.get("schema") != "schedlab.graph":
             raise SchedlabError("not a schedlab graph file (missing \"schema\": \"schedlab.graph\")")
         if d.get("version") != GRAPH_SCHEMA_VERSION:
             raise SchedlabError(
@@ -271,7 +271,8 @@ class Graph:
                 meta=dict(d.get("meta", {})),
             )
         except (KeyError, TypeError, ValueError) as e:
-            raise SchedlabError(f"corrupt graph file: {type(e).__name__}: {e}") from None
+            detail = f"missing field {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+            raise SchedlabError(f"corrupt graph: {detail}") from None
         g.validate()
         return g
 
@@ -284,7 +285,11 @@ class Graph:
     def load(path: str | Path) -> Graph:
         from schedlab.io import read_json
 
-        return Graph.from_json(read_json(path, what="graph"))
+        d = read_json(path, what="graph")
+        try:
+            return Graph.from_json(d)
+        except SchedlabError as e:
+            raise SchedlabError(f"graph file {path}: {e}") from None
 
 
 def storage_root(values: Sequence[TensorMeta | None], v: int) -> int:
