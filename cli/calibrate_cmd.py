@@ -98,7 +98,9 @@ def _print_table(s: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the calibration and write the Profile; print a summary."""
     from schedlab.calibrate.run import run_calibration
+    from schedlab.io import check_writable
 
+    check_writable(args.out)  # before the measuring, not after
     t0 = time.perf_counter()
     profile = run_calibration(quick=args.quick, out=args.out, progress=not getattr(args, "no_progress", False))
     s = summary(profile, args.out, time.perf_counter() - t0)
