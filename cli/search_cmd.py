@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from schedlab.cli.common import add_model_args, print_json, slug
+from schedlab.cli.simulate_cmd import load_profile
 from schedlab.errors import SchedlabError
 
 DEFAULT_TRIALS = 200
@@ -90,8 +91,14 @@ def run(args: argparse.Namespace) -> int:
             f"no calibrated profile at {profile_path}: run `make calibrate` (or `schedlab calibrate --quick` "
             "for a short one), or give --profile PROFILE"
         )
-    profile = Profile.load(profile_path)
+    profile = load_profile(str(profile_path))  # a machine mismatch is one warning line
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise SchedlabError(f"--run-dir {run_dir} is a file; give a folder (new or of an earlier search)")
+    if args.storage:  # a bad URL or a missing driver fails now, before anything is captured or written
+        from schedlab.search.study import open_storage
+
+        open_storage(args.storage)
     paths = RunPaths(run_dir)
     objectives = ("time", "memory") if args.memory else ("time",)
     old = read_run(run_dir) if paths.run.exists() else None
