@@ -11,6 +11,17 @@ Trace-driven calibration (on by default): before the measured runs, each workloa
 under two calibration plans (one slot, program order, 1 thread and all threads), and the
 Profile learns each op signature's measured time from those traces. The measured runs
 are separate executions; plans with two slots never appear in calibration.
+
+The built-in workloads are also what `schedlab calibrate` fits the Profile on, so their
+error is a training-set error. The held-out protocol (`held_out_fidelity`, on the models of
+`schedlab.workloads.heldout`, which calibration never sees) tells two kinds of prediction
+apart, from one set of measurements of the spread:
+
+- profile-only (`PROFILE_ONLY`): the stored Profile alone, on every plan;
+- trace-calibrated (`TRACE_CALIBRATED`): the Profile plus the op times of ONE measured run
+  of the model (`CALIBRATION_PLAN`: one slot, one thread, program order), on every other
+  plan. The calibration plan itself is left out of this error (`HeldOutResult.scored`):
+  its prediction would be its own measurement played back.
 """
 
 from __future__ import annotations
@@ -18,15 +29,20 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from scipy.stats import kendalltau
 
+from schedlab.backend import BackendRun
 from schedlab.calibrate.profile import Profile
+from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
 from schedlab.machine import Machine
-from schedlab.plan import Plan, resolve
+from schedlab.plan import Plan, ResolvedPlan, resolve
 
 DEFAULT_ORDERS = ("topo", "critical-path", "w-last", "random:0")
+PROFILE_ONLY = "profile-only"  # the stored Profile alone
+TRACE_CALIBRATED = "trace-calibrated"  # the Profile plus op times from traces of the same model
 
 
 def plan_spread(cores: int, orders: Sequence[str] = DEFAULT_ORDERS) -> list[Plan]:
@@ -51,6 +67,7 @@ class FidelityRow:
     sim_cold_s: float  # one `simulate()` call from scratch (graph structure built anew)
     ops: int
     in_calibration: bool  # whether this plan's thread count and slots were calibration runs
+    method: str = TRACE_CALIBRATED  # how the prediction was made: PROFILE_ONLY or TRACE_CALIBRATED
 
     @property
     def error(self) -> float:
@@ -67,6 +84,15 @@ class WorkloadSummary:
     sim_ops_per_s: float  # reused Simulator (as in search)
     exec_over_sim: float  # measured step seconds / simulation seconds (median over plans)
     exec_over_sim_cold: float  # the same against a `simulate()` call from scratch
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The simulator's step time for one plan, and how long it took to give it."""
+
+    step_time_s: float
+    sim_wall_s: float  # one simulation, record=False, by the search's reused Simulator
+    sim_cold_s: float  # one `simulate()` call from scratch
 
 
 def summarise(rows: Sequence[FidelityRow]) -> list[WorkloadSummary]:
@@ -89,10 +115,81 @@ def summarise(rows: Sequence[FidelityRow]) -> list[WorkloadSummary]:
     return out
 
 
+def resolve_all(graph: Graph, plans: Sequence[Plan], machine: Machine) -> list[ResolvedPlan]:
+    """Every plan validated against the graph and machine once, before either backend runs."""
+    return [resolve(graph, plan, machine) for plan in plans]
+
+
+def measure(
+    workload: str,
+    graph: Graph,
+    input_values: dict[int, Any],
+    plans: Sequence[ResolvedPlan],
+    machine: Machine,
+    steps: int = 3,
+    warmup: int = 1,
+    progress: Callable[[], None] | None = None,
+) -> list[BackendRun]:
+    """Each plan run on the executor: `warmup` untimed steps, then `steps` timed ones."""
+    from schedlab.exec import ExecBackend
+
+    executor = ExecBackend(input_values, warmup=warmup, workload=workload)
+    runs: list[BackendRun] = []
+    for resolved in plans:
+        runs.append(executor.run(graph, resolved, machine, steps=steps))
+        if progress is not None:
+            progress()
+    return runs
+
+
+def predict(graph: Graph, plans: Sequence[ResolvedPlan], profile: Profile, machine: Machine) -> list[Prediction]:
+    """Each plan predicted by the simulator with `profile` (its one- or two-slot dispatch
+    cost, as the plan's slots ask), timed as the search's reused Simulator and cold."""
+    from schedlab.sim import SimBackend, simulate
+
+    costs = {False: profile.for_slots(1), True: profile.for_slots(2)}  # one-slot or co-running executor
+    predictor = SimBackend(lambda r: costs[r.slots > 1])
+    out: list[Prediction] = []
+    for resolved in plans:
+        simulator = predictor.simulator(graph, resolved, machine)
+        simulator.run(resolved, record=False)  # the first run of a plan fills the caches
+        sim = simulator.run(resolved, record=False)
+        cold = simulate(graph, resolved, machine, costs[resolved.slots > 1], record=False)
+        out.append(Prediction(step_time_s=sim.step_time_s, sim_wall_s=sim.sim_wall_s, sim_cold_s=cold.sim_wall_s))
+    return out
+
+
+def fidelity_rows(
+    workload: str,
+    graph: Graph,
+    plans: Sequence[ResolvedPlan],
+    measured: Sequence[BackendRun],
+    predicted: Sequence[Prediction],
+    method: str,
+    in_calibration: Callable[[Plan], bool] = lambda plan: False,
+) -> list[FidelityRow]:
+    """One row per plan: its measured and predicted step times, side by side."""
+    return [
+        FidelityRow(
+            workload=workload,
+            plan=r.plan.name or r.plan.describe(),
+            measured_s=meas.step_time_s,
+            measured_spread_s=(min(meas.step_times_s), max(meas.step_times_s)),
+            predicted_s=pred.step_time_s,
+            sim_wall_s=pred.sim_wall_s,
+            sim_cold_s=pred.sim_cold_s,
+            ops=len(graph),
+            in_calibration=in_calibration(r.plan),
+            method=method,
+        )
+        for r, meas, pred in zip(plans, measured, predicted, strict=True)
+    ]
+
+
 def measure_and_predict(
     workload: str,
     graph: Graph,
-    input_values: dict,  # type: ignore[type-arg]
+    input_values: dict[int, Any],
     plans: Sequence[Plan],
     profile: Profile,
     machine: Machine,
@@ -101,34 +198,82 @@ def measure_and_predict(
     calibration_threads: Sequence[int] = (),
     progress: Callable[[], None] | None = None,
 ) -> list[FidelityRow]:
-    from schedlab.exec import ExecBackend
-    from schedlab.sim import SimBackend, simulate
-
+    """The built-in protocol: `profile` (trace-calibrated beforehand on one-slot program-order
+    runs with `calibration_threads`, or not at all when empty) predicts every plan."""
     # The two backends of one interface, asked the same thing (graph, resolved plan, machine).
-    costs = {False: profile.for_slots(1), True: profile.for_slots(2)}  # one-slot or co-running executor
-    predictor = SimBackend(lambda r: costs[r.slots > 1])
-    executor = ExecBackend(input_values, warmup=warmup, workload=workload)
-    rows: list[FidelityRow] = []
-    for plan in plans:
-        resolved = resolve(graph, plan, machine)
-        simulator = predictor.simulator(graph, resolved, machine)
-        simulator.run(resolved, record=False)  # the first run of a plan fills the caches
-        sim = simulator.run(resolved, record=False)
-        cold = simulate(graph, resolved, machine, costs[plan.slots > 1], record=False)
-        meas = executor.run(graph, resolved, machine, steps=steps)
-        rows.append(
-            FidelityRow(
-                workload=workload,
-                plan=plan.name or plan.describe(),
-                measured_s=meas.step_time_s,
-                measured_spread_s=(min(meas.step_times_s), max(meas.step_times_s)),
-                predicted_s=sim.step_time_s,
-                sim_wall_s=sim.sim_wall_s,
-                sim_cold_s=cold.sim_wall_s,
-                ops=len(graph),
-                in_calibration=plan.slots == 1 and plan.order == "topo" and (plan.threads in calibration_threads),
-            )
+    resolved = resolve_all(graph, plans, machine)
+    measured = measure(workload, graph, input_values, resolved, machine, steps, warmup, progress)
+    predicted = predict(graph, resolved, profile, machine)
+    method = TRACE_CALIBRATED if calibration_threads else PROFILE_ONLY
+    return fidelity_rows(
+        workload, graph, resolved, measured, predicted, method,
+        in_calibration=lambda p: p.slots == 1 and p.order == "topo" and p.threads in calibration_threads,
+    )
+
+
+# ---- the held-out protocol -----------------------------------------------------------------
+
+# The one plan shape a held-out model is trace-calibrated on: one slot, one thread, program order.
+CALIBRATION_PLAN = Plan(slots=1, threads=1, order="topo", name="s1-t1-topo")
+
+
+def is_calibration_plan(plan: Plan) -> bool:
+    cal = CALIBRATION_PLAN
+    return (plan.slots, plan.threads, plan.order) == (cal.slots, cal.threads, cal.order)
+
+
+@dataclass(frozen=True)
+class HeldOutResult:
+    """One held-out model over the plan spread, predicted twice from the same measurements."""
+
+    workload: str
+    profile_only: list[FidelityRow]  # every plan; nothing of this model in the Profile
+    trace_calibrated: list[FidelityRow]  # every plan; the calibration plan's row has in_calibration
+    calibration_shape: tuple[bool, ...]  # per row: the plan has the calibration plan's slots and threads
+
+    def scored(self, method: str) -> list[FidelityRow]:
+        """The rows a method's error is computed on: the trace-calibrated one leaves out the
+        plan it learnt from (its prediction would be its own measurement played back)."""
+        if method == PROFILE_ONLY:
+            return list(self.profile_only)
+        return [r for r in self.trace_calibrated if not r.in_calibration]
+
+    def other_shapes(self) -> list[FidelityRow]:
+        """Trace-calibrated rows whose slots or threads differ from the calibration plan's.
+        The one-slot one-thread plans in other orders run the same kernels one at a time,
+        close to the calibration run itself; these rows are the real extrapolation."""
+        return [r for r, same in zip(self.trace_calibrated, self.calibration_shape, strict=True) if not same]
+
+
+def held_out_fidelity(
+    workload: str,
+    graph: Graph,
+    input_values: dict[int, Any],
+    plans: Sequence[Plan],
+    profile: Profile,
+    machine: Machine,
+    steps: int = 3,
+    warmup: int = 1,
+    progress: Callable[[], None] | None = None,
+) -> HeldOutResult:
+    """Measure every plan once; predict each from `profile` alone, then from `profile`
+    trace-calibrated on the measured run of the calibration plan (`CALIBRATION_PLAN`)."""
+    resolved = resolve_all(graph, plans, machine)
+    cal = [i for i, r in enumerate(resolved) if is_calibration_plan(r.plan)]
+    if not cal:
+        raise SchedlabError(
+            f"the plans of the held-out protocol must include the calibration plan {CALIBRATION_PLAN.describe()}"
         )
-        if progress is not None:
-            progress()
-    return rows
+    cal_plan = resolved[cal[0]].plan
+    measured = measure(workload, graph, input_values, resolved, machine, steps, warmup, progress)
+    calibrated = profile.with_trace(measured[cal[0]].trace, graph)
+    alone = predict(graph, resolved, profile, machine)
+    learnt = predict(graph, resolved, calibrated, machine)
+    return HeldOutResult(
+        workload=workload,
+        profile_only=fidelity_rows(workload, graph, resolved, measured, alone, PROFILE_ONLY),
+        trace_calibrated=fidelity_rows(
+            workload, graph, resolved, measured, learnt, TRACE_CALIBRATED, in_calibration=lambda p: p is cal_plan
+        ),
+        calibration_shape=tuple((r.plan.slots, r.plan.threads) == (cal_plan.slots, cal_plan.threads) for r in resolved),
+    )

@@ -1,14 +1,30 @@
-"""`schedlab fidelity`: simulator vs executor over the built-in workloads and a spread of plans."""
+"""`schedlab fidelity`: simulator vs executor over workloads and a spread of plans.
+
+Two protocols share the measuring loop (`schedlab.calibrate.fidelity`):
+
+- the built-in workloads (the default): trace-calibrated on two one-slot program-order
+  runs, every plan predicted. Calibration also fits on these models: a training-set error.
+- `--held-out`: models calibration never sees, each plan predicted twice, from the Profile
+  alone and trace-calibrated on one plan shape (left out of that error).
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from schedlab.cli.common import TRACES_DIR, print_json
+from schedlab.errors import SchedlabError
 from schedlab.workloads import BUILTIN_WORKLOADS
+from schedlab.workloads.heldout import HELDOUT_WORKLOADS, PREFIX, is_heldout
+
+DEFAULT_OUT = TRACES_DIR / "fidelity.json"
+DEFAULT_HELDOUT_OUT = TRACES_DIR / "fidelity-heldout.json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -17,9 +33,26 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="how well the simulator predicts the executor (MAPE, worst error, Kendall tau, sim speed)",
         description="For each workload and each plan of a spread (slots 1 and 2, threads 1 and 2, every order "
         "policy), measure the step on the executor and predict it in the simulator; report per-plan errors, "
-        "per-workload MAPE, worst error, Kendall rank correlation, and the simulator's speed.",
+        "per-workload MAPE, worst error, Kendall rank correlation, and the simulator's speed. By default on the "
+        "built-in workloads, which calibration also fits on (a training-set error). With --held-out, on models "
+        f"calibration never sees ({', '.join(HELDOUT_WORKLOADS)}), each plan predicted twice: from the stored "
+        "profile alone (profile-only), and with the profile trace-calibrated on one measured run of the model "
+        "under one slot, one thread, program order (trace-calibrated; that plan is left out of its error). "
+        "`schedlab report RESULTS.json` draws predicted vs measured from the results file.",
     )
-    p.add_argument("models", nargs="*", default=list(BUILTIN_WORKLOADS), metavar="MODEL", help="workloads (default: all built-in)")
+    p.add_argument(
+        "models", nargs="*", metavar="MODEL",
+        help="workloads (default: all built-in; with --held-out, every held-out model)",
+    )
+    p.add_argument(
+        "--models", dest="model_list", action="append", default=[], metavar="NAME[,NAME...]",
+        help="workloads to run, comma-separated (repeatable); with --held-out, held-out names with or "
+        f"without the '{PREFIX}' prefix",
+    )
+    p.add_argument(
+        "--held-out", action="store_true",
+        help="the held-out models: profile-only and trace-calibrated errors side by side",
+    )
     p.add_argument("--size", choices=("tiny", "default"), default="default")
     p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     p.add_argument("--profile", default=None, metavar="PROFILE", help="profile (default: traces/profile.json)")
@@ -27,14 +60,49 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--no-trace-calibration",
         action="store_true",
-        help="predict from the profile alone, without first learning op times from calibration traces",
+        help="predict from the profile alone, without first learning op times from calibration traces "
+        "(built-in protocol; --held-out always reports both)",
     )
-    p.add_argument("--out", default=str(TRACES_DIR / "fidelity.json"), help="results file (default traces/fidelity.json)")
+    p.add_argument(
+        "--out", default=None, metavar="PATH",
+        help=f"results file (default {DEFAULT_OUT.name}, or {DEFAULT_HELDOUT_OUT.name} with --held-out, in the "
+        "traces folder)",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(handler=run)
 
 
+def chosen_models(args: argparse.Namespace) -> list[str]:
+    """The MODELs to run: positional and `--models` together, in order, each once."""
+    named = [*args.models, *(m.strip() for item in args.model_list for m in item.split(",") if m.strip())]
+    named = list(dict.fromkeys(named))
+    if not args.held_out:
+        return named or list(BUILTIN_WORKLOADS)
+    if not named:
+        return list(HELDOUT_WORKLOADS)
+    out: list[str] = []
+    for name in named:
+        spec = name if is_heldout(name) else PREFIX + name
+        if spec not in HELDOUT_WORKLOADS:
+            raise SchedlabError(
+                f"{name!r} is not a held-out model; with --held-out choose from "
+                f"{', '.join(h.removeprefix(PREFIX) for h in HELDOUT_WORKLOADS)} "
+                "(the built-in workloads are what calibration fits on)"
+            )
+        out.append(spec)
+    return list(dict.fromkeys(out))
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.steps < 1:
+        raise SchedlabError("--steps must be >= 1")
+    if args.held_out and args.no_trace_calibration:
+        raise SchedlabError("--held-out reports profile-only and trace-calibrated errors both; drop --no-trace-calibration")
+    models = chosen_models(args)
+    return run_held_out(args, models) if args.held_out else run_builtin(args, models)
+
+
+def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     from tqdm import tqdm
 
     from schedlab.calibrate.fidelity import measure_and_predict, plan_spread, summarise
@@ -47,13 +115,14 @@ def run(args: argparse.Namespace) -> int:
     from schedlab.workloads import load_workload
 
     t0 = time.perf_counter()
+    out = Path(args.out) if args.out else DEFAULT_OUT
     machine = detect_host()
     base_profile = load_profile(args.profile)
     plans = plan_spread(machine.default_device.cores)
     cal_threads = () if args.no_trace_calibration else tuple(sorted({1, machine.default_device.cores}))
     rows = []
-    with tqdm(total=len(args.models) * len(plans), desc="fidelity", unit="plan", file=sys.stderr, disable=None) as bar:
-        for model in args.models:
+    with tqdm(total=len(models) * len(plans), desc="fidelity", unit="plan", file=sys.stderr, disable=None) as bar:
+        for model in models:
             bar.set_postfix_str(model)
             w = load_workload(model, args.size)
             c = capture(w, args.optimizer)
@@ -68,7 +137,9 @@ def run(args: argparse.Namespace) -> int:
     errs = [abs(r.error) for r in rows]
     unseen = [abs(r.error) for r in rows if not r.in_calibration]
     result = {
+        "set": "built-in",
         "machine": machine.host,
+        "cores": machine.default_device.cores,
         "versions": library_versions(),
         "size": args.size,
         "optimizer": args.optimizer,
@@ -81,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         "plans": [{**r.__dict__, "error": r.error} for r in rows],
         "wall_s": time.perf_counter() - t0,
     }
-    write_json_atomic(Path(args.out), result, indent=1)
+    write_json_atomic(out, result, indent=1)
     if args.json:
         print_json(result)
         return 0
@@ -102,5 +173,152 @@ def run(args: argparse.Namespace) -> int:
           f"worst {float(result['worst_error']) * 100:.1f}%   (* = plan shape used in trace calibration)")
     print("exec/sim: measured step time over simulation time, with the Simulator a search reuses; "
           "(cold): a simulate() call that builds the graph structure anew")
-    print(f"results: {args.out}")
+    print(f"results: {out}")
     return 0
+
+
+# ---- --held-out ------------------------------------------------------------------------------
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no NaN (Kendall's tau of constant predictions is one): None instead."""
+    return x if math.isfinite(x) else None
+
+
+def error_summary(rows: list[Any]) -> dict[str, Any]:
+    """MAPE, worst error and Kendall tau of some rows of one model (fractions, not percent)."""
+    from schedlab.calibrate.fidelity import summarise
+
+    if not rows:
+        return {"n_plans": 0, "mape": None, "worst_error": None, "kendall_tau": None}
+    (s,) = summarise(rows)
+    return {"n_plans": len(rows), "mape": s.mape, "worst_error": s.worst_error, "kendall_tau": _finite(s.kendall_tau)}
+
+
+def held_out_json(results: list[Any], ops: dict[str, int]) -> dict[str, Any]:
+    """The per-model and overall figures of the held-out protocol, and every plan row."""
+    from schedlab.calibrate.fidelity import PROFILE_ONLY, TRACE_CALIBRATED
+
+    models: list[dict[str, Any]] = []
+    for res in results:
+        models.append({
+            "workload": res.workload,
+            "ops": ops[res.workload],
+            "profile_only": error_summary(res.scored(PROFILE_ONLY)),
+            "trace_calibrated": {
+                **error_summary(res.scored(TRACE_CALIBRATED)),
+                "other_shapes": error_summary(res.other_shapes()),
+            },
+        })
+    overall: dict[str, Any] = {}
+    for method, key in ((PROFILE_ONLY, "profile_only"), (TRACE_CALIBRATED, "trace_calibrated")):
+        errs = [r.error for res in results for r in res.scored(method)]
+        taus = [m[key]["kendall_tau"] for m in models if m[key]["kendall_tau"] is not None]
+        overall[key] = {
+            "n_plans": len(errs),
+            "mape": statistics.fmean(abs(e) for e in errs) if errs else None,
+            "worst_error": max(errs, key=abs) if errs else None,
+            "median_kendall_tau": statistics.median(taus) if taus else None,
+        }
+    rows = [r for res in results for r in (*res.profile_only, *res.trace_calibrated)]
+    return {
+        "overall": overall,
+        "models": models,
+        "plans": [{**r.__dict__, "error": r.error} for r in rows],
+    }
+
+
+def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
+    from tqdm import tqdm
+
+    from schedlab.calibrate.fidelity import CALIBRATION_PLAN, held_out_fidelity, plan_spread
+    from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
+    from schedlab.capture import capture
+    from schedlab.cli.simulate_cmd import load_profile
+    from schedlab.io import write_json_atomic
+    from schedlab.machine import detect_host
+    from schedlab.trace import library_versions
+    from schedlab.workloads import load_workload
+
+    t0 = time.perf_counter()
+    out = Path(args.out) if args.out else DEFAULT_HELDOUT_OUT
+    machine = detect_host()
+    profile = load_profile(args.profile)
+    plans = plan_spread(machine.default_device.cores)
+    results = []
+    ops: dict[str, int] = {}
+    with tqdm(total=len(models) * len(plans), desc="held-out fidelity", unit="plan", file=sys.stderr, disable=None) as bar:
+        for model in models:
+            bar.set_postfix_str(model)
+            c = capture(load_workload(model, args.size), args.optimizer)
+            ops[model] = len(c.graph)
+            results.append(held_out_fidelity(
+                model, c.graph, c.input_values, plans, profile, machine, steps=args.steps,
+                progress=lambda: bar.update(1),
+            ))
+    cal_name = CALIBRATION_PLAN.name
+    result = {
+        "set": "held-out",
+        "machine": machine.host,
+        "cores": machine.default_device.cores,
+        "versions": library_versions(),
+        "profile": str(args.profile or DEFAULT_PROFILE_PATH),
+        "profile_created_unix_s": profile.created_unix_s,
+        "size": args.size,
+        "optimizer": args.optimizer,
+        "steps_per_plan": args.steps,
+        "plans_per_model": len(plans),
+        "calibration_plan": cal_name,
+        "note": f"profile-only: the stored profile alone, every plan; trace-calibrated: the profile plus the op "
+        f"times of the measured run of {cal_name} of the same model, every other plan ({cal_name} is left out "
+        "of its errors; 'other_shapes' also leaves out the other one-slot one-thread plans). Errors are "
+        "fractions: predicted / measured - 1.",
+        **held_out_json(results, ops),
+        "wall_s": time.perf_counter() - t0,
+    }
+    write_json_atomic(out, result, indent=1)
+    if args.json:
+        print_json(result)
+        return 0
+    print_held_out(result, machine.host.get("cpu_model"), out)
+    return 0
+
+
+def _pct(x: float | None, width: int) -> str:
+    return f"{'-':>{width}}" if x is None else f"{x * 100:>{width - 1}.1f}%"
+
+
+def _tau(x: float | None, width: int) -> str:
+    return f"{'-':>{width}}" if x is None else f"{x:>{width}.2f}"
+
+
+def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
+    cal = result["calibration_plan"]
+    print(f"held-out fidelity on {cpu} ({result['cores']} cores), size {result['size']}, "
+          f"{result['steps_per_plan']} steps/plan, profile {result['profile']}")
+    print(f"{'workload':<30}{'plan':<22}{'measured ms':>12}{'profile-only ms':>16}{'error':>8}"
+          f"{'trace-cal ms':>13}{'error':>8}")
+    by_key: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in result["plans"]:
+        by_key.setdefault((r["workload"], r["plan"]), {})[r["method"]] = r
+    for (workload, plan), pair in by_key.items():
+        alone, learnt = pair["profile-only"], pair["trace-calibrated"]
+        mark = "*" if learnt["in_calibration"] else " "
+        print(f"{workload:<30}{plan:<22}{alone['measured_s'] * 1e3:>12.2f}{alone['predicted_s'] * 1e3:>16.2f}"
+              f"{_pct(alone['error'], 8)}{learnt['predicted_s'] * 1e3:>13.2f}{_pct(learnt['error'], 8)}{mark}")
+    print()
+    print(f"{'':<30}{'--- profile-only ---':>24}   {'--- trace-calibrated ---':>36}")
+    print(f"{'workload':<24}{'ops':>6}{'MAPE':>8}{'worst':>8}{'tau':>7}   {'MAPE':>8}{'worst':>8}{'tau':>7}"
+          f"{'other shapes':>13}")
+    for m in result["models"]:
+        a, t = m["profile_only"], m["trace_calibrated"]
+        print(f"{m['workload'].removeprefix(PREFIX):<24}{m['ops']:>6}{_pct(a['mape'], 8)}{_pct(a['worst_error'], 8)}"
+              f"{_tau(a['kendall_tau'], 7)}   {_pct(t['mape'], 8)}{_pct(t['worst_error'], 8)}{_tau(t['kendall_tau'], 7)}"
+              f"{_pct(t['other_shapes']['mape'], 13)}")
+    a, t = result["overall"]["profile_only"], result["overall"]["trace_calibrated"]
+    print(f"{'all (tau: median)':<30}{_pct(a['mape'], 8)}{_pct(a['worst_error'], 8)}{_tau(a['median_kendall_tau'], 7)}"
+          f"   {_pct(t['mape'], 8)}{_pct(t['worst_error'], 8)}{_tau(t['median_kendall_tau'], 7)}")
+    print(f"profile-only: the stored profile alone, over all {result['plans_per_model']} plans of each model. "
+          f"trace-calibrated: calibrated on the measured run of {cal} (*) of the same model, errors over the "
+          f"other {result['plans_per_model'] - 1} plans; other shapes: only plans with 2 slots or 2 threads.")
+    print(f"results: {out}   (draw them: schedlab report {out})")

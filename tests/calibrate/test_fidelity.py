@@ -1,0 +1,173 @@
+"""Fidelity: the built-in protocol and the held-out one (two kinds of prediction, one set of runs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schedlab.calibrate.fidelity import (
+    CALIBRATION_PLAN,
+    PROFILE_ONLY,
+    TRACE_CALIBRATED,
+    HeldOutResult,
+    held_out_fidelity,
+    measure_and_predict,
+    plan_spread,
+)
+from schedlab.cli import main
+from schedlab.cli.fidelity_cmd import chosen_models, print_held_out
+from schedlab.errors import SchedlabError
+from schedlab.exec import ExecBackend
+from schedlab.machine import detect_host
+from schedlab.workloads import BUILTIN_WORKLOADS
+from schedlab.workloads.heldout import HELDOUT_WORKLOADS
+from tests.calibrate.factories import make_profile
+from tests.conftest import captured_workload
+
+MODEL = "heldout:mixer"  # the smallest held-out step at size tiny
+
+
+@pytest.fixture
+def exec_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The plans the executor ran, in order."""
+    calls: list[str] = []
+    real = ExecBackend.run
+
+    def counting(self: ExecBackend, graph: Any, resolved: Any, machine: Any, *, steps: int = 1) -> Any:
+        calls.append(resolved.plan.name)
+        return real(self, graph, resolved, machine, steps=steps)
+
+    monkeypatch.setattr(ExecBackend, "run", counting)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def held_out() -> HeldOutResult:
+    _, c = captured_workload(MODEL)
+    machine = detect_host()
+    return held_out_fidelity(
+        MODEL, c.graph, c.input_values, plan_spread(machine.default_device.cores), make_profile(), machine,  # type: ignore[attr-defined]
+        steps=1, warmup=0,
+    )
+
+
+def test_held_out_predicts_twice_from_one_set_of_measurements(held_out: HeldOutResult) -> None:
+    n = len(plan_spread(detect_host().default_device.cores))
+    alone, learnt = held_out.profile_only, held_out.trace_calibrated
+    assert len(alone) == len(learnt) == n
+    assert [r.plan for r in alone] == [r.plan for r in learnt]
+    assert [r.measured_s for r in alone] == [r.measured_s for r in learnt]  # the same runs
+    assert {r.method for r in alone} == {PROFILE_ONLY} and {r.method for r in learnt} == {TRACE_CALIBRATED}
+    # the trace changed the model: at least the calibration plan is predicted differently
+    assert [r.predicted_s for r in alone] != [r.predicted_s for r in learnt]
+
+
+def test_the_calibration_plan_is_left_out_of_the_trace_calibrated_error(held_out: HeldOutResult) -> None:
+    cal = [r for r in held_out.trace_calibrated if r.in_calibration]
+    assert [r.plan for r in cal] == [CALIBRATION_PLAN.name]
+    assert not any(r.in_calibration for r in held_out.profile_only)  # nothing of the model was learnt
+    assert len(held_out.scored(PROFILE_ONLY)) == len(held_out.profile_only)
+    scored = held_out.scored(TRACE_CALIBRATED)
+    assert len(scored) == len(held_out.trace_calibrated) - 1 and cal[0] not in scored
+    other = held_out.other_shapes()
+    assert other and all(not r.plan.startswith("s1-t1-") for r in other)
+    assert len(other) == sum(1 for r in held_out.trace_calibrated if not r.plan.startswith("s1-t1-"))
+
+
+def test_held_out_runs_each_plan_once_and_needs_the_calibration_plan(exec_calls: list[str]) -> None:
+    _, c = captured_workload(MODEL)
+    machine = detect_host()
+    plans = [p for p in plan_spread(machine.default_device.cores) if p.order == "topo"]
+    res = held_out_fidelity(MODEL, c.graph, c.input_values, plans, make_profile(), machine, steps=1, warmup=0)  # type: ignore[attr-defined]
+    assert exec_calls == [p.name for p in plans]  # no separate calibration runs
+    assert len(res.scored(TRACE_CALIBRATED)) == len(plans) - 1
+    with pytest.raises(SchedlabError, match="calibration plan"):
+        held_out_fidelity(MODEL, c.graph, c.input_values, plans[1:], make_profile(), machine, steps=1)  # type: ignore[attr-defined]
+
+
+def test_builtin_protocol_marks_its_calibration_shapes(exec_calls: list[str]) -> None:
+    _, c = captured_workload("mlp")
+    machine = detect_host()
+    plans = plan_spread(machine.default_device.cores)[:4]  # one slot, one thread, every order
+    rows = measure_and_predict("mlp", c.graph, c.input_values, plans, make_profile(), machine, steps=1, calibration_threads=(1,))  # type: ignore[attr-defined]
+    assert exec_calls == [p.name for p in plans]
+    assert [r.in_calibration for r in rows] == [p.order == "topo" for p in plans]
+    assert {r.method for r in rows} == {TRACE_CALIBRATED}
+    rows = measure_and_predict("mlp", c.graph, c.input_values, plans[:1], make_profile(), machine, steps=1)  # type: ignore[attr-defined]
+    assert rows[0].method == PROFILE_ONLY and not rows[0].in_calibration
+
+
+# ---- the command ------------------------------------------------------------------------------
+
+
+def _ns(models: list[str], model_list: list[str], held_out: bool) -> argparse.Namespace:
+    return argparse.Namespace(models=models, model_list=model_list, held_out=held_out)
+
+
+def test_chosen_models() -> None:
+    assert chosen_models(_ns([], [], False)) == list(BUILTIN_WORKLOADS)
+    assert chosen_models(_ns([], [], True)) == list(HELDOUT_WORKLOADS)
+    assert chosen_models(_ns(["cnn"], ["mlp,cnn", "nmt"], False)) == ["cnn", "mlp", "nmt"]
+    assert chosen_models(_ns([], ["gru-tagger, heldout:mixer"], True)) == ["heldout:gru-tagger", "heldout:mixer"]
+    with pytest.raises(SchedlabError, match="not a held-out model"):
+        chosen_models(_ns([], ["mlp"], True))
+
+
+@pytest.fixture
+def profile_file(tmp_path: Path) -> Path:
+    return make_profile(machine=detect_host().fingerprint).save(tmp_path / "profile.json")
+
+
+def test_held_out_command_json_and_table(capsys, tmp_path: Path, profile_file: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "f.json"
+    argv = ["fidelity", "--held-out", "--models", "mixer", "--size", "tiny", "--steps", "1"]
+    rc = main([*argv, "--profile", str(profile_file), "--out", str(out), "--json"])
+    assert rc == 0
+    printed = json.loads(capsys.readouterr().out)
+    stored = json.loads(out.read_text())
+    assert printed["plans"] == stored["plans"] and stored["set"] == "held-out"
+    n = len(plan_spread(detect_host().default_device.cores))
+    assert stored["calibration_plan"] == CALIBRATION_PLAN.name and stored["plans_per_model"] == n
+    (m,) = stored["models"]
+    assert m["workload"] == MODEL and m["ops"] > 0
+    assert m["profile_only"]["n_plans"] == n and m["trace_calibrated"]["n_plans"] == n - 1
+    for summary in (m["profile_only"], m["trace_calibrated"], m["trace_calibrated"]["other_shapes"]):
+        assert set(summary) >= {"mape", "worst_error", "kendall_tau", "n_plans"}
+        assert summary["mape"] >= 0 and abs(summary["worst_error"]) >= summary["mape"] - 1e-12
+    assert stored["overall"]["trace_calibrated"]["n_plans"] == n - 1
+    assert len(stored["plans"]) == 2 * n
+    assert sum(p["in_calibration"] for p in stored["plans"]) == 1
+    assert stored["size"] == "tiny" and stored["steps_per_plan"] == 1 and stored["versions"]["torch"]
+
+    print_held_out(stored, "Test CPU", out)
+    text = capsys.readouterr().out
+    assert "profile-only" in text and "trace-calibrated" in text and "mixer" in text
+    assert text.count("*") >= 1 and f"other {n - 1} plans" in text
+
+
+@pytest.mark.parametrize(
+    "extra, msg",
+    [(["--models", "mlp"], "not a held-out model"), (["--no-trace-calibration"], "drop --no-trace-calibration")],
+)
+def test_held_out_command_errors(capsys, profile_file: Path, extra: list[str], msg: str) -> None:  # type: ignore[no-untyped-def]
+    rc = main(["fidelity", "--held-out", "--size", "tiny", "--profile", str(profile_file), *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and msg in err and "Traceback" not in err
+
+
+def test_builtin_command_keeps_its_keys(capsys, tmp_path: Path, profile_file: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "f.json"
+    rc = main(["fidelity", "--models", "mlp", "--size", "tiny", "--steps", "1", "--no-trace-calibration",
+               "--profile", str(profile_file), "--out", str(out), "--json"])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    for key in ("machine", "versions", "size", "optimizer", "steps_per_plan", "trace_calibration", "mape",
+                "mape_unseen_plans", "worst_error", "workloads", "plans", "wall_s"):
+        assert key in d, key
+    assert d["trace_calibration"] is False and {p["workload"] for p in d["plans"]} == {"mlp"}
+    assert {p["method"] for p in d["plans"]} == {PROFILE_ONLY}
+    assert json.loads(capsys.readouterr().out)["mape"] == d["mape"]
