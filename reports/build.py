@@ -3,18 +3,20 @@
     from schedlab.reports import build_report
     report = build_report("runs/demo")          # -> runs/demo/report/index.html
 
-Reads only the run directory (and the Profile it names); writes only under the report
-folder. A figure whose data is missing is skipped with its reason on the index page.
+Reads only the run directory (and the Profile it names); writes only the report folder,
+which it replaces as a whole (built beside it, then swapped in). A figure whose data is
+missing is skipped with its reason on the index page.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from schedlab.io import staging_dir, swap_dir
 from schedlab.reports.figures import FigureRecord, FigureSkipped, gantt, history, pred_vs_meas, speedup, thread_scaling
-from schedlab.reports.index import Skipped, write_figures_json, write_index
+from schedlab.reports.index import FIGURES_JSON, INDEX_HTML, Skipped, write_figures_json, write_index
 from schedlab.reports.load import RunData, Suite, load
 
 REPORT_DIR = "report"
@@ -45,27 +47,37 @@ def figure_stem(out_dir: Path, name: str, run: RunData | None, is_suite: bool) -
 
 
 def build_report(path: str | Path, out_dir: str | Path | None = None) -> Report:
+    """Draw every figure and the index of the run (or suite) at `path` into `out_dir`
+    (default RUN_DIR/report). The report is built in a temp folder beside `out_dir` and
+    swapped in at the end: its figures, index page and figures.json are replaced together,
+    and a report that fails or is interrupted leaves the previous one as it was."""
     suite = load(path)
     out = Path(out_dir) if out_dir is not None else suite.root / REPORT_DIR
-    out.mkdir(parents=True, exist_ok=True)
+    with staging_dir(out) as staged:
+        records, skipped = _draw_all(suite, staged)
+        # A sibling of `out`: the relative links in the index and figures.json hold after the swap.
+        write_index(suite, staged, records, skipped)
+        write_figures_json(suite, staged, records, skipped)
+        swap_dir(staged, out)
+    moved = tuple(replace(r, files=tuple(out / f.relative_to(staged) for f in r.files)) for r in records)
+    return Report(
+        suite=suite, out_dir=out, index=out / INDEX_HTML, figures_json=out / FIGURES_JSON, figures=moved,
+        skipped=tuple(skipped),
+    )
+
+
+def _draw_all(suite: Suite, out: Path) -> tuple[list[FigureRecord], list[Skipped]]:
     records: list[FigureRecord] = []
     skipped: list[Skipped] = []
 
     def attempt(name: str, run: RunData | None, draw: Callable[[Path], FigureRecord]) -> None:
-        stem = figure_stem(out, name, run, suite.is_suite)
         try:
-            records.append(draw(stem))
+            records.append(draw(figure_stem(out, name, run, suite.is_suite)))
         except FigureSkipped as e:
             skipped.append(Skipped(name=name, run=run.name if run else "", reason=str(e)))
-            for ext in (".png", ".pdf"):  # never leave an older drawing that looks current
-                stem.with_name(stem.name + ext).unlink(missing_ok=True)
 
     attempt("speedup", None, lambda stem: speedup.draw(suite.runs, stem))
     for run in suite.runs:
         for name, draw in PER_RUN:
             attempt(name, run, lambda stem, draw=draw, run=run: draw(run, stem))  # type: ignore[misc]
-    index = write_index(suite, out, records, skipped)
-    fig_json = write_figures_json(suite, out, records, skipped)
-    return Report(
-        suite=suite, out_dir=out, index=index, figures_json=fig_json, figures=tuple(records), skipped=tuple(skipped)
-    )
+    return records, skipped

@@ -1,11 +1,12 @@
-"""File helpers: atomic writes (nothing half-written) and JSON reads with clear errors."""
+"""File helpers: atomic writes of files and folders (nothing half-written) and JSON reads with clear errors."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -80,6 +81,47 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     with atomic_file(path) as f:
         f.write(text)
     return Path(path)
+
+
+@contextmanager
+def staging_dir(final: str | Path) -> Iterator[Path]:
+    """An empty temp folder beside `final` to build its new content in; pass it to
+    `swap_dir` to put it in place. Whatever is not swapped in (an error, an interrupt)
+    is removed on the way out, and `final` is untouched."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f".{final.name}.new.", dir=final.parent))
+    try:
+        yield staged
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+
+
+def swap_dir(staged: Path, final: str | Path, then: Callable[[], None] | None = None) -> Path:
+    """Replace folder `final` by `staged` as one step: rename the old folder aside, rename
+    the new one in, call `then` (a file written with the folder, say), remove the old.
+    Readers see the old folder or the new one, never a mix; if a rename or `then` fails,
+    the old folder is put back and the error raised."""
+    final = Path(final)
+    aside = staged.with_name(staged.name + ".old")  # unique: the staged name is
+    moved_aside = swapped = False
+    try:
+        if final.exists():
+            os.rename(final, aside)
+            moved_aside = True
+        os.rename(staged, final)
+        swapped = True
+        if then is not None:
+            then()
+    except BaseException:
+        if swapped:
+            os.rename(final, staged)  # the caller's staging_dir removes it
+        if moved_aside:
+            os.rename(aside, final)
+        raise
+    if moved_aside:
+        shutil.rmtree(aside, ignore_errors=True)
+    return final
 
 
 def read_json(path: str | Path, what: str = "file") -> Any:

@@ -25,6 +25,7 @@ from typing import Any
 
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
+from schedlab.io import staging_dir, swap_dir
 from schedlab.machine import Machine, detect_host
 from schedlab.plan import Plan, resolve
 from schedlab.search.run_dir import (
@@ -338,33 +339,37 @@ def validate_run(
         key=lambda n: baselines[n]["measured_step_time_s"],
         default=None,
     )
-    trace_paths = _write_traces(run_dir, config, graph, machine, contenders, measured, best, better_baseline, notes)
-    results: dict[str, Any] = {
-        "schema": RESULTS_SCHEMA,
-        "version": RESULTS_VERSION,
-        "model": config.model,
-        "size": config.size,
-        "optimizer": config.optimizer,
-        "candidates": candidates,
-        "baselines": baselines,
-        "best": best,
-        "searched_plan_won": best is not None and candidates[best]["baseline"] is None,
-        "beyond_noise": _beyond_noise(candidates, best, baselines.get(better_baseline) if better_baseline else None),
-        "better_baseline": better_baseline,
-        "best_speedup_over_better_baseline": (
-            candidates[best]["speedup"].get(better_baseline) if best is not None and better_baseline else None
-        ),
-        "repeats": repeats,
-        "steps_per_repeat": steps,
-        "warmup": warmup,
-        "machine": machine.to_json(),
-        "versions": library_versions(),
-        "created_unix_s": time.time(),
-        "wall_s": time.perf_counter() - t0,
-        "traces": trace_paths,
-        "notes": notes,
-    }
-    write_results(run_dir, results)
+    with staging_dir(paths.traces) as staged:
+        # traces/ and results.json are replaced together: a failed or interrupted validation
+        # leaves the previous pair, never new traces beside old results (or stale traces of
+        # a plan that is no longer best beside new results).
+        trace_paths = _write_traces(staged, paths, config, graph, machine, contenders, measured, best, better_baseline, notes)
+        results: dict[str, Any] = {
+            "schema": RESULTS_SCHEMA,
+            "version": RESULTS_VERSION,
+            "model": config.model,
+            "size": config.size,
+            "optimizer": config.optimizer,
+            "candidates": candidates,
+            "baselines": baselines,
+            "best": best,
+            "searched_plan_won": best is not None and candidates[best]["baseline"] is None,
+            "beyond_noise": _beyond_noise(candidates, best, baselines.get(better_baseline) if better_baseline else None),
+            "better_baseline": better_baseline,
+            "best_speedup_over_better_baseline": (
+                candidates[best]["speedup"].get(better_baseline) if best is not None and better_baseline else None
+            ),
+            "repeats": repeats,
+            "steps_per_repeat": steps,
+            "warmup": warmup,
+            "machine": machine.to_json(),
+            "versions": library_versions(),
+            "created_unix_s": time.time(),
+            "wall_s": time.perf_counter() - t0,
+            "traces": trace_paths,
+            "notes": notes,
+        }
+        swap_dir(staged, paths.traces, then=lambda: write_results(run_dir, results))
     _record_in_study(run_dir, config, results, notes)
     if notes:
         write_results(run_dir, results)
@@ -372,7 +377,8 @@ def validate_run(
 
 
 def _write_traces(
-    run_dir: Path,
+    out_dir: Path,
+    paths: RunPaths,
     config: RunConfig,
     graph: Graph,
     machine: Machine,
@@ -382,21 +388,26 @@ def _write_traces(
     better_baseline: str | None,
     notes: list[str],
 ) -> dict[str, str]:
-    """traces/best.exec.json, best.sim.json and baseline.exec.json (see RUN_DIR.md)."""
-    paths = RunPaths(run_dir)
+    """best.exec.json, best.sim.json and baseline.exec.json (see RUN_DIR.md), written into
+    `out_dir` (the staged traces/ folder); returns where each will be, under `paths.traces`."""
     out: dict[str, str] = {}
+
+    def save(trace: Trace, final: Path, key: str) -> None:
+        trace.save(out_dir / final.name)
+        out[key] = str(final)
+
     if best is not None:
         m = measured[contenders[best].plan.hash]
         if m.trace is not None:
-            out["best_exec"] = str(m.trace.save(paths.best_exec))
+            save(m.trace, paths.best_exec, "best_exec")
         sim_trace = _simulated_trace(config, graph, machine, m.plan, notes)
         if sim_trace is not None:
-            out["best_sim"] = str(sim_trace.save(paths.best_sim))
+            save(sim_trace, paths.best_sim, "best_sim")
     if better_baseline is not None:
         c = next(c for c in contenders if c.baseline == better_baseline)
         bt = measured[c.plan.hash].trace
         if bt is not None:
-            out["baseline_exec"] = str(bt.save(paths.baseline_exec))
+            save(bt, paths.baseline_exec, "baseline_exec")
     return out
 
 

@@ -238,3 +238,44 @@ def test_speedup_and_gantt_agree_on_the_best_plan(
     assert gantt["plan_is"] == ("best plan (= baseline tensorflow-recommended)" if baseline_wins else "best plan")
     # The traces are of that plan too: the Gantt chart names one plan, not a disagreement.
     assert f"plan {want}" in figs["gantt"]["conditions_text"] and "plans " not in figs["gantt"]["conditions_text"]
+
+
+def test_a_report_that_fails_midway_leaves_the_previous_one_whole(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Figures, index and figures.json are replaced together or not at all; no temp folders remain."""
+    from schedlab.reports import build
+
+    run_dir = make_run_dir(tmp_path / "run", n_trials=4, profile=False)
+    assert _run(capsys, "report", str(run_dir))[0] == 0
+    report = run_dir / "report"
+    before = {p.relative_to(report): file_sha256(p) for p in report.rglob("*") if p.is_file()}
+    assert Path("index.html") in before and Path("gantt.png") in before
+    entries = sorted(p.name for p in run_dir.iterdir())
+
+    def explode(run: object, stem: Path) -> object:
+        raise RuntimeError("figure failed")
+
+    # New data, so that every figure drawn now differs; speedup and pred_vs_meas are drawn
+    # (into the new folder) before the Gantt chart fails.
+    results = json.loads((run_dir / "results.json").read_text())
+    (run_dir / "results.json").write_text(json.dumps({**results, "repeats": 7}))
+    monkeypatch.setattr(build, "PER_RUN", tuple((n, explode if n == "gantt" else d) for n, d in build.PER_RUN))
+    with pytest.raises(RuntimeError, match="figure failed"):
+        build.build_report(run_dir)
+    after = {p.relative_to(report): file_sha256(p) for p in report.rglob("*") if p.is_file()}
+    assert after == before
+    assert sorted(p.name for p in run_dir.iterdir()) == entries  # no .report.new.* left behind
+
+
+def test_a_new_report_replaces_the_whole_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    run_dir = make_run_dir(tmp_path / "run", n_trials=4, profile=False)
+    (run_dir / "report").mkdir()
+    (run_dir / "report" / "stale.png").write_bytes(b"old drawing")
+    rc, out, err = _run(capsys, "report", str(run_dir), "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    assert not (run_dir / "report" / "stale.png").exists()
+    assert d["index"] == str(run_dir / "report" / "index.html") and Path(d["index"]).is_file()
+    assert all(Path(f).is_file() and Path(f).parent == run_dir / "report" for r in d["figures"] for f in r["files"])
+    assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith(".")) == []

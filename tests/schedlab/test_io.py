@@ -46,3 +46,33 @@ def test_a_write_the_file_system_refuses_is_one_clear_error(tmp_path: Path) -> N
             check_writable(bad)
     check_writable(tmp_path / "new" / "deeper" / "a.json")  # writable: the probe leaves nothing
     assert [q.name for q in tmp_path.iterdir()] == ["file"] and blocker.read_text() == "x"
+
+
+def test_swap_dir_replaces_a_folder_and_puts_it_back_on_failure(tmp_path: Path) -> None:
+    from schedlab.io import staging_dir, swap_dir
+
+    final = tmp_path / "report"
+    with staging_dir(final) as staged:  # first time: nothing to move aside
+        (staged / "a.txt").write_text("1")
+        swap_dir(staged, final)
+    assert [p.name for p in tmp_path.iterdir()] == ["report"] and (final / "a.txt").read_text() == "1"
+
+    def fail() -> None:
+        raise OSError("results.json not written")
+
+    with pytest.raises(OSError), staging_dir(final) as staged:
+        (staged / "b.txt").write_text("2")
+        swap_dir(staged, final, then=fail)  # the file that goes with the folder failed: roll back
+    assert [p.name for p in tmp_path.iterdir()] == ["report"] and [p.name for p in final.iterdir()] == ["a.txt"]
+
+    with pytest.raises(KeyboardInterrupt), staging_dir(final) as staged:
+        (staged / "c.txt").write_text("3")
+        raise KeyboardInterrupt
+    assert [p.name for p in tmp_path.iterdir()] == ["report"] and [p.name for p in final.iterdir()] == ["a.txt"]
+
+    written: list[str] = []
+    with staging_dir(final) as staged:
+        (staged / "d.txt").write_text("4")
+        swap_dir(staged, final, then=lambda: written.append(sorted(p.name for p in final.iterdir())[0]))
+    assert written == ["d.txt"]  # `then` runs with the new folder in place
+    assert [p.name for p in tmp_path.iterdir()] == ["report"] and [p.name for p in final.iterdir()] == ["d.txt"]
