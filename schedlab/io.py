@@ -89,8 +89,13 @@ def staging_dir(final: str | Path) -> Iterator[Path]:
     `swap_dir` to put it in place. Whatever is not swapped in (an error, an interrupt)
     is removed on the way out, and `final` is untouched."""
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(prefix=f".{final.name}.new.", dir=final.parent))
+    if final.exists() and not final.is_dir():
+        raise SchedlabError(f"cannot write folder {final}: a file is there; give a folder path")
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(prefix=f".{final.name}.new.", dir=final.parent))
+    except OSError as e:
+        raise _cannot_write(final, e) from None
     try:
         yield staged
     finally:
