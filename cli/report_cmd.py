@@ -18,10 +18,20 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "validated plan over each baseline per workload, predicted vs measured step time, a Gantt chart of "
         "the best plan (simulated and measured), op thread-scaling curves (fitted model vs measured), and "
         "the optimisation history. Writes PNG and PDF per figure, index.html and figures.json into "
-        "RUN_DIR/report/. A figure whose data is missing is skipped with a note on the index page.",
+        "RUN_DIR/report/. A figure whose data is missing is skipped with a note on the index page. "
+        "Given a results file of `schedlab fidelity` (traces/fidelity.json, or traces/fidelity-heldout.json from "
+        "`schedlab fidelity --held-out`) instead of a run directory, draws the simulator-fidelity figure: "
+        "predicted vs measured step time of every plan, coloured by model, one panel per kind of prediction "
+        "(profile-only, trace-calibrated), into RESULTS-report/ beside the file.",
     )
-    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory, or a suite of run directories")
-    p.add_argument("--out", default=None, metavar="DIR", help="report folder (default: RUN_DIR/report)")
+    p.add_argument(
+        "run_dir", metavar="RUN_DIR",
+        help="run directory, a suite of run directories, or a `schedlab fidelity` results file (.json)",
+    )
+    p.add_argument(
+        "--out", default=None, metavar="DIR",
+        help="report folder (default: RUN_DIR/report; for a fidelity results file, RESULTS-report beside it)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object describing the report")
     p.set_defaults(handler=run)
 
@@ -44,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     runs = report.suite.runs
-    what = f"suite of {len(runs)} runs" if report.suite.is_suite else runs[0].workload
+    what = (f"suite of {len(runs)} runs" if report.suite.is_suite else runs[0].workload if runs
+            else f"fidelity results {report.suite.root.name}")
     print(f"report of {what}: {len(report.figures)} figure(s), PNG and PDF, in {report.out_dir}")
     for r in report.figures:
         tag = f"{r.run}/{r.name}" if r.run and report.suite.is_suite else r.name

@@ -3,6 +3,9 @@
     from schedlab.reports import build_report
     report = build_report("runs/demo")          # -> runs/demo/report/index.html
 
+`build_report("traces/fidelity-heldout.json")`: the report of a `schedlab fidelity` results
+file, its fidelity figure (folder: beside the file, `fidelity-heldout-report/`).
+
 Reads only the run directory (and the Profile it names); writes only the report folder,
 which it replaces as a whole (built beside it, then swapped in). A figure whose data is
 missing is skipped with its reason on the index page.
@@ -15,7 +18,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from schedlab.io import staging_dir, swap_dir
-from schedlab.reports.figures import FigureRecord, FigureSkipped, gantt, history, pred_vs_meas, speedup, thread_scaling
+from schedlab.reports.figures import (
+    FigureRecord,
+    FigureSkipped,
+    fidelity,
+    gantt,
+    history,
+    pred_vs_meas,
+    speedup,
+    thread_scaling,
+)
 from schedlab.reports.index import FIGURES_JSON, INDEX_HTML, Skipped, write_figures_json, write_index
 from schedlab.reports.load import RunData, Suite, load
 
@@ -51,10 +63,13 @@ def build_report(path: str | Path, out_dir: str | Path | None = None) -> Report:
     (default RUN_DIR/report). The report is built in a temp folder beside `out_dir` and
     swapped in at the end: its figures, index page and figures.json are replaced together,
     and a report that fails or is interrupted leaves the previous one as it was."""
-    suite = load(path)
-    out = Path(out_dir) if out_dir is not None else suite.root / REPORT_DIR
+    source = Path(path)
+    results = fidelity.load_fidelity(source) if source.is_file() else None  # a `schedlab fidelity` file
+    suite = Suite(root=source, runs=(), is_suite=False) if results is not None else load(source)
+    default_out = source.with_name(source.stem + "-report") if results is not None else suite.root / REPORT_DIR
+    out = Path(out_dir) if out_dir is not None else default_out
     with staging_dir(out) as staged:
-        records, skipped = _draw_all(suite, staged)
+        records, skipped = _draw_all(suite, staged, results)
         # A sibling of `out`: the relative links in the index and figures.json hold after the swap.
         write_index(suite, staged, records, skipped)
         write_figures_json(suite, staged, records, skipped)
@@ -66,7 +81,9 @@ def build_report(path: str | Path, out_dir: str | Path | None = None) -> Report:
     )
 
 
-def _draw_all(suite: Suite, out: Path) -> tuple[list[FigureRecord], list[Skipped]]:
+def _draw_all(
+    suite: Suite, out: Path, results: fidelity.FidelityData | None = None
+) -> tuple[list[FigureRecord], list[Skipped]]:
     records: list[FigureRecord] = []
     skipped: list[Skipped] = []
 
@@ -76,6 +93,9 @@ def _draw_all(suite: Suite, out: Path) -> tuple[list[FigureRecord], list[Skipped
         except FigureSkipped as e:
             skipped.append(Skipped(name=name, run=run.name if run else "", reason=str(e)))
 
+    if results is not None:  # a fidelity results file: its one figure
+        attempt(fidelity.NAME, None, lambda stem: fidelity.draw(results, stem))
+        return records, skipped
     attempt("speedup", None, lambda stem: speedup.draw(suite.runs, stem))
     for run in suite.runs:
         for name, draw in PER_RUN:

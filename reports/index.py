@@ -30,6 +30,7 @@ REDRAW = {
     "gantt": "python -m reports.figures.gantt {path}",
     "thread_scaling": "python -m reports.figures.thread_scaling {path}",
     "history": "python -m reports.figures.history {path}",
+    "fidelity": "python -m schedlab.reports.figures.fidelity {path}",
 }
 
 
@@ -96,14 +97,15 @@ def write_index(suite: Suite, out_dir: Path, records: Sequence[FigureRecord], sk
         f"<style>{_CSS}</style></head><body>",
         f"<h1>schedlab report: {e(suite.root.name)}</h1>",
         f'<p class="meta">Drawn {when} from the stored files of <code>{e(str(suite.root))}</code> '
-        f"({'a suite of ' + str(len(suite.runs)) + ' runs' if suite.is_suite else 'one run'}); "
+        f"({_what(suite)}); "
         f"redraw with <code>schedlab report {e(str(suite.root))}</code>. "
         f'Per-figure files, sources and conditions: <a href="{FIGURES_JSON}">{FIGURES_JSON}</a>.</p>',
     ]
     top = [r for r in records if not r.run]
     top_skipped = [s for s in skipped if not s.run]
     if top or top_skipped:
-        parts.append("<h2>Across workloads</h2>" if suite.is_suite else "<h2>Speedup</h2>")
+        parts.append("<h2>Across workloads</h2>" if suite.is_suite else "<h2>Speedup</h2>" if suite.runs
+                     else "<h2>Simulator fidelity</h2>")
         parts += [_figure_html(r, out_dir, suite.root) for r in top]
         parts += _skipped_html(top_skipped)
     for run in suite.runs:
@@ -115,13 +117,21 @@ def write_index(suite: Suite, out_dir: Path, records: Sequence[FigureRecord], sk
     return write_text_atomic(out_dir / INDEX_HTML, "\n".join(parts) + "\n")
 
 
+def _what(suite: Suite) -> str:
+    """What the report was drawn from; a Suite without runs is a `schedlab fidelity` results file."""
+    if suite.is_suite:
+        return f"a suite of {len(suite.runs)} runs"
+    return "one run" if suite.runs else "a fidelity results file"
+
+
 def _figure_html(rec: FigureRecord, out_dir: Path, root: Path) -> str:
     e = html.escape
     png = next((p for p in rec.files if p.suffix == ".png"), rec.files[0])
     pdf = next((p for p in rec.files if p.suffix == ".pdf"), None)
     kind = "simulated" if rec.basis == "simulated" else ("mixed" if "simulated" in rec.basis else "measured")
     links = f' · <a href="{e(_rel(pdf, out_dir))}">PDF</a>' if pdf else ""
-    sources = ", ".join(f"<code>{e(_rel(p, root))}</code>" for p in rec.sources)
+    base = root if root.is_dir() else root.parent  # a fidelity report's root is its results file
+    sources = ", ".join(f"<code>{e(_rel(p, base))}</code>" for p in rec.sources)
     return (
         f'<figure id="{e((rec.run + "-" if rec.run else "") + rec.name)}">'
         f'<img src="{e(_rel(png, out_dir))}" alt="{e(rec.title)}">'

@@ -97,3 +97,33 @@ def test_bad_file_is_one_clear_error(tmp_path: Path, content: str, msg: str) -> 
     with pytest.raises(SchedlabError) as info:
         fidelity.load_fidelity(path)
     assert msg in str(info.value) and "\n" not in str(info.value)
+
+
+def test_schedlab_report_draws_a_fidelity_results_file(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from schedlab.cli import main
+
+    path = held_out_file(tmp_path)
+    before = path.read_bytes()
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    report = tmp_path / "fidelity-heldout-report"
+    assert "fidelity results fidelity-heldout.json" in out and str(report) in out
+    assert (report / "fidelity.png").read_bytes()[:8] == PNG_MAGIC and (report / "fidelity.pdf").is_file()
+    index = (report / "index.html").read_text()
+    assert "Simulator fidelity" in index and "a fidelity results file" in index and "fidelity.png" in index
+    figs = json.loads((report / "figures.json").read_text())
+    (fig,) = figs["figures"]
+    assert fig["name"] == "fidelity" and fig["sources"] == ["../fidelity-heldout.json"]
+    assert "schedlab.reports.figures.fidelity" in fig["redraw"] and figs["skipped"] == []
+    assert path.read_bytes() == before  # reports only read
+
+
+def test_schedlab_report_rejects_a_file_that_is_not_fidelity_results(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from schedlab.cli import main
+
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"candidates": []}))
+    assert main(["report", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "not a fidelity results file" in err and "Traceback" not in err
+    assert not (tmp_path / "results-report").exists()
