@@ -20,8 +20,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "model",
         metavar="MODEL",
-        help=f"a built-in workload ({', '.join(BUILTIN_WORKLOADS)}) or package.module:function "
-        "returning (module, example_inputs)",
+        help=f"a built-in workload ({', '.join(BUILTIN_WORKLOADS)}), a held-out model (heldout:NAME, see "
+        "`schedlab fidelity --help`) or package.module:function returning (module, example_inputs)",
     )
     p.add_argument("--size", choices=SIZES, default=DEFAULT_SIZE, help=f"built-in workload size (default {DEFAULT_SIZE})")
     p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="optimizer of the step (default sgd)")
