@@ -39,6 +39,12 @@ def atomic_file(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
 
 
 def _cannot_write(path: Path, e: OSError) -> SchedlabError:
+    """The error for a write the file system refused, saying what to fix where it can."""
+    if isinstance(e, IsADirectoryError) and path.is_dir():
+        return SchedlabError(f"cannot write {path}: it is a folder; give a file path")
+    blocker = next((p for p in path.parents if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        return SchedlabError(f"cannot write {path}: {blocker} is a file, not a folder")
     return SchedlabError(f"cannot write {path}: {e.strerror or e}")
 
 
@@ -54,7 +60,7 @@ def check_writable(path: str | Path) -> None:
         made.append(folder)
         folder = folder.parent
     if not folder.is_dir():
-        raise SchedlabError(f"cannot write {path}: {folder} is not a folder")
+        raise SchedlabError(f"cannot write {path}: {folder} is a file, not a folder")
     try:
         for d in reversed(made):
             d.mkdir()
