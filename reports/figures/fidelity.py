@@ -122,9 +122,9 @@ def load_fidelity(path: str | Path) -> FidelityData:
             raise SchedlabError(f"{p}: plans[{i}] is malformed ({type(e).__name__}: {e}); {hint}") from None
     if not points:
         raise SchedlabError(f"{p} holds no plans; {hint}")
-    machine = d.get("machine") if isinstance(d.get("machine"), dict) else {}
-    cores = d.get("cores")
-    versions = d.get("versions") if isinstance(d.get("versions"), dict) else {}
+    machine, versions, cores = d.get("machine"), d.get("versions"), d.get("cores")
+    machine = machine if isinstance(machine, dict) else {}
+    versions = versions if isinstance(versions, dict) else {}
     steps = d.get("steps_per_plan")
     return FidelityData(
         path=p,
