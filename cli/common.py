@@ -52,13 +52,15 @@ def load_plan_arg(path: str | None) -> Any:
     return Plan() if path is None else Plan.load(path)
 
 
-def resolve_plan_arg(graph: Any, plan: Any, machine: Any, path: str | None) -> Any:
-    """`resolve`; a plan from file `path` that does not fit the graph or machine names the file."""
+def resolve_plan_arg(graph: Any, plan: Any, machine: Any, path: str | None, profile: Any = None) -> Any:
+    """`resolve`; a plan from file `path` that does not fit the graph or machine names the file.
+    With a `profile`, a critical-path order ranks ops by its times, as search and validate do."""
     from schedlab.errors import SchedlabError
     from schedlab.plan import resolve
+    from schedlab.sim.cost import op_cost_us
 
     try:
-        return resolve(graph, plan, machine)
+        return resolve(graph, plan, machine, op_cost_us=None if profile is None else op_cost_us(profile))
     except SchedlabError as e:
         if path is None:
             raise

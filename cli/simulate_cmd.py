@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     plan = load_plan_arg(args.plan)
     _, captured = capture_model(args)
     graph = captured.graph
-    resolved = resolve_plan_arg(graph, plan, machine, args.plan)
+    resolved = resolve_plan_arg(graph, plan, machine, args.plan, profile)
     result = simulate(graph, resolved, machine, profile.for_slots(plan.slots), record=True)
     assert result.trace is not None
     out = Path(args.out) if args.out else TRACES_DIR / f"{slug(args.model)}-{args.size}-{args.optimizer}-{plan.hash[:8]}.sim.json"

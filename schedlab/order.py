@@ -4,7 +4,8 @@ Priorities only choose among *ready* ops, so every policy yields a valid schedul
 explicit order must itself respect the dependencies and is checked.
 
 - ``topo``           program order (what eager PyTorch does)
-- ``critical-path``  longest remaining path first (HEFT-style upward rank)
+- ``critical-path``  longest remaining path first (HEFT-style upward rank), in the
+                     calibrated cost model's times when the caller has one
 - ``w-last``         weight-gradient (W) work deferred until nothing else is ready, as in
                      out-of-order backprop (Oh et al., EuroSys 2022)
 - ``random:SEED``    a seeded random topological order
@@ -24,7 +25,11 @@ ORDER_HELP = (
     "w-last (weight-gradient work deferred), random:SEED"
 )
 
-# Without a Profile, critical-path weighs ops with a rough roofline of this machine class.
+# An op's time in µs with the given intra-op threads: the weight critical-path ranks by.
+# Commands with a calibrated Profile pass its times (`schedlab.sim.cost.op_cost_us`) to
+# `resolve`; without one, critical-path weighs ops with a rough roofline of this machine class.
+OpCostUs = Callable[[Op, int], float]
+
 _ROUGH_FLOPS_PER_S = 50e9
 _ROUGH_BYTES_PER_S = 10e9
 _ROUGH_DISPATCH_US = 5.0

@@ -14,11 +14,14 @@ import heapq
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph
+from schedlab.graph import Graph, Op
 from schedlab.machine import Machine
+
+if TYPE_CHECKING:
+    from schedlab.order import OpCostUs
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -165,9 +168,15 @@ def list_schedule(graph: Graph, priority: tuple[int, ...] | list[int]) -> tuple[
     return tuple(out)
 
 
-def resolve(graph: Graph, plan: Plan, machine: Machine) -> ResolvedPlan:
-    """Validate `plan` against `graph` and `machine`; one clear PlanError per problem."""
-    from schedlab.order import priorities
+def resolve(graph: Graph, plan: Plan, machine: Machine, op_cost_us: OpCostUs | None = None) -> ResolvedPlan:
+    """Validate `plan` against `graph` and `machine`; one clear PlanError per problem.
+
+    `op_cost_us(op, threads)` weighs ops for the ``critical-path`` order: the calibrated cost
+    model's time of each op with the threads this plan gives it (a rough roofline without
+    it). The simulator and the executor of one run must resolve with the same weights, or
+    they run different orders.
+    """
+    from schedlab.order import priorities, rough_cost_us
 
     try:
         device = machine.device(plan.device) if plan.device is not None else machine.default_device
@@ -209,8 +218,12 @@ def resolve(graph: Graph, plan: Plan, machine: Machine) -> ResolvedPlan:
     threads = tuple(
         plan.op_threads.get(op.id, plan.class_threads.get(op.op_class, default_threads)) for op in graph.ops
     )
+
+    def weight(op: Op) -> float:
+        return rough_cost_us(op) if op_cost_us is None else op_cost_us(op, threads[op.id])
+
     try:
-        prio = priorities(graph, plan.order)
+        prio = priorities(graph, plan.order, weight)
     except SchedlabError as e:
         raise PlanError("order", str(e)) from None
     return ResolvedPlan(

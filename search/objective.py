@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph
+from schedlab.graph import Graph, Op
 from schedlab.machine import Machine
 from schedlab.plan import Plan, ResolvedPlan, resolve
 from schedlab.sim import SimResult
-from schedlab.sim.cost import CostModel
+from schedlab.sim.cost import CostModel, op_cost_us
 
 OBJECTIVES = ("time", "memory")  # what a search may minimise: step time, peak memory
 
@@ -61,6 +61,8 @@ class Evaluator:
         self.machine = machine
         self._base_cost = cost
         self._sims: dict[bool, Any] = {}  # co-running (slots > 1) or not -> bound simulator
+        self._weights_us: dict[tuple[int, int], float] = {}  # (op id, threads) -> op_cost_us
+        self._op_cost_us = op_cost_us(cost)
 
     def _simulator(self, slots: int) -> Any:
         """The simulator for plans with `slots` workers: the executor's per-op cost differs
@@ -75,7 +77,16 @@ class Evaluator:
         return self._sims[corun]
 
     def resolve(self, plan: Plan) -> ResolvedPlan:
-        return resolve(self.graph, plan, self.machine)
+        """`resolve` with the cost model's op times as critical-path weights (as validate
+        resolves the plans it runs), looked up once per op and thread count."""
+        return resolve(self.graph, plan, self.machine, op_cost_us=self._weight_us)
+
+    def _weight_us(self, op: Op, threads: int) -> float:
+        key = (op.id, threads)
+        w = self._weights_us.get(key)
+        if w is None:
+            w = self._weights_us[key] = self._op_cost_us(op, threads)
+        return w
 
     def simulate(self, resolved: ResolvedPlan, record: bool = False) -> SimResult:
         result: SimResult = self._simulator(resolved.slots).run(resolved, record=record)

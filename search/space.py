@@ -37,7 +37,7 @@ from schedlab.graph import Graph, Op, OpKind
 from schedlab.machine import Machine
 from schedlab.order import ranks, upward_rank_us
 from schedlab.plan import Plan, list_schedule
-from schedlab.sim.cost import CostModel
+from schedlab.sim.cost import CostModel, op_cost_us
 
 SPACES = ("concurrency", "order", "all")
 ORDER_CHOICES = ("topo", "critical-path", "w-last", "mixed")
@@ -76,7 +76,8 @@ def parametric_order(graph: Graph, params: OrderParams, up_us: list[float]) -> t
 
 def cost_fn(cost: CostModel, threads: int) -> Callable[[Op], float]:
     """An op's time with `threads` threads under `cost`: dispatch plus kernel (µs)."""
-    return lambda op: float(cost.dispatch_us(op)) + float(cost.kernel_us(op, threads))
+    time_us = op_cost_us(cost)
+    return lambda op: time_us(op, threads)
 
 
 def heaviest_classes(graph: Graph, cost: CostModel, k: int = HEAVY_CLASSES) -> tuple[str, ...]:

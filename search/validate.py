@@ -27,6 +27,7 @@ from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
 from schedlab.io import staging_dir, swap_dir
 from schedlab.machine import Machine, detect_host
+from schedlab.order import OpCostUs
 from schedlab.plan import Plan, resolve
 from schedlab.search.run_dir import (
     RESULTS_SCHEMA,
@@ -154,8 +155,10 @@ def measure(
     warmup: int,
     workload: str = "",
     on_progress: Callable[[], None] | None = None,
+    op_cost_us: OpCostUs | None = None,
 ) -> dict[str, Measurement]:
-    """Check and time every plan (keyed by plan hash); see the module docstring."""
+    """Check and time every plan (keyed by plan hash); see the module docstring.
+    `op_cost_us`: the critical-path weights the plans were simulated with (`resolve`)."""
     from schedlab.exec import Executor, check_step, compile_graph, run_steps
 
     def tick() -> None:
@@ -169,7 +172,7 @@ def measure(
             continue
         m = out[plan.hash] = Measurement(plan)
         try:
-            ex = Executor(graph, resolve(graph, plan, machine), program)
+            ex = Executor(graph, resolve(graph, plan, machine, op_cost_us=op_cost_us), program)
             check = check_step(module, graph, input_values, _one_step(ex))
             m.executor, m.max_rel_diff, m.numeric_ok = ex, check.max_rel_diff, check.ok()
             if not check.ok():
@@ -320,6 +323,8 @@ def validate_run(
     if not contenders:
         raise SchedlabError(f"{paths.search} lists no plans to validate")
     n_plans = len({c.plan.hash for c in contenders})
+    notes: list[str] = []
+    order_cost_us = _searched_op_costs(config, machine, notes)
     t0 = time.perf_counter()
     bar = tqdm(
         total=n_plans * (1 + repeats), desc=f"validate {config.model}", unit="run", file=sys.stderr,
@@ -329,11 +334,11 @@ def validate_run(
         measured = measure(
             graph, workload.module, captured.input_values, [c.plan for c in contenders], machine,
             repeats=repeats, steps=steps, warmup=warmup, workload=config.model, on_progress=lambda: bar.update(1),
+            op_cost_us=order_cost_us,
         )
     finally:
         bar.close()
     candidates, baselines, best = results_of(contenders, measured)
-    notes: list[str] = []
     better_baseline = min(
         (n for n, b in baselines.items() if b["measured_step_time_s"] is not None),
         key=lambda n: baselines[n]["measured_step_time_s"],
@@ -409,6 +414,19 @@ def _write_traces(
         if bt is not None:
             save(bt, paths.baseline_exec, "baseline_exec")
     return out
+
+
+def _searched_op_costs(config: RunConfig, machine: Machine, notes: list[str]) -> OpCostUs | None:
+    """The op times of the profile the search simulated with: the executor must resolve a
+    critical-path order with the weights the simulator used, or it runs another order."""
+    from schedlab.calibrate.profile import Profile
+    from schedlab.sim.cost import op_cost_us
+
+    try:
+        return op_cost_us(Profile.load(config.profile, machine=machine, check_machine=False))
+    except SchedlabError as e:
+        notes.append(f"critical-path orders ranked with a rough roofline, not the searched profile's times: {e}")
+        return None
 
 
 def _simulated_trace(config: RunConfig, graph: Graph, machine: Machine, plan: Plan, notes: list[str]) -> Trace | None:

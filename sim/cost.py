@@ -6,6 +6,7 @@ ones. Times are in microseconds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from schedlab.graph import Op
@@ -24,3 +25,14 @@ class CostModel(Protocol):
         """Factor (>= 1) by which `op`'s kernel slows when `busy_cores` cores of the
         device are busy with other kernels (shared memory bandwidth and caches)."""
         ...
+
+
+def op_cost_us(cost: CostModel) -> Callable[[Op, int], float]:
+    """`cost`'s time of an op alone with k intra-op threads, dispatch included (µs): the
+    weights a ``critical-path`` order takes from a calibrated model
+    (`schedlab.plan.resolve(..., op_cost_us=op_cost_us(profile))`)."""
+
+    def time_us(op: Op, threads: int) -> float:
+        return float(cost.dispatch_us(op)) + float(cost.kernel_us(op, threads))
+
+    return time_us
