@@ -108,7 +108,7 @@ def staging_dir(final: str | Path) -> Iterator[Path]:
         shutil.rmtree(staged, ignore_errors=True)
 
 
-def swap_dir(staged: Path, final: str | Path, then: Callable[[], None] | None = None) -> Path:
+def swap_dir(staged: Path, final: str | Path, then: Callable[[], object] | None = None) -> Path:
     """Replace folder `final` by `staged` as one step: rename the old folder aside, rename
     the new one in, call `then` (a file written with the folder, say), remove the old.
     Readers see the old folder or the new one, never a mix; if a rename or `then` fails,
