@@ -220,12 +220,14 @@ def held_out_json(results: list[Any], ops: dict[str, int]) -> dict[str, Any]:
             "worst_error": max(errs, key=abs) if errs else None,
             "median_kendall_tau": statistics.median(taus) if taus else None,
         }
-    rows = [r for res in results for r in (*res.profile_only, *res.trace_calibrated)]
-    return {
-        "overall": overall,
-        "models": models,
-        "plans": [{**r.__dict__, "error": r.error} for r in rows],
-    }
+    plans = [
+        {**r.__dict__, "error": r.error, "scored": r in scored}
+        for res in results
+        for method, rows in ((PROFILE_ONLY, res.profile_only), (TRACE_CALIBRATED, res.trace_calibrated))
+        for scored in [res.scored(method)]
+        for r in rows
+    ]
+    return {"overall": overall, "models": models, "plans": plans}
 
 
 def run_held_out(args: argparse.Namespace, models: list[str]) -> int:

@@ -28,6 +28,7 @@ from typing import Any
 
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
 
+from schedlab.calibrate.fidelity import PROFILE_ONLY, TRACE_CALIBRATED
 from schedlab.errors import SchedlabError
 from schedlab.io import read_json
 from schedlab.reports import style
@@ -36,8 +37,6 @@ from schedlab.reports.figures.pred_vs_meas import BAND
 from schedlab.reports.load import host_text
 
 NAME = "fidelity"
-PROFILE_ONLY = "profile-only"  # the method names `schedlab fidelity` writes (calibrate.fidelity)
-TRACE_CALIBRATED = "trace-calibrated"
 METHODS = (PROFILE_ONLY, TRACE_CALIBRATED)
 HELDOUT_PREFIX = "heldout:"
 LOG_SPAN = 8.0  # log axes when the largest time is more than this many times the smallest
@@ -54,7 +53,7 @@ class FidelityPoint:
     spread_s: tuple[float, float] | None  # min, max of the timed steps
     predicted_s: float  # simulated
     calibrated_on: bool  # the prediction was calibrated on this plan's shape
-    scored: bool  # counts in the error (False: the held-out calibration plan itself)
+    scored: bool  # counts in the error, as `schedlab fidelity` wrote (False: a held-out calibration plan)
 
     @property
     def error(self) -> float:
@@ -105,7 +104,6 @@ def load_fidelity(path: str | Path) -> FidelityData:
             if not (measured > 0 and predicted > 0 and math.isfinite(measured) and math.isfinite(predicted)):
                 raise ValueError("measured_s and predicted_s must be positive numbers")
             spread = r.get("measured_spread_s")
-            calibrated_on = bool(r.get("in_calibration", False))
             points.append(
                 FidelityPoint(
                     workload=str(r["workload"]),
@@ -114,8 +112,8 @@ def load_fidelity(path: str | Path) -> FidelityData:
                     measured_s=measured,
                     spread_s=(float(spread[0]), float(spread[1])) if spread else None,
                     predicted_s=predicted,
-                    calibrated_on=calibrated_on,
-                    scored=not (held_out and method == TRACE_CALIBRATED and calibrated_on),
+                    calibrated_on=bool(r.get("in_calibration", False)),
+                    scored=bool(r.get("scored", True)),
                 )
             )
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:

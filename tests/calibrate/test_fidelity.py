@@ -141,6 +141,8 @@ def test_held_out_command_json_and_table(capsys, tmp_path: Path, profile_file: P
     assert stored["overall"]["trace_calibrated"]["n_plans"] == n - 1
     assert len(stored["plans"]) == 2 * n
     assert sum(p["in_calibration"] for p in stored["plans"]) == 1
+    unscored = [p for p in stored["plans"] if not p["scored"]]
+    assert [(p["plan"], p["method"]) for p in unscored] == [(CALIBRATION_PLAN.name, TRACE_CALIBRATED)]
     assert stored["size"] == "tiny" and stored["steps_per_plan"] == 1 and stored["versions"]["torch"]
 
     print_held_out(stored, "Test CPU", out)

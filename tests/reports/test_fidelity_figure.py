@@ -15,12 +15,14 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLANS = [f"s{s}-t{t}-{o}" for s in (1, 2) for t in (1, 2) for o in ("topo", "critical-path", "w-last", "random:0")]
 
 
-def _row(workload: str, plan: str, method: str, measured: float, predicted: float, cal: bool) -> dict[str, Any]:
+def _row(
+    workload: str, plan: str, method: str, measured: float, predicted: float, cal: bool, scored: bool = True
+) -> dict[str, Any]:
     return {
         "workload": workload, "plan": plan, "method": method, "measured_s": measured,
         "measured_spread_s": [measured * 0.95, measured * 1.1], "predicted_s": predicted,
         "sim_wall_s": 1e-3, "sim_cold_s": 2e-3, "ops": 100, "in_calibration": cal,
-        "error": predicted / measured - 1,
+        "error": predicted / measured - 1, "scored": scored,
     }
 
 
@@ -33,7 +35,7 @@ def held_out_file(tmp_path: Path) -> Path:
             measured = base * (1 + 0.1 * pi + wi)
             cal = plan == "s1-t1-topo"
             rows.append(_row(w, plan, "profile-only", measured, measured * 0.5, False))
-            rows.append(_row(w, plan, "trace-calibrated", measured, measured * (2.0 if cal else 1.0), cal))
+            rows.append(_row(w, plan, "trace-calibrated", measured, measured * (2.0 if cal else 1.0), cal, not cal))
     d = {
         "set": "held-out", "machine": {"hostname": "testhost", "cpu_model": "Test CPU"}, "cores": 2,
         "versions": {"torch": "2.13.0", "python": "3.11"}, "size": "default", "optimizer": "sgd",
@@ -69,7 +71,7 @@ def test_builtin_file_without_methods_draws_one_panel(tmp_path: Path) -> None:
     rows = [_row("mlp", p, "", 0.1 + 0.001 * i, 0.1 + 0.001 * i, p.startswith("s1-") and p.endswith("topo"))
             for i, p in enumerate(PLANS)]
     for r in rows:
-        del r["method"]
+        del r["method"], r["scored"]
     path = tmp_path / "fidelity.json"
     path.write_text(json.dumps({"trace_calibration": False, "machine": {}, "plans": rows}))
     data = fidelity.load_fidelity(path)
