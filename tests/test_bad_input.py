@@ -261,8 +261,9 @@ CASES = [
 # ---- the kit and the runner -----------------------------------------------------------------
 
 
-def _cached_capture(args: Any) -> tuple[object, object]:
-    """capture_model, served from the session cache (user specs still fail as they would)."""
+def _cached_capture(args: Any, **_: Any) -> tuple[object, object]:
+    """capture_model, served from the session cache (user specs still fail as they would);
+    keyword options of the real one (a graph cache) do not apply to the session cache."""
     return captured_workload(args.model, args.optimizer, args.size)
 
 
