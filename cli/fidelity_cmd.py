@@ -109,13 +109,14 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     from schedlab.calibrate.trace_cal import calibrate_with_traces
     from schedlab.capture import capture
     from schedlab.cli.simulate_cmd import load_profile
-    from schedlab.io import write_json_atomic
+    from schedlab.io import check_writable, write_json_atomic
     from schedlab.machine import detect_host
     from schedlab.trace import library_versions
     from schedlab.workloads import load_workload
 
     t0 = time.perf_counter()
     out = Path(args.out) if args.out else DEFAULT_OUT
+    check_writable(out)  # before minutes of measuring, not after
     machine = detect_host()
     base_profile = load_profile(args.profile)
     plans = plan_spread(machine.default_device.cores)
@@ -237,13 +238,14 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
     from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
     from schedlab.capture import capture
     from schedlab.cli.simulate_cmd import load_profile
-    from schedlab.io import write_json_atomic
+    from schedlab.io import check_writable, write_json_atomic
     from schedlab.machine import detect_host
     from schedlab.trace import library_versions
     from schedlab.workloads import load_workload
 
     t0 = time.perf_counter()
     out = Path(args.out) if args.out else DEFAULT_HELDOUT_OUT
+    check_writable(out)  # before minutes of measuring, not after
     machine = detect_host()
     profile = load_profile(args.profile)
     plans = plan_spread(machine.default_device.cores)
