@@ -207,6 +207,9 @@ CASES = [
          {"run/results.json": '{"schema": "schedlab.results", '}, copy_run=True),
     Case("report-results-json-wrong-shape", ("report", "{tmp}/run"), "{tmp}/run/results.json",
          {"run/results.json": '{"schema": "schedlab.results", "version": 1}'}, copy_run=True),
+    Case("report-results-file-not-json", ("report", "{tmp}/fid.json", "--out", "{tmp}/rep"), "{tmp}/fid.json",
+         {"fid.json": '{"plans": ['}),
+    Case("report-results-file-is-a-plan", ("report", "{kit}/plan.json", "--out", "{tmp}/rep"), "{kit}/plan.json"),
     # ---- model specs ---------------------------------------------------------------------------
     Case("model-unknown-builtin", ("trace", "resnet9000", "--size", "tiny", "--out", "{tmp}/t.json"), "resnet9000"),
     Case("model-bad-spec", ("simulate", ":make", "--profile", "{kit}/profile.json", "--out", "{tmp}/s.json"), ":make"),
