@@ -80,6 +80,12 @@ def run(args: argparse.Namespace) -> int:
         "step_times_s": list(result.step_times_s),
         "max_abs_grad_diff": check.max_abs_grad_diff,
         "max_rel_diff": check.max_rel_diff,
+        "numerics_ok": check.numerics_ok,
+        "worst_tensor": check.worst_tensor,
+        "worst_ratio": check.worst_ratio,
+        "worst_abs_diff": check.worst_abs_diff,
+        "atol": check.atol,
+        "rtol": check.rtol,
         "numeric_check": check.to_json(),
         "trace": str(out),
         "chrome_trace": str(chrome),
@@ -91,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         status = "matches eager PyTorch" if check.ok() else "DIFFERS from eager PyTorch"
         print(f"{args.model}/{args.size} ({len(graph)} ops), plan {plan.describe()}")
         print(f"  step time   {result.step_time_s * 1e3:.2f} ms (median of {args.steps})")
-        print(f"  numerics    {status}: max rel diff {check.max_rel_diff:.2e} ({check.worst}), max abs grad diff {check.max_abs_grad_diff:.2e}")
+        print(f"  numerics    {status}: {check.describe()}")
         print(f"  trace       {out}")
         print(f"  chrome      {chrome}  (open in https://ui.perfetto.dev)")
     return 0 if check.ok() else 3

@@ -45,6 +45,9 @@ DEFAULT_TOP = 3
 DEFAULT_REPEATS = 5
 DEFAULT_STEPS = 3
 DEFAULT_WARMUP = 1
+# The numeric check's verdict in detail, per plan in results.json: the worst tensor, how far
+# past (above 1) or within its tolerance it was, its max |diff| and the tolerances used.
+NUMERIC_KEYS = ("worst_tensor", "worst_ratio", "worst_abs_diff", "atol", "rtol")
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class Measurement:
     step_times_s: list[float] = field(default_factory=list)
     max_rel_diff: float | None = None
     numeric_ok: bool = False
+    numerics: dict[str, Any] = field(default_factory=dict)  # the numeric check's JSON (exec.NumericCheck)
     error: str | None = None
     trace: Trace | None = None
     executor: Any = None
@@ -175,8 +179,9 @@ def measure(
             ex = Executor(graph, resolve(graph, plan, machine, op_cost_us=op_cost_us), program)
             check = check_step(module, graph, input_values, _one_step(ex))
             m.executor, m.max_rel_diff, m.numeric_ok = ex, check.max_rel_diff, check.ok()
+            m.numerics = check.to_json()
             if not check.ok():
-                m.error = f"numerics differ from eager PyTorch: max rel diff {check.max_rel_diff:.2e} ({check.worst})"
+                m.error = f"numerics differ from eager PyTorch: {check.describe()}"
         except Exception as e:  # a plan the executor cannot run is a result, not a crash
             m.error = f"cannot run: {_one_line(e)}"
         tick()
@@ -230,6 +235,7 @@ def _entry(c: Contender, m: Measurement) -> dict[str, Any]:
         "spread_s": m.spread_s,
         "max_rel_diff": m.max_rel_diff,
         "numeric_ok": m.numeric_ok,
+        **{k: m.numerics.get(k) for k in NUMERIC_KEYS},
         "error": m.error,
     }
 
@@ -244,7 +250,7 @@ def results_of(
             e = _entry(c, measured[c.plan.hash])
             baselines[c.baseline] = {k: e[k] for k in (
                 "plan", "predicted_step_time_s", "measured_step_time_s", "measured_step_times_s", "spread_s",
-                "max_rel_diff", "numeric_ok", "error",
+                "max_rel_diff", "numeric_ok", *NUMERIC_KEYS, "error",
             )}
     candidates: list[dict[str, Any]] = []
     for c in contenders:

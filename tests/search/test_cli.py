@@ -16,11 +16,15 @@ RUN_KEYS = {
     "profile", "machine", "created_unix_s",
 }
 BEST_KEYS = {"trial", "strategy", "plan", "predicted_step_time_s", "predicted_peak_memory_bytes"}
+NUMERIC_KEYS = {"numeric_ok", "worst_tensor", "worst_ratio", "worst_abs_diff", "atol", "rtol"}
 CANDIDATE_KEYS = {
     "trial", "strategy", "plan", "predicted_step_time_s", "measured_step_time_s", "measured_step_times_s", "spread_s",
-    "max_rel_diff", "speedup",
+    "max_rel_diff", "speedup", *NUMERIC_KEYS,
 }
-BASELINE_KEYS = {"plan", "predicted_step_time_s", "measured_step_time_s", "measured_step_times_s", "spread_s", "max_rel_diff"}
+BASELINE_KEYS = {
+    "plan", "predicted_step_time_s", "measured_step_time_s", "measured_step_times_s", "spread_s", "max_rel_diff",
+    *NUMERIC_KEYS,
+}
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]
@@ -82,6 +86,7 @@ def test_validate_json_contract(capsys, run_dir: Path) -> None:  # type: ignore[
     searched = [c for c in d["candidates"] if c["baseline"] is None]
     assert len(searched) == 2 and all(set(c) >= CANDIDATE_KEYS for c in d["candidates"])
     assert all(c["max_rel_diff"] <= 1e-5 for c in d["candidates"])
+    assert all(c["numeric_ok"] and c["worst_ratio"] <= 1 and c["atol"] == 1e-5 for c in d["candidates"])
     measured = [c["measured_step_time_s"] for c in d["candidates"]]
     assert d["best"] == measured.index(min(measured))  # the fastest measured, baselines included
     assert d["searched_plan_won"] == (d["candidates"][d["best"]]["baseline"] is None)
