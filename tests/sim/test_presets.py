@@ -35,5 +35,11 @@ def test_dgx_8gpu_on_one_gpu() -> None:
 
 
 def test_bench_runs(capsys) -> None:  # type: ignore[no-untyped-def]
-    bench_main(["--ops", "40", "--repeats", "1"])
-    assert "ops/s" in capsys.readouterr().out
+    bench_main(["--sizes", "40,60", "--repeats", "1", "--slots", "1,2"])
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines()[2:]]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        (n, s, e) for n in ("40", "60") for s in ("1", "2") for e in ("compiled", "fast")
+    ]
+    by_key = {(r[0], r[1], r[2]): r[-1] for r in rows}
+    assert all(by_key[(n, s, "compiled")] == by_key[(n, s, "fast")] for n in ("40", "60") for s in ("1", "2"))
