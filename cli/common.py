@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from schedlab.paths import data_dir
@@ -37,13 +41,48 @@ def add_machine_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def capture_model(args: argparse.Namespace) -> Any:
-    """Load the workload named on the command line and capture its training step."""
-    from schedlab.capture import capture
+def add_cache_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-cache", action="store_true",
+        help="capture MODEL afresh instead of reusing the graph captured by an earlier command "
+        "(cached under the data folder's graphs/, keyed by the model's source, inputs and versions)",
+    )
+
+
+def graph_cache_dir() -> Path:
+    """Where captured graphs are cached: `graphs/` in the data folder (traces/ of a checkout)."""
+    return data_dir() / "graphs"
+
+
+def capture_model(args: argparse.Namespace, cache: bool = False) -> Any:
+    """Load the workload named on the command line and capture its training step; with
+    `cache`, through the graph cache (`schedlab.graph_cache`), so a second command on the
+    same model, size, optimizer and seed skips the capture."""
+    from schedlab.graph_cache import GraphCacheWarning, capture_cached
     from schedlab.workloads import load_workload
 
     workload = load_workload(args.model, args.size, seed=args.seed)
-    return workload, capture(workload, args.optimizer)
+    with warnings_on_stderr(GraphCacheWarning):
+        captured = capture_cached(workload, args.optimizer, args.seed, graph_cache_dir() if cache else None)
+    return workload, captured
+
+
+@contextmanager
+def warnings_on_stderr(*categories: type[Warning]) -> Iterator[None]:
+    """Warnings of `categories` raised inside, as one `schedlab: warning: ...` line each on
+    stderr (no source line, no traceback); other warnings pass on as usual."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            for category in categories:
+                warnings.simplefilter("always", category)
+            yield
+    finally:  # an error inside still shows the warnings that came before it
+        for w in caught:
+            if issubclass(w.category, categories):
+                print(f"schedlab: warning: {w.message}", file=sys.stderr)
+            else:  # outside catch_warnings: shown (or filtered) as if never caught
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
 
 def load_plan_arg(path: str | None) -> Any:

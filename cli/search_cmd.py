@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from schedlab.cli.common import add_model_args, print_json, slug
+from schedlab.cli.common import add_cache_arg, add_model_args, print_json, slug
 from schedlab.cli.simulate_cmd import load_profile
 from schedlab.errors import SchedlabError
 
@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "compare strategies. Writes run.json, graph.json, study.db and search.json into the run directory.",
     )
     add_model_args(p)
+    add_cache_arg(p)
     p.add_argument("--space", choices=SPACES, default="all", help="what to search (default all)")
     p.add_argument(
         "--trials", type=int, default=DEFAULT_TRIALS,
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from schedlab.cli.common import capture_model
 
-        _, captured = capture_model(args)
+        _, captured = capture_model(args, cache=not args.no_cache)
         graph = captured.graph
         if not args.no_trace_calibration:
             # Trace-driven calibration: a few real steps of this very graph teach the

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
-import warnings
 from pathlib import Path
 
 from schedlab.cli.common import (
     TRACES_DIR,
+    add_cache_arg,
     add_machine_arg,
     add_model_args,
     capture_model,
@@ -17,6 +16,7 @@ from schedlab.cli.common import (
     print_json,
     resolve_plan_arg,
     slug,
+    warnings_on_stderr,
 )
 from schedlab.errors import SchedlabError
 
@@ -29,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "calibrated cost model (the Profile). Writes a simulated trace in the executor's schema.",
     )
     add_model_args(p)
+    add_cache_arg(p)
     add_machine_arg(p)
     p.add_argument("--plan", default=None, metavar="PLAN.json", help="plan to simulate (default: PyTorch's own way)")
     p.add_argument("--profile", default=None, metavar="PROFILE", help="cost-model profile (default: traces/profile.json)")
@@ -41,13 +42,8 @@ def load_profile(path: str | None, machine_is_host: bool = True):  # type: ignor
     """The Profile, with a machine mismatch printed as one warning line on stderr."""
     from schedlab.calibrate.profile import Profile, ProfileMachineWarning
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ProfileMachineWarning)
-        profile = Profile.load(path, check_machine=machine_is_host)
-    for w in caught:
-        if issubclass(w.category, ProfileMachineWarning):
-            print(f"schedlab: warning: {w.message}", file=sys.stderr)
-    return profile
+    with warnings_on_stderr(ProfileMachineWarning):
+        return Profile.load(path, check_machine=machine_is_host)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     machine = load_machine(args.machine)
     profile = load_profile(args.profile, machine_is_host=args.machine in (None, "host"))
     plan = load_plan_arg(args.plan)
-    _, captured = capture_model(args)
+    _, captured = capture_model(args, cache=not args.no_cache)
     graph = captured.graph
     resolved = resolve_plan_arg(graph, plan, machine, args.plan, profile)
     result = simulate(graph, resolved, machine, profile.for_slots(plan.slots), record=True)

@@ -22,3 +22,15 @@ def captured_workload(name: str, optimizer: str = "sgd", size: str = "tiny") -> 
 @pytest.fixture
 def capture_cached():  # type: ignore[no-untyped-def]
     return captured_workload
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _graph_cache_in_a_temp_folder(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """`simulate` and `search` cache captured graphs under the data folder (traces/graphs/);
+    in the tests they share one temp folder instead, fresh each session."""
+    from schedlab.cli import common
+
+    root = tmp_path_factory.mktemp("graph-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(common, "graph_cache_dir", lambda: root)
+        yield root
