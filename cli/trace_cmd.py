@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
 from schedlab.cli.common import (
     TRACES_DIR,
@@ -31,9 +32,28 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--plan", default=None, metavar="PLAN.json", help="plan to run (default: PyTorch's own way)")
     p.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    p.add_argument(
+        "--profile",
+        default=None,
+        metavar="PROFILE",
+        help="cost-model profile that ranks a critical-path order, as simulate, search and validate rank it "
+        "(default: traces/profile.json when it exists, else a FLOP/byte estimate)",
+    )
     p.add_argument("--out", default=None, metavar="PATH", help="trace file (default: traces/<model>-<size>-<plan>.json)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the results")
     p.set_defaults(handler=run)
+
+
+def _order_profile(args: argparse.Namespace, plan: Any) -> Any:
+    """The profile a critical-path order is ranked by, so `trace --plan` runs what `simulate --plan` predicts."""
+    from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
+    from schedlab.cli.simulate_cmd import load_profile
+
+    if plan.order != "critical-path":
+        return None
+    if args.profile is None and not DEFAULT_PROFILE_PATH.exists():
+        return None
+    return load_profile(args.profile)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     machine = detect_host()
     workload, captured = capture_model(args)
     graph = captured.graph
-    executor = Executor(graph, resolve_plan_arg(graph, plan, machine, args.plan))
+    executor = Executor(graph, resolve_plan_arg(graph, plan, machine, args.plan, _order_profile(args, plan)))
     check = check_step(workload.module, graph, captured.input_values, lambda iv: executor.step(iv)[0])
     bar = tqdm(total=args.warmup + args.steps, desc=f"trace {args.model}", unit="step", file=sys.stderr, disable=None)
     try:
