@@ -6,7 +6,7 @@
 
 `reports.load` reads a run directory (search/RUN_DIR.md) or a suite of them into
 dataclasses; `reports.figures.*` draw one figure each (each also runnable alone:
-`python -m reports.figures.gantt RUN_DIR`); `reports.index` writes the index page and
+`python -m schedlab.reports.figures.gantt RUN_DIR`); `reports.index` writes the index page and
 figures.json; `reports.style` holds the paper look. Only this package imports matplotlib.
 """
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from schedlab.reports.index import Skipped
     from schedlab.reports.load import RunData, Suite, load
 
-# Imported on first use, so that `python -m reports.figures.NAME` does not import every
+# Imported on first use, so that `python -m schedlab.reports.figures.NAME` does not import every
 # figure module (itself included) before running it.
 _WHERE = {
     "FIGURE_NAMES": "schedlab.reports.build",

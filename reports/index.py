@@ -25,11 +25,11 @@ REPORT_VERSION = 1
 FIGURES_JSON = "figures.json"
 INDEX_HTML = "index.html"
 REDRAW = {
-    "speedup": "python -m reports.figures.speedup {path}",
-    "pred_vs_meas": "python -m reports.figures.pred_vs_meas {path}",
-    "gantt": "python -m reports.figures.gantt {path}",
-    "thread_scaling": "python -m reports.figures.thread_scaling {path}",
-    "history": "python -m reports.figures.history {path}",
+    "speedup": "python -m schedlab.reports.figures.speedup {path}",
+    "pred_vs_meas": "python -m schedlab.reports.figures.pred_vs_meas {path}",
+    "gantt": "python -m schedlab.reports.figures.gantt {path}",
+    "thread_scaling": "python -m schedlab.reports.figures.thread_scaling {path}",
+    "history": "python -m schedlab.reports.figures.history {path}",
     "fidelity": "python -m schedlab.reports.figures.fidelity {path}",
 }
 

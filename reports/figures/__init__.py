@@ -2,7 +2,7 @@
 `out_stem.png` and `out_stem.pdf` from loaded run data only, and can be run alone to
 redraw its figure from the stored files (LLMCompass style: one script per figure):
 
-    python -m reports.figures.gantt RUN_DIR [OUT_DIR]
+    python -m schedlab.reports.figures.gantt RUN_DIR [OUT_DIR]
 
 A figure whose data is missing raises `FigureSkipped` with the reason; the report notes
 it on the index page instead of failing.
@@ -133,10 +133,10 @@ def run_conditions_text(run: RunData, basis: str, plan_hashes: Sequence[str] = (
 
 
 def main_for(draw_run: Callable[[RunData, Path], FigureRecord], name: str, argv: Sequence[str] | None = None) -> int:
-    """`python -m reports.figures.NAME RUN_DIR [OUT_DIR]`: redraw one figure per run."""
+    """`python -m schedlab.reports.figures.NAME RUN_DIR [OUT_DIR]`: redraw one figure per run."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not 1 <= len(args) <= 2:
-        print(f"usage: python -m reports.figures.{name} RUN_DIR [OUT_DIR]", file=sys.stderr)
+        print(f"usage: python -m schedlab.reports.figures.{name} RUN_DIR [OUT_DIR]", file=sys.stderr)
         return 2
     suite = load(args[0])
     out_dir = Path(args[1]) if len(args) == 2 else suite.root / "report"

@@ -224,10 +224,10 @@ def _cond(m: Measured) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m reports.figures.speedup PATH [OUT_DIR]`: one figure for a run or a whole suite."""
+    """`python -m schedlab.reports.figures.speedup PATH [OUT_DIR]`: one figure for a run or a whole suite."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not 1 <= len(args) <= 2:
-        print("usage: python -m reports.figures.speedup RUN_DIR|SUITE [OUT_DIR]", file=sys.stderr)
+        print("usage: python -m schedlab.reports.figures.speedup RUN_DIR|SUITE [OUT_DIR]", file=sys.stderr)
         return 2
     suite = load(args[0])
     out_dir = Path(args[1]) if len(args) == 2 else suite.root / "report"

@@ -77,7 +77,7 @@ def test_figures_json_carries_conditions(reported: tuple[Path, str, str, str]) -
         assert "testhost" in text and "torch 2.13.0+cpu" in text, name
         assert f["sources"] and all((run_dir / "report" / s).exists() for s in f["sources"]), name
         assert set(f["source_sha256"]) == set(f["sources"])
-        assert f["redraw"].startswith("python -m reports.figures.")
+        assert f["redraw"].startswith("python -m schedlab.reports.figures.")
     assert graph_hash in figs["gantt"]["conditions_text"] and plan_hash in figs["gantt"]["conditions_text"]
     assert figs["gantt"]["conditions"]["plan_hash"] == plan_hash
     assert figs["gantt"]["conditions"]["measured_median_ms"] > 0
