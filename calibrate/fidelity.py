@@ -34,6 +34,7 @@ from typing import Any
 from scipy.stats import kendalltau
 
 from schedlab.backend import BackendRun
+from schedlab.calibrate.host_load import foreign_cpu_frac, snapshot
 from schedlab.calibrate.profile import Profile
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
@@ -68,6 +69,7 @@ class FidelityRow:
     ops: int
     in_calibration: bool  # whether this plan's thread count and slots were calibration runs
     method: str = TRACE_CALIBRATED  # how the prediction was made: PROFILE_ONLY or TRACE_CALIBRATED
+    foreign_cpu_frac: float | None = None  # share of the CPU other processes used while it was measured
 
     @property
     def error(self) -> float:
@@ -84,6 +86,15 @@ class WorkloadSummary:
     sim_ops_per_s: float  # reused Simulator (as in search)
     exec_over_sim: float  # measured step seconds / simulation seconds (median over plans)
     exec_over_sim_cold: float  # the same against a `simulate()` call from scratch
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One plan run on the executor, and how busy the rest of the machine was meanwhile:
+    on a shared 2-core machine a neighbour makes two-thread steps many times slower."""
+
+    run: BackendRun
+    foreign_cpu_frac: float | None  # None where /proc/stat cannot be read
 
 
 @dataclass(frozen=True)
@@ -129,17 +140,19 @@ def measure(
     steps: int = 3,
     warmup: int = 1,
     progress: Callable[[], None] | None = None,
-) -> list[BackendRun]:
+) -> list[Measurement]:
     """Each plan run on the executor: `warmup` untimed steps, then `steps` timed ones."""
     from schedlab.exec import ExecBackend
 
     executor = ExecBackend(input_values, warmup=warmup, workload=workload)
-    runs: list[BackendRun] = []
+    out: list[Measurement] = []
     for resolved in plans:
-        runs.append(executor.run(graph, resolved, machine, steps=steps))
+        before = snapshot()
+        run = executor.run(graph, resolved, machine, steps=steps)
+        out.append(Measurement(run=run, foreign_cpu_frac=foreign_cpu_frac(before, snapshot())))
         if progress is not None:
             progress()
-    return runs
+    return out
 
 
 def predict(graph: Graph, plans: Sequence[ResolvedPlan], profile: Profile, machine: Machine) -> list[Prediction]:
@@ -163,7 +176,7 @@ def fidelity_rows(
     workload: str,
     graph: Graph,
     plans: Sequence[ResolvedPlan],
-    measured: Sequence[BackendRun],
+    measured: Sequence[Measurement],
     predicted: Sequence[Prediction],
     method: str,
     in_calibration: Callable[[Plan], bool] = lambda plan: False,
@@ -173,14 +186,15 @@ def fidelity_rows(
         FidelityRow(
             workload=workload,
             plan=r.plan.name or r.plan.describe(),
-            measured_s=meas.step_time_s,
-            measured_spread_s=(min(meas.step_times_s), max(meas.step_times_s)),
+            measured_s=meas.run.step_time_s,
+            measured_spread_s=(min(meas.run.step_times_s), max(meas.run.step_times_s)),
             predicted_s=pred.step_time_s,
             sim_wall_s=pred.sim_wall_s,
             sim_cold_s=pred.sim_cold_s,
             ops=len(graph),
             in_calibration=in_calibration(r.plan),
             method=method,
+            foreign_cpu_frac=meas.foreign_cpu_frac,
         )
         for r, meas, pred in zip(plans, measured, predicted, strict=True)
     ]
@@ -266,7 +280,7 @@ def held_out_fidelity(
         )
     cal_plan = resolved[cal[0]].plan
     measured = measure(workload, graph, input_values, resolved, machine, steps, warmup, progress)
-    calibrated = profile.with_trace(measured[cal[0]].trace, graph)
+    calibrated = profile.with_trace(measured[cal[0]].run.trace, graph)
     alone = predict(graph, resolved, profile, machine)
     learnt = predict(graph, resolved, calibrated, machine)
     return HeldOutResult(

@@ -25,6 +25,7 @@ from schedlab.workloads.heldout import HELDOUT_WORKLOADS, PREFIX, is_heldout
 
 DEFAULT_OUT = TRACES_DIR / "fidelity.json"
 DEFAULT_HELDOUT_OUT = TRACES_DIR / "fidelity-heldout.json"
+BUSY_FRAC = 0.25  # a plan measured while other processes used more of the CPU than this is flagged
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -228,7 +229,13 @@ def held_out_json(results: list[Any], ops: dict[str, int]) -> dict[str, Any]:
         for scored in [res.scored(method)]
         for r in rows
     ]
-    return {"overall": overall, "models": models, "plans": plans}
+    busy = [  # one measurement per plan: the profile-only rows hold each once
+        f"{r.workload.removeprefix(PREFIX)}/{r.plan}"
+        for res in results
+        for r in res.profile_only
+        if (r.foreign_cpu_frac or 0.0) > BUSY_FRAC
+    ]
+    return {"overall": overall, "models": models, "plans": plans, "busy_frac": BUSY_FRAC, "busy_plans": busy}
 
 
 def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
@@ -301,7 +308,7 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
     print(f"held-out fidelity on {cpu} ({result['cores']} cores), size {result['size']}, "
           f"{result['steps_per_plan']} steps/plan, profile {result['profile']}")
     print(f"{'workload':<30}{'plan':<22}{'measured ms':>12}{'profile-only ms':>16}{'error':>8}"
-          f"{'trace-cal ms':>13}{'error':>8}")
+          f"{'trace-cal ms':>13}{'error':>8}{'others':>8}")
     by_key: dict[tuple[str, str], dict[str, Any]] = {}
     for r in result["plans"]:
         by_key.setdefault((r["workload"], r["plan"]), {})[r["method"]] = r
@@ -309,7 +316,8 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
         alone, learnt = pair["profile-only"], pair["trace-calibrated"]
         mark = "*" if learnt["in_calibration"] else " "
         print(f"{workload:<30}{plan:<22}{alone['measured_s'] * 1e3:>12.2f}{alone['predicted_s'] * 1e3:>16.2f}"
-              f"{_pct(alone['error'], 8)}{learnt['predicted_s'] * 1e3:>13.2f}{_pct(learnt['error'], 8)}{mark}")
+              f"{_pct(alone['error'], 8)}{learnt['predicted_s'] * 1e3:>13.2f}{_pct(learnt['error'], 8)}{mark}"
+              f"{_pct(alone.get('foreign_cpu_frac'), 7)}")
     print()
     print(f"{'':<30}{'--- profile-only ---':>24}   {'--- trace-calibrated ---':>36}")
     print(f"{'workload':<24}{'ops':>6}{'MAPE':>8}{'worst':>8}{'tau':>7}   {'MAPE':>8}{'worst':>8}{'tau':>7}"
@@ -325,4 +333,9 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
     print(f"profile-only: the stored profile alone, over all {result['plans_per_model']} plans of each model. "
           f"trace-calibrated: calibrated on the measured run of {cal} (*) of the same model, errors over the "
           f"other {result['plans_per_model'] - 1} plans; other shapes: only plans with 2 slots or 2 threads.")
+    print("others: share of the CPU other processes used while the plan was measured")
+    busy = result["busy_plans"]
+    if busy:
+        print(f"warning: {len(busy)} plan(s) measured while other processes used over "
+              f"{BUSY_FRAC:.0%} of the CPU; their times are unreliable: {', '.join(busy)}")
     print(f"results: {out}   (draw them: schedlab report {out})")

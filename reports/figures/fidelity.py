@@ -73,6 +73,7 @@ class FidelityData:
     optimizer: str = "?"
     steps_per_plan: int | None = None
     calibration_plan: str | None = None  # held-out files: the plan the trace calibration used
+    foreign_cpu_fracs: tuple[float, ...] = ()  # per measured plan: the CPU share other processes used
 
     @property
     def methods(self) -> list[str]:
@@ -120,6 +121,12 @@ def load_fidelity(path: str | Path) -> FidelityData:
             raise SchedlabError(f"{p}: plans[{i}] is malformed ({type(e).__name__}: {e}); {hint}") from None
     if not points:
         raise SchedlabError(f"{p} holds no plans; {hint}")
+    # One measurement per (model, plan), whatever the number of predictions of it.
+    foreign = {
+        (r["workload"], r["plan"]): float(r["foreign_cpu_frac"])
+        for r in d["plans"]
+        if isinstance(r.get("foreign_cpu_frac"), (int, float))
+    }
     machine, versions, cores = d.get("machine"), d.get("versions"), d.get("cores")
     machine = machine if isinstance(machine, dict) else {}
     versions = versions if isinstance(versions, dict) else {}
@@ -134,6 +141,7 @@ def load_fidelity(path: str | Path) -> FidelityData:
         optimizer=str(d.get("optimizer", "?")),
         steps_per_plan=steps if isinstance(steps, int) else None,
         calibration_plan=str(d["calibration_plan"]) if d.get("calibration_plan") else None,
+        foreign_cpu_fracs=tuple(foreign.values()),
     )
 
 
@@ -235,6 +243,7 @@ def draw(data: FidelityData, out_stem: Path) -> FigureRecord:
             "optimizer": data.optimizer,
             "steps_per_plan": data.steps_per_plan,
             "calibration_plan": data.calibration_plan,
+            "foreign_cpu_frac": _busy(data.foreign_cpu_fracs),
             "axes": "log-log" if log else "linear",
             "panels": {
                 m: {k: (None if v is None else round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}
@@ -325,8 +334,16 @@ def _caption(data: FidelityData, methods: list[str], panels: dict[str, dict[str,
 def _footnote(data: FidelityData) -> str:
     torch = data.versions.get("torch", "?")
     steps = f"{data.steps_per_plan} timed steps per plan" if data.steps_per_plan else "timed steps unknown"
-    return (f"Measured on {data.host}, torch {torch}, size {data.size}, optimizer {data.optimizer}, {steps}; "
-            f"from {data.path.name}. x: simulated.")
+    busy = _busy(data.foreign_cpu_fracs)
+    others = (f"; other processes used a median {busy['median']:.0%}, at most {busy['max']:.0%} of the CPU "
+              "while a plan was measured" if busy else "")
+    return (f"Measured on {data.host}, torch {torch}, size {data.size}, optimizer {data.optimizer}, {steps}"
+            f"{others}; from {data.path.name}. x: simulated.")
+
+
+def _busy(fracs: Sequence[float]) -> dict[str, float] | None:
+    """Median and largest share of the CPU other processes used while plans were measured."""
+    return {"median": statistics.median(fracs), "max": max(fracs)} if fracs else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -144,11 +144,34 @@ def test_held_out_command_json_and_table(capsys, tmp_path: Path, profile_file: P
     unscored = [p for p in stored["plans"] if not p["scored"]]
     assert [(p["plan"], p["method"]) for p in unscored] == [(CALIBRATION_PLAN.name, TRACE_CALIBRATED)]
     assert stored["size"] == "tiny" and stored["steps_per_plan"] == 1 and stored["versions"]["torch"]
+    assert all(p["foreign_cpu_frac"] is None or 0.0 <= p["foreign_cpu_frac"] <= 1.0 for p in stored["plans"])
+    assert isinstance(stored["busy_plans"], list)
 
     print_held_out(stored, "Test CPU", out)
     text = capsys.readouterr().out
     assert "profile-only" in text and "trace-calibrated" in text and "mixer" in text
-    assert text.count("*") >= 1 and f"other {n - 1} plans" in text
+    assert text.count("*") >= 1 and f"other {n - 1} plans" in text and "others" in text
+
+
+def test_plans_measured_on_a_busy_machine_are_flagged() -> None:
+    from schedlab.calibrate.fidelity import FidelityRow
+    from schedlab.cli.fidelity_cmd import BUSY_FRAC, held_out_json
+
+    def row(plan: str, method: str, busy: float | None, cal: bool = False) -> FidelityRow:
+        return FidelityRow(MODEL, plan, 0.01, (0.01, 0.02), 0.012, 1e-4, 2e-4, 10, cal, method, busy)
+
+    busy = {"s1-t1-topo": 0.0, "s1-t2-topo": BUSY_FRAC + 0.3, "s2-t2-topo": None}
+    res = HeldOutResult(
+        MODEL,
+        profile_only=[row(p, PROFILE_ONLY, b) for p, b in busy.items()],
+        trace_calibrated=[row(p, TRACE_CALIBRATED, b, cal=p == "s1-t1-topo") for p, b in busy.items()],
+        calibration_shape=(True, False, False),
+    )
+    d = held_out_json([res], {MODEL: 10})
+    assert d["busy_plans"] == ["mixer/s1-t2-topo"] and d["busy_frac"] == BUSY_FRAC
+    assert d["models"][0]["trace_calibrated"]["n_plans"] == 2
+    assert d["models"][0]["trace_calibrated"]["other_shapes"]["n_plans"] == 2
+    assert [p["scored"] for p in d["plans"]] == [True, True, True, False, True, True]
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ def _row(
         "workload": workload, "plan": plan, "method": method, "measured_s": measured,
         "measured_spread_s": [measured * 0.95, measured * 1.1], "predicted_s": predicted,
         "sim_wall_s": 1e-3, "sim_cold_s": 2e-3, "ops": 100, "in_calibration": cal,
-        "error": predicted / measured - 1, "scored": scored,
+        "error": predicted / measured - 1, "scored": scored, "foreign_cpu_frac": 0.5 if plan == "s2-t2-topo" else 0.1,
     }
 
 
@@ -64,6 +64,8 @@ def test_held_out_file_draws_two_panels_with_the_calibration_plan_left_out(tmp_p
     assert rec.conditions["models"]["mixer"]["profile-only"]["n_scored"] == 16
     assert rec.sources == (data.path,) and rec.basis == "measured and simulated"
     assert "held-out" in rec.title and "left out" in rec.caption and "Test CPU" in rec.conditions_text
+    assert data.foreign_cpu_fracs.count(0.5) == 2  # one measurement per model and plan, not per prediction
+    assert rec.conditions["foreign_cpu_frac"] == {"median": pytest.approx(0.1), "max": pytest.approx(0.5)}
 
 
 def test_builtin_file_without_methods_draws_one_panel(tmp_path: Path) -> None:
