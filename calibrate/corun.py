@@ -15,6 +15,13 @@ the same op in a loop; each call's time is compared with the same op alone. Thre
 - negligible: ``add`` of 1-element tensors: the interpreter lock. Each call's Python part
   holds it, so two threads of tiny ops take turns; this is what the simulator's dispatch
   resource models, reported here to check it, not used by `corun_slowdown`.
+- the serial window (`serial_window`): ``add`` of growing tensors. ATen releases the
+  interpreter lock around the kernel, but a waiting thread takes several microseconds to
+  wake up and take it: two threads of short ops take turns on the whole call (measured
+  here: a 2 us kernel, 4x the time per call with two threads), long ones overlap. The
+  kernel time of the largest size that two threads still run in turn (together/alone
+  >= `SERIAL_RATIO`) is the window: the Profile charges that much of every kernel under
+  the lock when several slots run (`Profile.serial_us`).
 
 Alone and together runs alternate a few times and the fastest of each is taken, so a
 burst of load from another process does not land on one side only. A neighbour that
@@ -28,7 +35,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -46,6 +53,16 @@ class CorunFigures:
     foreign_cpu_frac: float | None = None  # other processes' CPU share while measuring
     oversub_mem: float = 1.0  # extra factor, beyond processor sharing, when cores are oversubscribed
     oversub_compute: float = 1.0
+    serial_window_us: float = 0.0  # kernel time two workers cannot overlap (see `serial_window`)
+    # intra-op threads -> wait (us) of each op of the co-run executor beyond its Python
+    # (waking an idle worker, handing the lock over), fitted on real graphs (`corun_fit`)
+    latency_us: dict[int, float] = field(default_factory=dict)
+
+    def latency(self, threads: int) -> float:
+        """`latency_us` at `threads` (the nearest measured count; 0 when none was)."""
+        if not self.latency_us:
+            return 0.0
+        return self.latency_us[min(self.latency_us, key=lambda k: (abs(k - threads), k))]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -57,6 +74,8 @@ class CorunFigures:
             "foreign_cpu_frac": None if self.foreign_cpu_frac is None else round(self.foreign_cpu_frac, 3),
             "oversub_mem": round(self.oversub_mem, 4),
             "oversub_compute": round(self.oversub_compute, 4),
+            "serial_window_us": round(self.serial_window_us, 4),
+            "latency_us": {str(k): round(v, 4) for k, v in sorted(self.latency_us.items())},
         }
 
 
@@ -115,6 +134,25 @@ def slowdown(
     return min(together) / min(alone)
 
 
+SERIAL_RATIO = 1.5  # together / alone per call at or above which two threads take turns
+SERIAL_SIZES = (1, 1 << 12, 1 << 14, 1 << 16, 1 << 18)  # elements of the add
+
+
+def serial_window(duration_s: float, rounds: int) -> float:
+    """The longest kernel (us beyond a 1-element call) two threads still run in turn."""
+    aten = torch.ops.aten
+    window, floor = 0.0, None
+    for n in SERIAL_SIZES:
+        args = (torch.randn(n), torch.randn(n))
+        alone = min(_in_threads(aten.add.Tensor, args, 1, duration_s) for _ in range(rounds))
+        together = min(_in_threads(aten.add.Tensor, args, 2, duration_s) for _ in range(rounds))
+        floor = alone if floor is None else floor
+        if together < SERIAL_RATIO * alone:
+            break
+        window = max(window, alone - floor)
+    return window
+
+
 def measure_corun(cores: int, duration_s: float = 0.25, rounds: int = 3) -> CorunFigures:
     """Co-run slowdowns on a machine with `cores` cores (1.0 each where cores < 2)."""
     if cores < 2:
@@ -133,5 +171,6 @@ def measure_corun(cores: int, duration_s: float = 0.25, rounds: int = 3) -> Coru
         # Two teams of `cores` threads on `cores` cores: processor sharing accounts for 2x.
         oversub_mem=max(1.0, slowdown(aten.add.Tensor, mid, duration_s, rounds, intra=cores) / 2.0),
         oversub_compute=max(1.0, slowdown(aten.mm.default, mat, duration_s, rounds, intra=cores) / 2.0),
+        serial_window_us=serial_window(duration_s / 2, rounds),
         foreign_cpu_frac=foreign_cpu_frac(start, snapshot()),
     )

@@ -61,9 +61,19 @@ class WorkThreadsModel:
 
     def kernel_us(self, flops: float, nbytes: float, threads: int) -> float:
         work = self.work_us(flops, nbytes)
-        p = self.p_max * work / (work + self.h_us) if work > 0 else 0.0
+        p = self.parallel_share(flops, nbytes)
         n = max(1, threads)
         return self.a_us + work * ((1.0 - p) + p / n) + self.c_us * (n - 1)
+
+    def parallel_share(self, flops: float, nbytes: float) -> float:
+        """p: the share (0..1) of the op's one-thread work that runs in a parallel region."""
+        work = self.work_us(flops, nbytes)
+        return self.p_max * work / (work + self.h_us) if work > 0 else 0.0
+
+    def work_share(self, flops: float, nbytes: float) -> float:
+        """Share (0..1) of the one-thread kernel that is work, not the fixed cost `a_us`."""
+        work = self.work_us(flops, nbytes)
+        return work / (work + self.a_us) if work + self.a_us > 0 else 0.0
 
     def memory_share(self, flops: float, nbytes: float) -> float:
         """Fraction (0..1) of the single-thread work that is memory traffic."""

@@ -7,9 +7,13 @@ A Profile implements `sim.cost.CostModel`. `kernel_us(op, threads)` looks up, in
    is interpolated between measured ones (linear in 1/threads) or, outside them,
    extrapolated from the nearest measured one with the shape of the class model;
 2. the fitted model of the op's class (`Op.op_class`) on (flops, bytes, threads);
-3. the fallback model, fitted on every memory-bound point, for classes never measured.
+3. for a class never measured, the machine's roofline (`calibrate.roofline`: peak FLOP/s
+   and memory bandwidth measured in calibration); a Profile without one (version 1
+   files) uses the model fitted on every memory-bound point (`fallback`).
+   `coverage(graph)` counts the ops of a graph that fell through to it.
 
-Views cost no kernel time: only dispatch (`dispatch_us`). `dispatch_us` is the executor's
+Views cost no kernel time: only dispatch (`dispatch_us`), the probe view's plus what
+the view's own call costs beyond it (`calibrate.views`). `dispatch_us` is the executor's
 cost per op with one slot; `profile.for_slots(plan.slots)` gives the co-run executor's
 (measured with two slots of negligible ops; see `calibrate.dispatch`).
 
@@ -18,9 +22,9 @@ and loaded on another still loads: `Profile.load` warns with a `ProfileMachineWa
 (a `UserWarning`) naming the fields of the machine fingerprint that differ; callers that
 want the differences as data use `Profile.machine_mismatch`.
 
-JSON layout (version 1)::
+JSON layout (version 2; version 1 files, without "views" and "roofline", still load)::
 
-    {"schema": "schedlab.profile", "version": 1,
+    {"schema": "schedlab.profile", "version": 2,
      "machine": {"cpu_model": ..., "cores": 2, "torch": ...},   # Machine.fingerprint
      "created_unix_s": ..., "quick": true,
      "dispatch": {"op_us", "view_us", "corun_op_us", "corun_event_floor_us",
@@ -32,6 +36,9 @@ JSON layout (version 1)::
      "signatures": {signature: {"1": kernel_us, "2": kernel_us}},
      "corun": {"model": "linear_busy_fraction", "mem_slowdown", "compute_slowdown",
                "gil_slowdown", "measured", "foreign_cpu_frac"},
+     "views": {"signatures": {signature: extra_us}, "classes": {view_class: {"a_us",
+               "per_output_us", "n_signatures"}}, "fallback": {...}},
+     "roofline": {"model": "roofline", "gflops": {"1": ..., "2": ...}, "gbps": {...}, "a_us": ...},
      "meta": {...}}
 """
 
@@ -45,12 +52,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from schedlab.calibrate.context import NO_CONTEXT, ContextCosts, first_uses
 from schedlab.calibrate.corun import CorunFigures
 from schedlab.calibrate.dispatch import DispatchFigures
 from schedlab.calibrate.fit import ClassFit
 from schedlab.calibrate.model import WorkThreadsModel
+from schedlab.calibrate.roofline import Roofline
 from schedlab.calibrate.signature import signature
 from schedlab.calibrate.trace_cal import trace_figures, trace_slots
+from schedlab.calibrate.views import NO_VIEW_COSTS, ViewCosts
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, Op
 from schedlab.machine import Machine
@@ -58,7 +68,8 @@ from schedlab.paths import default_profile_path
 from schedlab.trace import Trace
 
 PROFILE_SCHEMA = "schedlab.profile"
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: no view costs, no roofline (the fitted fallback stands in)
 DEFAULT_PROFILE_PATH = default_profile_path()
 _MODEL_NAMES = ("work_threads", "work_threads_scaled")
 
@@ -78,6 +89,11 @@ class Profile:
     signatures: dict[str, dict[int, float]]  # signature -> threads -> kernel_us
     corun: CorunFigures
     meta: dict[str, Any] = field(default_factory=dict)
+    views: ViewCosts = NO_VIEW_COSTS  # what views cost beyond the probe view (calibrate.views)
+    roofline: Roofline | None = None  # the cost of classes never measured (calibrate.roofline)
+    context: ContextCosts = NO_CONTEXT  # what ops cost in a step beyond a benchmark (calibrate.context)
+    # the graph this Profile predicts (`for_graph`) and the Python ids of its first-use ops
+    bound: tuple[Graph, frozenset[int]] | None = field(default=None, compare=False, repr=False)
     # executor slots the dispatch cost is for (`for_slots`); a use, not part of the JSON
     dispatch_slots: int = field(default=1, compare=False)
     # op identity -> (op, its signature-table row or None); the simulator asks often
@@ -88,27 +104,73 @@ class Profile:
     # ---- CostModel ---------------------------------------------------------------------
 
     def kernel_us(self, op: Op, threads: int) -> float:
-        """Kernel time of `op` alone with `threads` intra-op threads (see module docstring)."""
+        """Kernel time of `op` alone with `threads` intra-op threads (see module docstring).
+
+        For the co-run executor (`for_slots` > 1): less the part charged under the lock
+        (`serial_us`), plus the wait of each of its ops for a worker that runs and holds
+        the lock (`CorunFigures.latency`, fitted on real graphs: `calibrate.corun_fit`).
+        """
         if op.is_view:
             return 0.0
         n = max(1, int(threads))
+        alone = self._alone_us(op, n)
+        if self.dispatch_slots <= 1:
+            return alone
+        return max(0.0, alone - self.serial_us(op)) + self.corun.latency(n)
+
+    def _alone_us(self, op: Op, n: int) -> float:
         row = self._row(op)
         if row:
-            return self._from_row(op, row, n)
-        return max(0.0, self.class_model(op.op_class).kernel_us(op.flops, op.bytes_moved, n))
+            warm = self._from_row(op, row, n)
+        else:
+            warm = max(0.0, self.class_model(op.op_class).kernel_us(op.flops, op.bytes_moved, n))
+        return max(0.0, warm + self.first_use_us(op))
+
+    def first_use_us(self, op: Op) -> float:
+        """The extra of `op` being the first of its target in the bound graph's step
+        (`calibrate.context`); 0 for other ops, and in a Profile bound to no graph."""
+        if self.bound is None or id(op) not in self.bound[1]:
+            return 0.0
+        return self.context.first_use(op.op_class)
+
+    def for_graph(self, graph: Graph) -> Profile:
+        """This Profile bound to `graph`: the first op of each target in its program order
+        pays its class's first-use extra (`calibrate.context`). Bind the graph whose ops
+        the simulator is given; `for_slots` keeps the binding."""
+        first = first_uses(graph)
+        return dataclasses.replace(self, bound=(graph, frozenset(id(op) for op in graph.ops if op.id in first)))
+
+    def serial_us(self, op: Op) -> float:
+        """The part of `op`'s kernel (one thread) that another worker cannot overlap.
+
+        A short op releases the interpreter lock for less time than a waiting worker
+        takes to wake up and take it (`CorunFigures.serial_window_us`): two workers of
+        tiny ops take turns on the whole call, not on its Python part only. With
+        several slots this part is charged under the lock (`dispatch_us`) and taken
+        off `kernel_us`; one slot runs one op at a time, so nothing moves.
+        """
+        if op.is_view or self.dispatch_slots <= 1:
+            return 0.0
+        return min(self._alone_us(op, 1), self.corun.serial_window_us)
 
     def dispatch_us(self, op: Op) -> float:
         """Executor time in Python around `op` (holds the interpreter lock).
 
         One slot: the straight-line step's cost per op. Several (`for_slots`): the co-run
-        executor's, whose workers hand the lock and the ready heap over between ops.
+        executor's, whose workers hand the lock and the ready heap over between ops. A
+        view adds what its own call costs beyond the probe view's (`calibrate.views`).
         """
         d = self.dispatch
-        if self.dispatch_slots <= 1:
-            return d.view_us if op.is_view else d.op_us
-        if op.is_view:
-            return d.view_us * d.corun_op_us / d.op_us if d.op_us > 0 else d.corun_op_us
-        return d.corun_op_us
+        if not op.is_view:
+            return d.op_us if self.dispatch_slots <= 1 else d.corun_op_us + self.serial_us(op)
+        base = d.view_us
+        if self.dispatch_slots > 1:
+            base = d.view_us * d.corun_op_us / d.op_us if d.op_us > 0 else d.corun_op_us
+        return base + self.view_extra_us(op)
+
+    def view_extra_us(self, op: Op) -> float:
+        """What view `op`'s call costs beyond the probe view's (`calibrate.views`)."""
+        return self.views.extra_us(signature(op), op.op_class, len(op.outputs))
 
     def for_slots(self, slots: int) -> Profile:
         """This Profile with the dispatch cost of the executor running `slots` workers."""
@@ -120,28 +182,59 @@ class Profile:
         The measured two-op slowdown of a memory-bound op and of a compute-bound op are
         mixed by the op's memory share (from its class model), and scaled linearly with
         the share of the other cores that are busy (all of them busy: the measured
-        factor). Measured with one co-runner on this machine; more is extrapolation.
+        factor). Only the op's work slows down, not its fixed cost per call (the class
+        model's `a_us`): a tiny op is all fixed cost, interpreter and dispatcher on its
+        own core. Measured with one co-runner on this machine; more is extrapolation.
         When the others alone keep every core busy, `op`'s threads oversubscribe the
         cores, and the measured oversubscription factor (the cost beyond processor
-        sharing of OpenMP teams descheduled at their barriers) applies as well.
+        sharing of OpenMP teams descheduled at their barriers) applies to the share of
+        the op that runs in a parallel region (the class model's thread scaling at the
+        op's size): an op below ATen's grain size runs on its calling thread alone.
         """
         if op.is_view or busy_cores <= 0 or total_cores <= 1:
             return 1.0
         frac = min(1.0, busy_cores / (total_cores - 1))
-        mem = self.class_model(op.op_class).memory_share(op.flops, op.bytes_moved)
+        model = self.class_model(op.op_class)
+        f, b = op.flops, op.bytes_moved
+        mem = model.memory_share(f, b)
         c = self.corun
         factor = c.compute_slowdown + (c.mem_slowdown - c.compute_slowdown) * mem
-        out = max(1.0, 1.0 + (factor - 1.0) * frac)
+        out = max(1.0, 1.0 + (factor - 1.0) * frac * model.work_share(f, b))
         if busy_cores >= total_cores:
-            out *= max(1.0, c.oversub_compute + (c.oversub_mem - c.oversub_compute) * mem)
+            oversub = c.oversub_compute + (c.oversub_mem - c.oversub_compute) * mem
+            out *= max(1.0, 1.0 + (oversub - 1.0) * model.parallel_share(f, b))
         return out
 
     # ---- lookups -----------------------------------------------------------------------
 
-    def class_model(self, op_class: str) -> WorkThreadsModel:
-        """The fitted model of `op_class`, or the fallback for a class never measured."""
+    def class_model(self, op_class: str) -> WorkThreadsModel | Roofline:
+        """The fitted model of `op_class`; for a class never measured, the roofline (or,
+        in a Profile without one, the model fitted on every memory-bound point)."""
         fit = self.classes.get(op_class)
-        return (fit or self.fallback).model
+        if fit is not None:
+            return fit.model
+        return self.roofline if self.roofline is not None else self.fallback.model
+
+    # ---- coverage ----------------------------------------------------------------------
+
+    def is_fallback(self, op: Op) -> bool:
+        """Whether `op`'s kernel time comes from the fallback: a non-view op of a class
+        never measured, whose signature is not in the table either."""
+        return not op.is_view and op.op_class not in self.classes and not self._row(op)
+
+    def coverage(self, graph: Graph) -> dict[str, Any]:
+        """How much of `graph` the Profile measured: its non-view ops, and how many of them
+        (and of which classes) fell back on the roofline or the fitted fallback."""
+        fell: dict[str, int] = {}
+        for op in graph.ops:
+            if self.is_fallback(op):
+                fell[op.op_class] = fell.get(op.op_class, 0) + 1
+        return {
+            "ops": sum(1 for op in graph.ops if not op.is_view),
+            "fallback_ops": sum(fell.values()),
+            "fallback_classes": dict(sorted(fell.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "fallback_model": "roofline" if self.roofline is not None else "memory-bound fit",
+        }
 
     def _row(self, op: Op) -> dict[int, float] | None:
         hit = self._rows.get(id(op))
@@ -174,11 +267,15 @@ class Profile:
 
         Each (signature, threads) seen in the trace gets the median of its event durations,
         stalls dropped (`calibrate.trace_cal.robust_low`), minus the executor's in-event
-        floor; trace entries replace
-        microbenchmark ones, other thread counts of the signature are kept.
+        floor and, for the first op of each target, its first-use extra (which a bound
+        Profile adds back where it applies); trace entries replace microbenchmark ones,
+        other thread counts of the signature are kept.
         """
         floor_us = self.dispatch.event_floor_us(trace_slots(trace))
-        figs = trace_figures(trace, graph, floor_us)
+        first = first_uses(graph)
+        figs = trace_figures(
+            trace, graph, floor_us, lambda op: self.context.first_use(op.op_class) if op.id in first else 0.0
+        )
         merged = {sig: dict(row) for sig, row in self.signatures.items()}
         for sig, row in figs.signatures.items():
             merged.setdefault(sig, {}).update(row)
@@ -225,6 +322,9 @@ class Profile:
                 sig: {str(k): round(v, 4) for k, v in sorted(row.items())} for sig, row in sorted(self.signatures.items())
             },
             "corun": self.corun.to_json(),
+            "views": self.views.to_json(),
+            "roofline": None if self.roofline is None else self.roofline.to_json(),
+            "context": self.context.to_json(),
             "meta": self.meta,
         }
 
@@ -233,10 +333,10 @@ class Profile:
         """Parse a Profile; any problem is one SchedlabError naming `source` and the field."""
         if not isinstance(d, dict) or d.get("schema") != PROFILE_SCHEMA:
             raise SchedlabError(f'{source} is not a schedlab profile (missing "schema": "{PROFILE_SCHEMA}")')
-        if d.get("version") != PROFILE_VERSION:
+        if d.get("version") not in READABLE_VERSIONS:
             raise SchedlabError(
-                f"{source} has profile version {d.get('version')!r}; this schedlab reads version "
-                f"{PROFILE_VERSION} (re-run `schedlab calibrate`)"
+                f"{source} has profile version {d.get('version')!r}; this schedlab reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))} (re-run `schedlab calibrate`)"
             )
         where = "?"
         try:
@@ -260,12 +360,20 @@ class Profile:
                 signatures[str(sig)] = _row_from_json(row)
             where = "corun"
             corun = _corun_from_json(_need(d, "corun", dict))
+            where = "views"
+            views = ViewCosts.from_json(d["views"]) if d.get("views") is not None else NO_VIEW_COSTS
+            where = "roofline"
+            roofline = Roofline.from_json(d["roofline"]) if d.get("roofline") is not None else None
+            where = "context"
+            context = ContextCosts.from_json(d["context"]) if d.get("context") is not None else NO_CONTEXT
             where = "meta"
             meta = dict(d.get("meta", {}))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             detail = f"missing field {e}" if isinstance(e, KeyError) else str(e)
             raise SchedlabError(f"corrupt {source}: bad {where}: {detail}") from None
-        return Profile(machine, created, quick, dispatch, classes, fallback, signatures, corun, meta)
+        return Profile(
+            machine, created, quick, dispatch, classes, fallback, signatures, corun, meta, views, roofline, context
+        )
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (readers never see half a file)."""
@@ -377,8 +485,12 @@ def _row_from_json(row: Any) -> dict[int, float]:
 
 
 def _dispatch_from_json(d: dict[str, Any]) -> DispatchFigures:
-    names = [f.name for f in dataclasses.fields(DispatchFigures)]
-    return DispatchFigures(**{k: _number(d[k]) for k in names})
+    """Every field is required but those with a default (added after version 1)."""
+    out = {}
+    for f in dataclasses.fields(DispatchFigures):
+        if f.name in d or f.default is dataclasses.MISSING:
+            out[f.name] = _number(d[f.name])
+    return DispatchFigures(**out)
 
 
 def _corun_from_json(d: dict[str, Any]) -> CorunFigures:
@@ -390,4 +502,6 @@ def _corun_from_json(d: dict[str, Any]) -> CorunFigures:
         foreign_cpu_frac=_optional_number(d.get("foreign_cpu_frac")),
         oversub_mem=_number(d.get("oversub_mem", 1.0)),
         oversub_compute=_number(d.get("oversub_compute", 1.0)),
+        serial_window_us=_number(d.get("serial_window_us", 0.0)),
+        latency_us={int(k): _number(v) for k, v in dict(d.get("latency_us", {})).items()},
     )

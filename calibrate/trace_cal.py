@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from schedlab.calibrate.signature import signature
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph
+from schedlab.graph import Graph, Op
 from schedlab.trace import Trace, TraceEvent
 
 if TYPE_CHECKING:
@@ -109,18 +109,26 @@ def _overlapping(events: list[TraceEvent]) -> set[int]:
     return out
 
 
-def trace_figures(trace: Trace, graph: Graph, floor_us: float) -> TraceFigures:
-    """Kernel times per (signature, threads) seen in `trace`: `robust_low` event - `floor_us`."""
+def trace_figures(
+    trace: Trace, graph: Graph, floor_us: float, less_us: Callable[[Op], float] | None = None
+) -> TraceFigures:
+    """Kernel times per (signature, threads) seen in `trace`: `robust_low` event - `floor_us`.
+
+    `less_us(op)` is taken off each of `op`'s events first: what the event holds beyond the
+    op's kernel in a step (the first use of its target, `calibrate.context`), so that the
+    table keeps what the op costs wherever it runs.
+    """
     _check(trace, graph)
     events = [e for e in trace.events if e.kind not in _NOT_KERNELS]
     overlapping = _overlapping(events)
-    durations: dict[tuple[str, int], list[int]] = defaultdict(list)
+    durations: dict[tuple[str, int], list[float]] = defaultdict(list)
     used = 0
     for i, e in enumerate(events):
         op = graph.ops[e.op]
         if op.is_view or i in overlapping:
             continue
-        durations[(signature(op), max(1, e.threads))].append(e.dur_ns)
+        less_ns = less_us(op) * 1e3 if less_us is not None else 0.0
+        durations[(signature(op), max(1, e.threads))].append(e.dur_ns - less_ns)
         used += 1
     table: dict[str, dict[int, float]] = defaultdict(dict)
     for (sig, threads), durs in durations.items():

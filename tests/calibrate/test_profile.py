@@ -38,7 +38,7 @@ def test_json_round_trip(tmp_path: Path) -> None:
         q = Profile.load(path, machine=machine())
     assert q.to_json() == p.to_json()
     d = json.loads(path.read_text())
-    assert d["schema"] == "schedlab.profile" and d["version"] == 1
+    assert d["schema"] == "schedlab.profile" and d["version"] == 2
     assert d["signatures"][signature(op)] == {"1": 123.25, "2": 70.5}
     assert set(d["classes"]["mm"]) >= {"model", "params", "heldout_mape", "n_points"}
     assert q.kernel_us(op, 2) == 70.5
@@ -60,7 +60,7 @@ def test_not_json_is_one_clear_error(tmp_path: Path) -> None:
     ("mutate", "message"),
     [
         (lambda d: d.update(schema="schedlab.trace"), r'is not a schedlab profile \(missing "schema": "schedlab.profile"\)'),
-        (lambda d: d.update(version=7), r"profile version 7; this schedlab reads version 1"),
+        (lambda d: d.update(version=7), r"profile version 7; this schedlab reads versions 1, 2 \(re-run"),
         (lambda d: d.pop("dispatch"), r"corrupt profile file .*: bad dispatch: missing field 'dispatch'"),
         (lambda d: d["dispatch"].pop("op_us"), r"bad dispatch: missing field 'op_us'"),
         (lambda d: d["classes"]["mm"]["params"].update(a_us=-1), r"bad classes\.mm: parameter a_us must be .* >= 0"),
@@ -140,14 +140,20 @@ def test_views_cost_only_dispatch() -> None:
 
 def test_corun_slowdown_mixes_memory_share_and_scales_with_busy_cores() -> None:
     p = make_profile()
-    mm = make_op()  # compute-bound: its class model has no memory term
+    mm = make_op()  # compute-bound: its class model has no memory term; 20 us of work, 2 us fixed
     mem = make_op(target="aten.relu.default", flops=1e3, nbytes=10**7)  # fallback: memory only
     assert p.corun_slowdown(mm, 0, 8) == 1.0
-    assert p.corun_slowdown(mm, 7, 8) == pytest.approx(1.1)
-    assert p.corun_slowdown(mem, 7, 8) == pytest.approx(1.5)
-    assert p.corun_slowdown(mem, 1, 2) == pytest.approx(1.5)
+    assert p.corun_slowdown(mm, 7, 8) == pytest.approx(1.0 + 0.1 * 20 / 22)  # the work slows, not the fixed cost
+    assert p.corun_slowdown(mem, 7, 8) == pytest.approx(1.5, rel=1e-3)
+    assert p.corun_slowdown(mem, 1, 2) == pytest.approx(1.5, rel=1e-3)
     assert 1.0 < p.corun_slowdown(mem, 3, 8) < 1.5
     assert p.corun_slowdown(mem, 5, 1) == 1.0
+
+
+def test_a_tiny_op_is_all_fixed_cost_and_hardly_slows_next_to_another() -> None:
+    p = make_profile()
+    tiny = make_op(flops=2.0, nbytes=12)  # 2e-5 us of work next to 2 us of fixed cost
+    assert p.corun_slowdown(tiny, 1, 2) == pytest.approx(1.0, abs=1e-5)
 
 
 def test_kernel_lookup_is_cached_per_op_and_correct_for_equal_ops() -> None:
@@ -172,7 +178,7 @@ def test_oversubscription_factor_applies_only_when_others_fill_every_core() -> N
     import dataclasses
 
     from schedlab.calibrate.corun import CorunFigures
-    from tests.calibrate.factories import make_op, make_profile
+    from tests.calibrate.factories import fit, make_op, make_profile
 
     base = make_profile()
     prof = dataclasses.replace(
@@ -183,7 +189,11 @@ def test_oversubscription_factor_applies_only_when_others_fill_every_core() -> N
     )
     op = make_op()
     assert prof.corun_slowdown(op, busy_cores=1, total_cores=4) == 1.0  # co-run, cores to spare
-    assert prof.corun_slowdown(op, busy_cores=4, total_cores=4) == 2.0  # others fill every core
+    assert prof.corun_slowdown(op, busy_cores=4, total_cores=4) == pytest.approx(2.0)  # others fill every core
+    # The factor applies to the op's parallel share: an op that ATen runs on one thread
+    # (here: a class whose model never scales) is not descheduled inside a team.
+    serial = dataclasses.replace(prof, classes={"mm": fit(dataclasses.replace(MM_MODEL, p_max=0.0))})
+    assert serial.corun_slowdown(op, busy_cores=4, total_cores=4) == 1.0
     again = type(prof).from_json(prof.to_json())
     assert again.corun.oversub_mem == 2.0
     # Profiles written before the factor existed load with no oversubscription cost.

@@ -1,0 +1,145 @@
+"""What an op costs inside a training step, beyond what it costs called in a tight loop.
+
+A microbenchmark calls one op back to back: its code, its branch history and its data
+stay hot. In a step the op runs between other ops, and pays for that. Running the
+calibration graphs on the executor (one slot, one thread) and comparing each op's event,
+less the executor's own dispatch, with the benchmark of the same call on the same
+tensors showed two regimes (2-core development VM, torch 2.13; calibration-side
+recurrent, convolution and attention models):
+
+- an op whose target ran shortly before in the step (an unrolled `nn.GRU` cell, the
+  layers of a stack, the optimizer's update of each parameter): about 1 us more than the
+  benchmark (median; 0.4-2 us), whatever the distance up to ~100 ops;
+- the first op of its target in the step (the one `_log_softmax`, the first `addmm`):
+  9 us more (median; 5-13 us), up to 25 us for a small convolution. Over a few hundred
+  small ops of a small model this is a third of the step; over a GRU of 6,000 ops, 1%.
+
+So calibration stores kernels as they run in a step (`warm`): the benchmark plus the
+op's own warm extra (its signature's, else its class's median, else the median of
+all), in the signature table and in the points the class models are fitted on. The
+first-use extra is kept per class (`first_use_us`) and charged by a Profile bound to
+the graph it predicts (`Profile.for_graph`), to the ops that are the first of their
+target in program order (`first_uses`); an unbound Profile charges none.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from schedlab.graph import Graph
+
+
+def first_uses(graph: Graph) -> frozenset[int]:
+    """Ids of the non-view ops that are the first of their target in program order."""
+    seen: set[str] = set()
+    out: set[int] = set()
+    for op in graph.ops:
+        if not op.is_view and op.target not in seen:
+            seen.add(op.target)
+            out.add(op.id)
+    return frozenset(out)
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    """One op of a replayed graph: its signature, class, whether it is its target's first
+    use, and its call time in sequence (us)."""
+
+    signature: str
+    op_class: str
+    first_use: bool
+    in_seq_us: float
+
+
+@dataclass(frozen=True)
+class ContextCosts:
+    """The extra (us) of an op in a step over its benchmark, per op class."""
+
+    warm_us: dict[str, float]  # op class -> median extra of an op whose target ran before
+    warm_fallback_us: float  # over every class
+    first_use_us: dict[str, float]  # op class -> median extra of its target's first use, over warm
+    first_use_fallback_us: float
+
+    def warm(self, op_class: str) -> float:
+        return self.warm_us.get(op_class, self.warm_fallback_us)
+
+    def first_use(self, op_class: str) -> float:
+        return self.first_use_us.get(op_class, self.first_use_fallback_us)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "warm_us": {k: round(v, 4) for k, v in sorted(self.warm_us.items())},
+            "warm_fallback_us": round(self.warm_fallback_us, 4),
+            "first_use_us": {k: round(v, 4) for k, v in sorted(self.first_use_us.items())},
+            "first_use_fallback_us": round(self.first_use_fallback_us, 4),
+        }
+
+    @staticmethod
+    def from_json(d: Any) -> ContextCosts:
+        if not isinstance(d, dict):
+            raise TypeError(f"expected an object, got {type(d).__name__}")
+
+        def number(v: Any, what: str) -> float:
+            x = float(v)
+            if not math.isfinite(x):
+                raise ValueError(f"{what} must be a finite number, not {v!r}")
+            return x
+
+        def table(key: str) -> dict[str, float]:
+            raw = d.get(key, {})
+            if not isinstance(raw, dict):
+                raise TypeError(f"{key} must be an object of op class -> us")
+            return {str(k): number(v, f"{key}.{k}") for k, v in raw.items()}
+
+        return ContextCosts(
+            warm_us=table("warm_us"),
+            warm_fallback_us=number(d.get("warm_fallback_us", 0.0), "warm_fallback_us"),
+            first_use_us=table("first_use_us"),
+            first_use_fallback_us=number(d.get("first_use_fallback_us", 0.0), "first_use_fallback_us"),
+        )
+
+
+NO_CONTEXT = ContextCosts({}, 0.0, {}, 0.0)  # version 1 profiles: kernels as benchmarked
+
+
+def _median(xs: Iterable[float], default: float = 0.0) -> float:
+    xs = list(xs)
+    return statistics.median(xs) if xs else default
+
+
+def fit_context(
+    occurrences: Sequence[Occurrence], hot_us: dict[str, float]
+) -> tuple[ContextCosts, dict[str, float]]:
+    """The per-class context extras, and each replayed signature's own warm extra.
+
+    `hot_us`: the benchmarked one-thread call time of each signature (occurrences of a
+    signature not benchmarked are ignored).
+    """
+    warm_by_sig: dict[str, list[float]] = {}
+    classes: dict[str, str] = {}
+    for o in occurrences:
+        if o.signature in hot_us and not o.first_use:
+            warm_by_sig.setdefault(o.signature, []).append(o.in_seq_us - hot_us[o.signature])
+            classes[o.signature] = o.op_class
+    sig_warm = {sig: statistics.median(xs) for sig, xs in warm_by_sig.items()}
+    by_class: dict[str, list[float]] = {}
+    for sig, extra in sig_warm.items():
+        by_class.setdefault(classes[sig], []).append(extra)
+    warm_us = {cls: statistics.median(xs) for cls, xs in by_class.items()}
+    warm_fallback = _median(sig_warm.values())
+
+    def warm_of(o: Occurrence) -> float:
+        return sig_warm.get(o.signature, warm_us.get(o.op_class, warm_fallback))
+
+    first: dict[str, list[float]] = {}
+    for o in occurrences:
+        if o.first_use and o.signature in hot_us:
+            first.setdefault(o.op_class, []).append(o.in_seq_us - hot_us[o.signature] - warm_of(o))
+    first_use_us = {cls: statistics.median(xs) for cls, xs in first.items()}
+    first_fallback = _median(x for xs in first.values() for x in xs)
+    costs = ContextCosts(warm_us, warm_fallback, first_use_us, first_fallback)
+    return costs, sig_warm
