@@ -5,6 +5,9 @@ on the tensors of its first step (`Captured.input_values`), so every op is bench
 on exactly the tensors it gets in a real step: the same strides (a transposed view stays
 transposed), valid embedding and loss indices, real batch-norm statistics. Values are
 freed after their last use, so a replay holds what the eager step holds.
+
+Views are cases too (`Case.is_view`): they move no data, but their call costs differ by
+op (`calibrate.views`).
 """
 
 from __future__ import annotations
@@ -31,15 +34,15 @@ class Case:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     source: str  # "mlp/tiny/sgd", "sweep"
+    is_view: bool = False
+    outputs: int = 1  # tensors the op returns (split, unbind: several)
 
 
 def new_signatures(graph: Graph, seen: set[str]) -> list[str]:
-    """Distinct signatures of `graph`'s non-view ops that are not in `seen`, in order."""
+    """Distinct signatures of `graph`'s ops (views included) not in `seen`, in order."""
     out: list[str] = []
     local = set(seen)
     for op in graph.ops:
-        if op.is_view:
-            continue
         sig = signature(op)
         if sig not in local:
             local.add(sig)
@@ -64,7 +67,7 @@ def _store(op: Op, out: Any, values: dict[int, Any]) -> None:
 
 
 def workload_cases(graph: Graph, input_values: dict[int, Any], seen: set[str], source: str) -> Iterator[Case]:
-    """Replay `graph`, yielding a Case for each non-view op whose signature is not in `seen`.
+    """Replay `graph`, yielding a Case for each op whose signature is not in `seen`.
 
     `seen` is updated as cases are yielded, so several graphs can share one set and
     each signature is benchmarked once. The Case's tensors are live values of the replay;
@@ -75,11 +78,13 @@ def workload_cases(graph: Graph, input_values: dict[int, Any], seen: set[str], s
     for op in graph.ops:
         fn = fast_callable(resolve_target(op.target))
         args, kwargs = decode_call(op.args, op.kwargs, values)
-        if not op.is_view:
-            sig = signature(op)
-            if sig not in seen:
-                seen.add(sig)
-                yield Case(sig, op.op_class, op.target, op.flops, op.bytes_moved, fn, args, kwargs, source)
+        sig = signature(op)
+        if sig not in seen:
+            seen.add(sig)
+            yield Case(
+                sig, op.op_class, op.target, op.flops, op.bytes_moved, fn, args, kwargs, source,
+                is_view=op.is_view, outputs=len(op.outputs),
+            )
         out = fn(*args, **kwargs)
         del args, kwargs
         _store(op, out, values)

@@ -15,23 +15,34 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from schedlab.calibrate.cases import Case, new_signatures, workload_cases
+from schedlab.calibrate.context import ContextCosts, Occurrence, first_uses, fit_context
 from schedlab.calibrate.corun import measure_corun
-from schedlab.calibrate.dispatch import measure_dispatch
-from schedlab.calibrate.fit import Point, fit_all
+from schedlab.calibrate.corun_fit import CorunRun, fit_corun_latency, measure_corun_runs
+from schedlab.calibrate.coverage import COVERAGE_MODELS, SHAPES, Shape
+from schedlab.calibrate.coverage import build as build_coverage
+from schedlab.calibrate.dispatch import DispatchFigures, measure_dispatch
+from schedlab.calibrate.fit import ClassFit, Point, fit_all
 from schedlab.calibrate.host_load import foreign_cpu_frac, snapshot
 from schedlab.calibrate.profile import Profile
+from schedlab.calibrate.roofline import Roofline, measure_roofline
+from schedlab.calibrate.signature import signature
 from schedlab.calibrate.sweep import SweepConfig, sweep_cases, sweep_specs
 from schedlab.calibrate.threads import thread_counts
 from schedlab.calibrate.timing import RetryBudget, TimingConfig, time_point
+from schedlab.calibrate.trace_cal import robust_low
+from schedlab.calibrate.views import ViewCosts, ViewPoint, fit_views, view_key
 from schedlab.errors import SchedlabError
 from schedlab.exec.threads import set_intra_op_threads
-from schedlab.workloads import BUILTIN_WORKLOADS
+from schedlab.graph import Graph
+from schedlab.machine import Machine
+from schedlab.workloads import BUILTIN_WORKLOADS, Workload
 
 
 @dataclass(frozen=True)
@@ -42,10 +53,16 @@ class CalibrationConfig:
     workloads: tuple[str, ...] = BUILTIN_WORKLOADS
     sizes: tuple[str, ...] = ("tiny",)
     optimizers: tuple[str, ...] = ("sgd", "adam")
+    coverage: tuple[str, ...] = COVERAGE_MODELS  # calibration-only models of stock nn layers (coverage.py)
+    coverage_shapes: tuple[str, ...] = ("small",)  # names in coverage.SHAPES
     sweep: SweepConfig = field(default_factory=SweepConfig)
     threads: tuple[int, ...] | None = None  # None: 1..cores of this machine
     max_threads: int | None = None  # cap on the default thread list
     timing: TimingConfig = field(default_factory=TimingConfig)
+    # views: microseconds each, one thread; many reps fit in a short budget
+    view_timing: TimingConfig = field(default_factory=lambda: TimingConfig(budget_s=0.002, min_reps=20, max_reps=500, rounds=2))
+    replay_rounds: int = 3  # timed executor steps of each graph (calibrate.context)
+    corun_steps: int = 3  # timed two-slot executor steps of each small graph (calibrate.corun_fit); 0: none
     dispatch_ops: int = 1000  # ops per chain of the executor probe (see dispatch.py)
     corun_s: float = 0.25  # per alone/together run of each co-run op
     corun_rounds: int = 3
@@ -64,9 +81,12 @@ def full_config() -> CalibrationConfig:
     return CalibrationConfig(
         quick=False,
         sizes=("tiny", "default"),
+        coverage_shapes=tuple(s.name for s in SHAPES),
         sweep=SweepConfig(per_class=40, max_flops=2e9, max_elems=1 << 24),
         timing=TimingConfig(budget_s=0.03, min_reps=5, max_reps=100, warmup=2, retry_budget_s=60.0),
         dispatch_ops=2000,
+        replay_rounds=5,
+        corun_steps=5,
         corun_s=0.5,
         corun_rounds=5,
     )
@@ -82,20 +102,50 @@ class _Progress:
         return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not self.enabled, leave=True)
 
 
-def _capture_all(cfg: CalibrationConfig, progress: _Progress, failures: list[str]) -> list[tuple[str, Any]]:
-    """Capture every (workload, size, optimizer); one that fails is noted and skipped."""
-    from schedlab.capture import capture
+def _capture_jobs(cfg: CalibrationConfig) -> list[tuple[str, Callable[[], Workload], str]]:
+    """(source, workload factory, optimizer) of every graph to replay: the built-in
+    workloads at each size and optimizer, then the coverage models at each shape (SGD:
+    the optimizers' ops are the built-ins' business)."""
     from schedlab.workloads import load_workload
 
-    jobs = [(w, s, o) for s in cfg.sizes for w in cfg.workloads for o in cfg.optimizers]
+    jobs: list[tuple[str, Callable[[], Workload], str]] = [
+        (f"{w}/{s}/{o}", partial(load_workload, w, s, seed=cfg.seed), o)
+        for s in cfg.sizes
+        for w in cfg.workloads
+        for o in cfg.optimizers
+    ]
+    shapes = {s.name: s for s in SHAPES}
+    for shape_name in cfg.coverage_shapes:
+        if shape_name not in shapes:
+            raise SchedlabError(f"unknown coverage shape {shape_name!r}; known: {', '.join(shapes)}")
+        jobs += [
+            (f"coverage:{m}/{shape_name}/sgd", partial(_coverage_workload, m, shapes[shape_name], cfg.seed), "sgd")
+            for m in cfg.coverage
+        ]
+    return jobs
+
+
+def _coverage_workload(name: str, shape: Shape, seed: int) -> Workload:
+    import torch
+
+    torch.manual_seed(seed)
+    module, inputs = build_coverage(name, shape)
+    return Workload(f"coverage:{name}", shape.name, module, inputs)
+
+
+def _capture_all(cfg: CalibrationConfig, progress: _Progress, failures: list[str]) -> list[tuple[str, Any]]:
+    """Capture every graph of `_capture_jobs`; one that fails is noted and skipped."""
+    from schedlab.capture import capture
+
+    jobs = _capture_jobs(cfg)
     out = []
     with progress.bar(len(jobs), "capture workloads", "graph") as bar:
-        for w, s, o in jobs:
-            bar.set_postfix_str(f"{w}/{s}/{o}")
+        for source, make, optimizer in jobs:
+            bar.set_postfix_str(source)
             try:
-                out.append((f"{w}/{s}/{o}", capture(load_workload(w, s, seed=cfg.seed), o)))
+                out.append((source, capture(make(), optimizer)))
             except SchedlabError as e:
-                failures.append(f"capture {w}/{s}/{o}: {e}")
+                failures.append(f"capture {source}: {e}")
             bar.update()
     return out
 
@@ -106,18 +156,22 @@ class _Bench:
 
     retry: RetryBudget
     results: list[tuple[Case, int, float]] = field(default_factory=list)
+    occurrences: list[Occurrence] = field(default_factory=list)  # ops as they ran in a step
+    corun_runs: list[CorunRun] = field(default_factory=list)  # graphs run with two slots
     failures: list[str] = field(default_factory=list)
     contended: int = 0
 
 
 def _bench(
-    cases: Iterator[Case], threads: tuple[int, ...], timing: TimingConfig, on_done: Callable[[], None], acc: _Bench
+    cases: Iterator[Case], threads: tuple[int, ...], cfg: CalibrationConfig, on_done: Callable[[], None], acc: _Bench
 ) -> None:
-    """Time every case at every thread count into `acc`; contended points are left out."""
+    """Time every case at every thread count (a view: at one) into `acc`; contended points
+    are left out."""
     for case in cases:
+        k_threads, timing = ((1,), cfg.view_timing) if case.is_view else (threads, cfg.timing)
         try:
             times, contended = time_point(
-                case.fn, case.args, case.kwargs, threads, timing, set_intra_op_threads, acc.retry
+                case.fn, case.args, case.kwargs, k_threads, timing, set_intra_op_threads, acc.retry
             )
             light = _light(case)
             acc.results += [(light, k, call_us) for k, call_us in times.items() if k not in contended]
@@ -132,9 +186,49 @@ def _light(case: Case) -> Case:
     return replace(case, args=(), kwargs={})
 
 
-def _benchmark_all(cfg: CalibrationConfig, threads: tuple[int, ...], bars: _Progress, acc: _Bench) -> None:
-    """Capture the workloads, then time their distinct ops and the sweep into `acc`."""
+def _occurrences(
+    graph: Graph, input_values: dict[int, Any], machine: Machine, dispatch: DispatchFigures, steps: int
+) -> list[Occurrence]:
+    """Every op of `graph` as it runs in a step of the executor (one slot, one thread),
+    as a bare call's time (`calibrate.context`); views as "view:<class>".
+
+    An event of the straight-line step holds the executor's dispatch and the call; the
+    dispatch figure less the bare call floor (of a view: the view figures) is taken off.
+    """
+    from schedlab.exec import run_steps
+    from schedlab.plan import Plan
+
+    res = run_steps(graph, input_values, Plan(slots=1, threads=1), machine, steps=steps, warmup=1)
+    durs: list[list[float]] = [[] for _ in graph.ops]
+    for e in res.trace.events:
+        durs[e.op].append(e.dur_ns / 1e3)
+    first = first_uses(graph)
+    out = []
+    for op, ds in zip(graph.ops, durs, strict=True):
+        if op.is_view:
+            cls, less = f"view:{op.op_class}", dispatch.view_us - dispatch.view_call_floor_us
+        else:
+            cls, less = op.op_class, dispatch.op_us - dispatch.call_floor_us
+        out.append(Occurrence(signature(op), cls, op.id in first, robust_low(ds) - less))
+    return out
+
+
+def _benchmark_all(
+    cfg: CalibrationConfig,
+    threads: tuple[int, ...],
+    machine: Machine,
+    dispatch: DispatchFigures,
+    bars: _Progress,
+    acc: _Bench,
+) -> None:
+    """Capture the workloads, run them with two slots, then time their distinct ops and
+    the sweep into `acc`."""
     captured = _capture_all(cfg, bars, acc.failures)
+    if cfg.corun_steps > 0:
+        with bars.bar(1, "co-run executor", "step") as bar:
+            graphs = [(source, c.graph, c.input_values) for source, c in captured]
+            acc.corun_runs = measure_corun_runs(graphs, threads, machine, cfg.corun_steps)
+            bar.update()
     specs = sweep_specs(replace(cfg.sweep, seed=cfg.seed))
     counted: set[str] = set()
     for _, c in captured:
@@ -143,9 +237,10 @@ def _benchmark_all(cfg: CalibrationConfig, threads: tuple[int, ...], bars: _Prog
     with bars.bar(len(counted) + len(specs), f"benchmark ops x {len(threads)} thread counts", "op") as bar:
         for source, c in captured:
             bar.set_postfix_str(source)
-            _bench(workload_cases(c.graph, c.input_values, seen, source), threads, cfg.timing, bar.update, acc)
+            acc.occurrences += _occurrences(c.graph, c.input_values, machine, dispatch, cfg.replay_rounds)
+            _bench(workload_cases(c.graph, c.input_values, seen, source), threads, cfg, bar.update, acc)
         bar.set_postfix_str("sweep")
-        _bench(sweep_cases(specs, seen), threads, cfg.timing, bar.update, acc)
+        _bench(sweep_cases(specs, seen), threads, cfg, bar.update, acc)
         bar.total = bar.n  # sweep cases already seen in a workload were skipped
         bar.refresh()
 
@@ -181,29 +276,36 @@ def run_calibration(
         with bars.bar(1, "co-run", "step") as bar:
             corun = measure_corun(cores, cfg.corun_s, cfg.corun_rounds)
             bar.update()
-        _benchmark_all(cfg, threads, bars, acc)
+        with bars.bar(1, "roofline", "step") as bar:
+            roofline = measure_roofline(threads, set_intra_op_threads)
+            bar.update()
+        _benchmark_all(cfg, threads, host, dispatch, bars, acc)
     finally:
         set_intra_op_threads(before)
     if not acc.results:
         raise SchedlabError("calibration measured no ops; nothing to fit" + "".join(f"\n  {f}" for f in acc.failures))
     floor = dispatch.call_floor_us
-    points = [Point(c.signature, c.op_class, c.flops, c.nbytes, k, max(t, 1e-3)) for c, k, t in acc.results]
+    context, in_step = _in_step(acc)
+    ops = [(c, k, t) for c, k, t in in_step if not c.is_view]
+    points = [Point(c.signature, c.op_class, c.flops, c.nbytes, k, max(t, 1e-3)) for c, k, t in ops]
     with bars.bar(1, "fit", "step") as bar:
         fallback, classes = fit_all(points, floor, cfg.seed)
+        views = _view_costs(in_step, dispatch.view_call_floor_us)
         bar.update()
     signatures: dict[str, dict[int, float]] = {}
-    for c, k, call_us in acc.results:
+    for c, k, call_us in ops:
         signatures.setdefault(c.signature, {})[k] = max(0.0, call_us - floor)
     meta: dict[str, Any] = {
         "workloads": list(cfg.workloads),
         "sizes": list(cfg.sizes),
         "optimizers": list(cfg.optimizers),
+        "coverage": [f"{m}/{s}" for s in cfg.coverage_shapes for m in cfg.coverage],
         "threads": list(threads),
         "n_cases": len(signatures),
+        "n_view_cases": len(views.signatures),
         "n_points": len(points),
         "failures": acc.failures,
         "contended_points": acc.contended,
-        "wall_s": round(time.perf_counter() - t_start, 2),
         "foreign_cpu_frac": _round(foreign_cpu_frac(cpu_start, snapshot())),
         "loadavg_1m_start": _round(load_start),
         "host": {k: host.host.get(k) for k in ("hostname", "cpu_model", "python", "torch", "platform")},
@@ -218,9 +320,49 @@ def run_calibration(
         signatures=signatures,
         corun=corun,
         meta=meta,
+        views=views,
+        roofline=_with_fixed_cost(roofline, classes),
+        context=context,
     )
+    if acc.corun_runs:
+        with bars.bar(1, "fit co-run latency", "step") as bar:
+            latency, report = fit_corun_latency(profile, acc.corun_runs, host)
+            profile = replace(profile, corun=replace(corun, latency_us=latency), meta={**meta, "corun_fit": report})
+            bar.update()
+    profile = replace(profile, meta={**profile.meta, "wall_s": round(time.perf_counter() - t_start, 2)})
     profile.save(out)
     return profile
+
+
+def _in_step(acc: _Bench) -> tuple[ContextCosts, list[tuple[Case, int, float]]]:
+    """The context extras, and every benchmarked call time as it would run in a step: plus
+    its signature's warm extra, else its class's, else the median over all."""
+    hot = {c.signature: t for c, k, t in acc.results if k == 1}
+    context, sig_warm = fit_context(acc.occurrences, hot)
+
+    def warm(c: Case) -> float:
+        if c.signature in sig_warm:
+            return sig_warm[c.signature]
+        return context.warm(f"view:{c.op_class}" if c.is_view else c.op_class)
+
+    return context, [(c, k, max(0.0, t + warm(c))) for c, k, t in acc.results]
+
+
+def _view_costs(results: list[tuple[Case, int, float]], view_floor_us: float) -> ViewCosts:
+    """Each measured view's call time beyond the probe view's, and the fits over them."""
+    points = [
+        ViewPoint(c.signature, c.op_class, c.outputs, max(0.0, call_us - view_floor_us))
+        for c, _, call_us in results
+        if c.is_view
+    ]
+    fallback, classes = fit_views(points)
+    return ViewCosts({view_key(p.signature, p.outputs): p.extra_us for p in points}, classes, fallback)
+
+
+def _with_fixed_cost(roofline: Roofline, classes: dict[str, ClassFit]) -> Roofline:
+    """The roofline with the median fixed cost of the classes that have their own fit."""
+    own = sorted(f.model.a_us for f in classes.values() if f.model_name == "work_threads")
+    return replace(roofline, a_us=own[len(own) // 2] if own else 0.0)
 
 
 def _round(x: float | None) -> float | None:

@@ -44,7 +44,7 @@ def test_resolve_target() -> None:
         resolve_target("aten.nonesuch.default")
 
 
-def test_replay_yields_each_distinct_non_view_op_once_on_real_tensors() -> None:
+def test_replay_yields_each_distinct_op_once_on_real_tensors_views_included() -> None:
     c = capture(load_workload("mlp", "tiny"), "sgd")
     seen: set[str] = set()
     expected = new_signatures(c.graph, seen)
@@ -52,9 +52,13 @@ def test_replay_yields_each_distinct_non_view_op_once_on_real_tensors() -> None:
     for case in workload_cases(c.graph, c.input_values, seen, "mlp/tiny/sgd"):
         out = case.fn(*case.args, **case.kwargs)  # every case runs on the replay's tensors
         assert out is not None
-        cases.append(case.signature)
-    assert cases == expected and len(cases) == len(set(cases))
-    assert not any(c.graph.ops[i].is_view for i in range(len(c.graph.ops)) if signature(c.graph.ops[i]) in cases)
+        cases.append(case)
+    assert [k.signature for k in cases] == expected and len(expected) == len(set(expected))
+    views = {signature(op): op for op in c.graph.ops if op.is_view}
+    assert views and {k.signature for k in cases if k.is_view} == set(views)  # views are cases, marked
+    for k in cases:
+        if k.is_view:
+            assert k.outputs == len(views[k.signature].outputs)
     assert list(workload_cases(c.graph, c.input_values, seen, "again")) == []  # all seen
 
 

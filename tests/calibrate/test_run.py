@@ -21,6 +21,9 @@ TINY = CalibrationConfig(
     quick=True,
     workloads=("mlp",),
     optimizers=("sgd",),
+    coverage=(),
+    replay_rounds=1,
+    corun_steps=1,
     sweep=SweepConfig(per_class=2, max_flops=2e6, max_elems=1 << 12),
     threads=(1,),
     timing=TimingConfig(budget_s=0.0005, min_reps=1, max_reps=3, rounds=1),
@@ -43,6 +46,12 @@ def test_tiny_calibration_writes_a_loadable_profile(tiny_profile: tuple[Profile,
     assert {"addmm", "mm", "relu"} <= set(profile.classes)
     assert profile.meta["threads"] == [1] and profile.meta["failures"] == []
     assert profile.dispatch.op_us > 0 and profile.dispatch.view_us > 0
+    assert profile.dispatch.call_floor_us <= profile.dispatch.op_us  # a floor above the event is a disturbed one
+    assert profile.views.signatures and "t" in profile.views.classes  # mlp's transposes were measured
+    assert profile.roofline is not None and profile.roofline.gflops[1] > 0 and profile.roofline.gbps[1] > 0
+    assert profile.context.warm_us and profile.context.first_use_us  # from the executor's step of mlp
+    assert set(profile.corun.latency_us) == {1}  # fitted at the one thread count benchmarked
+    assert {r["source"] for r in profile.meta["corun_fit"]} == {"mlp/tiny/sgd"}
 
 
 def test_every_op_of_the_workload_gets_a_finite_cost(tiny_profile: tuple[Profile, Path]) -> None:
@@ -91,9 +100,17 @@ def test_with_trace_of_a_real_executor_step(tiny_profile: tuple[Profile, Path]) 
     traced = profile.with_trace(result.trace, c.graph)
     assert traced.meta["traces"][0]["slots"] == 1
     assert traced.meta["traces"][0]["events_used"] > 0
-    mm = next(op for op in c.graph.ops if op.op_class == "addmm")
-    durs = [e.dur_ns / 1e3 for e in result.trace.events if signature(c.graph.ops[e.op]) == signature(mm)]
+    from schedlab.calibrate.context import first_uses
     from schedlab.calibrate.trace_cal import robust_low
 
-    expected = max(0.0, robust_low(durs) - profile.dispatch.op_us)
-    assert traced.kernel_us(mm, 1) == pytest.approx(expected, rel=1e-6, abs=1e-3)
+    first = first_uses(c.graph)
+    for op in c.graph.ops:
+        if op.is_view or sum(signature(o) == signature(op) for o in c.graph.ops) != 1:
+            continue
+        durs = [e.dur_ns / 1e3 for e in result.trace.events if e.op == op.id]
+        extra = profile.context.first_use(op.op_class) if op.id in first else 0.0
+        # The table keeps the kernel without the first-use extra; bound to the graph the
+        # trace came from, the Profile gives the measured event back (less the dispatch).
+        assert traced.kernel_us(op, 1) == pytest.approx(max(0.0, robust_low([d - extra for d in durs]) - profile.dispatch.op_us), abs=1e-3)
+        bound = traced.for_graph(c.graph).kernel_us(op, 1)
+        assert bound == pytest.approx(max(0.0, robust_low(durs) - profile.dispatch.op_us), abs=0.05 + extra)
