@@ -66,7 +66,14 @@ def summary(profile: Any, path: Path, wall_s: float) -> dict[str, Any]:
         "fallback_heldout_mape": _r1(profile.fallback.heldout_mape),
         "dispatch_us": profile.dispatch.to_json(),
         "corun": profile.corun.to_json(),
+        "roofline": None if profile.roofline is None else profile.roofline.to_json(),
+        "context_us": {
+            "warm_median": round(profile.context.warm_fallback_us, 2),
+            "first_use_median": round(profile.context.first_use_fallback_us, 2),
+        },
+        "coverage_models": profile.meta.get("coverage", []),
         "signatures": len(profile.signatures),
+        "view_signatures": len(profile.views.signatures),
         "foreign_cpu_frac": profile.meta.get("foreign_cpu_frac"),
         "failures": len(profile.meta.get("failures", [])),
         "contended_points": profile.meta.get("contended_points", 0),
@@ -87,12 +94,24 @@ def _print_table(s: dict[str, Any]) -> None:
     d, c = s["dispatch_us"], s["corun"]
     print(
         f"dispatch: {d['op_us']:.2f} us/op, {d['view_us']:.2f} us/view with one slot; {d['corun_op_us']:.2f} us/op "
-        f"with two slots of tiny ops (bare call floor {d['call_floor_us']:.2f} us)"
+        f"with two slots on one chain of tiny ops, {d['corun_contended_op_us']:.2f} on two (bare call floor "
+        f"{d['call_floor_us']:.2f} us)"
     )
     print(
         f"co-run slowdown: memory-bound x{c['mem_slowdown']:.2f}, compute-bound x{c['compute_slowdown']:.2f}, "
-        f"tiny ops (interpreter lock) x{c['gil_slowdown']:.2f}"
+        f"tiny ops (interpreter lock) x{c['gil_slowdown']:.2f}; kernels up to {c['serial_window_us']:.1f} us run in turn; "
+        f"co-run wait per op {', '.join(f'{v:.1f} us ({k} thr)' for k, v in c['latency_us'].items()) or 'not fitted'}"
     )
+    if s["roofline"]:
+        r = s["roofline"]
+        print(
+            "roofline (classes never measured): "
+            + ", ".join(f"{k} thr {r['gflops'][k]:.0f} GFLOP/s {r['gbps'][k]:.1f} GB/s" for k in r["gflops"])
+            + f", +{r['a_us']:.2f} us per call"
+        )
+    x = s["context_us"]
+    print(f"in a step, beyond a benchmark: +{x['warm_median']:.2f} us per op (median), +{x['first_use_median']:.2f} us "
+          f"more for the first op of its kind; {s['view_signatures']} view signatures measured")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     _, captured = capture_model(args, cache=not args.no_cache)
     graph = captured.graph
     resolved = resolve_plan_arg(graph, plan, machine, args.plan, profile)
-    result = simulate(graph, resolved, machine, profile.for_slots(plan.slots), record=True)
+    result = simulate(graph, resolved, machine, profile.for_graph(graph).for_slots(plan.slots), record=True)
+    coverage = profile.coverage(graph)  # ops whose class calibration never measured
     assert result.trace is not None
     out = Path(args.out) if args.out else TRACES_DIR / f"{slug(args.model)}-{args.size}-{args.optimizer}-{plan.hash[:8]}.sim.json"
     trace = dataclasses.replace(result.trace, meta={**result.trace.meta, "workload": args.model, "plan": plan.to_json()})
@@ -75,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         "oom_devices": list(result.oom_devices),
         "sim_wall_s": result.sim_wall_s,
         "engine": result.engine,
+        "fallback_ops": {k: coverage[k] for k in ("fallback_ops", "fallback_classes", "fallback_model")},
         "trace": str(out),
         "chrome_trace": str(chrome),
     }
@@ -86,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
         for dev, b in result.peak_memory_bytes.items():
             print(f"  peak memory     {dev}: {b / 2**20:.1f} MiB")
         print(f"  simulation took {result.sim_wall_s * 1e3:.1f} ms ({result.engine} engine)")
+        if coverage["fallback_ops"]:
+            classes = ", ".join(f"{c} x{n}" for c, n in coverage["fallback_classes"].items())
+            print(f"  note            {coverage['fallback_ops']} of {coverage['ops']} ops of classes never calibrated "
+                  f"({classes}) are costed by the {coverage['fallback_model']}")
         print(f"  trace           {out}")
     if result.oom_devices:
         raise SchedlabError(

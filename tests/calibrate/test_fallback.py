@@ -101,3 +101,19 @@ def test_probe_without_views_is_one_chain_of_arithmetic() -> None:
     assert all(graph.ops[i].inputs[0] == graph.ops[i - 1].outputs[0] for i in range(1, 10))
     both, _ = probe_graph(10)
     assert len(both.ops) == 20 and sum(op.is_view for op in both.ops) == 10
+
+
+def test_simulate_reports_the_ops_that_fell_back_in_json_and_text(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from schedlab.cli import main
+    from schedlab.machine import detect_host
+
+    profile = dataclasses.replace(make_profile(machine=detect_host().fingerprint), roofline=ROOF)
+    path = profile.save(tmp_path / "p.json")  # measured: mm only; mlp has addmm, relu, ...
+    args = ["simulate", "mlp", "--size", "tiny", "--profile", str(path), "--out", str(tmp_path / "s.json")]
+    assert main([*args, "--json"]) == 0
+    fell = json.loads(capsys.readouterr().out)["fallback_ops"]
+    assert fell["fallback_model"] == "roofline" and fell["fallback_ops"] == sum(fell["fallback_classes"].values())
+    assert "addmm" in fell["fallback_classes"] and "mm" not in fell["fallback_classes"]
+    assert main(args) == 0
+    note = [line for line in capsys.readouterr().out.splitlines() if "never calibrated" in line]
+    assert len(note) == 1 and f"{fell['fallback_ops']} of " in note[0] and "roofline" in note[0]
