@@ -62,7 +62,8 @@ def robust_low(durs: Sequence[float]) -> float:
     are dropped, and the median of the rest is the op's cost. (Durations in ns.)
     """
     lo = min(durs)
-    kept = [d for d in durs if d <= STALL_FACTOR * lo + STALL_SLACK_NS]
+    # Durations may be below zero once `less_us` is taken off (an estimate); the fastest is always kept.
+    kept = [d for d in durs if d <= STALL_FACTOR * max(lo, 0.0) + STALL_SLACK_NS]
     return statistics.median(kept)
 
 

@@ -94,3 +94,5 @@ def test_robust_low_ignores_stalls() -> None:
     assert robust_low([50 * us, 500 * us, 600 * us]) == 50 * us  # two of three steps stalled
     assert robust_low([10 * us] * 9 + [200 * us] * 3) == 10 * us
     assert robust_low([100 * us, 120 * us, 140 * us]) == 120 * us  # ordinary spread: the median
+    # below zero (an event shorter than the context taken off it): no stall rule drops them all
+    assert robust_low([-30 * us, -20 * us, 500 * us]) == -25 * us
