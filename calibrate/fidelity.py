@@ -26,6 +26,7 @@ apart, from one set of measurements of the spread:
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -291,3 +292,58 @@ def held_out_fidelity(
         ),
         calibration_shape=tuple((r.plan.slots, r.plan.threads) == (cal_plan.slots, cal_plan.threads) for r in resolved),
     )
+
+
+# ---- the held-out figures -------------------------------------------------------------------
+
+BUSY_FRAC = 0.25  # a plan measured while other processes used more of the CPU than this is flagged
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no NaN (Kendall's tau of constant predictions is one): None instead."""
+    return x if math.isfinite(x) else None
+
+
+def error_summary(rows: Sequence[FidelityRow]) -> dict[str, Any]:
+    """MAPE, worst error and Kendall tau of some rows of one model (fractions, not percent)."""
+    if not rows:
+        return {"n_plans": 0, "mape": None, "worst_error": None, "kendall_tau": None}
+    (s,) = summarise(rows)
+    return {"n_plans": len(rows), "mape": s.mape, "worst_error": s.worst_error, "kendall_tau": _finite(s.kendall_tau)}
+
+
+def held_out_summary(results: Sequence[HeldOutResult]) -> dict[str, Any]:
+    """Per model and overall, each method's errors on the rows it is scored on; every plan row
+    (with whether it is scored); the plans measured while the machine was busy. Plain JSON."""
+    models: list[dict[str, Any]] = []
+    for res in results:
+        models.append({
+            "workload": res.workload,
+            "ops": res.profile_only[0].ops if res.profile_only else 0,
+            "profile_only": error_summary(res.scored(PROFILE_ONLY)),
+            "trace_calibrated": {
+                **error_summary(res.scored(TRACE_CALIBRATED)),
+                "other_shapes": error_summary(res.other_shapes()),
+            },
+        })
+    overall: dict[str, Any] = {}
+    for method, key in ((PROFILE_ONLY, "profile_only"), (TRACE_CALIBRATED, "trace_calibrated")):
+        errs = [r.error for res in results for r in res.scored(method)]
+        taus = [m[key]["kendall_tau"] for m in models if m[key]["kendall_tau"] is not None]
+        overall[key] = {
+            "n_plans": len(errs),
+            "mape": statistics.fmean(abs(e) for e in errs) if errs else None,
+            "worst_error": max(errs, key=abs) if errs else None,
+            "median_kendall_tau": statistics.median(taus) if taus else None,
+        }
+    plans = [
+        {**r.__dict__, "error": r.error, "scored": r in scored}
+        for res in results
+        for method, rows in ((PROFILE_ONLY, res.profile_only), (TRACE_CALIBRATED, res.trace_calibrated))
+        for scored in [res.scored(method)]
+        for r in rows
+    ]
+    busy = [  # one measurement per plan: the profile-only rows hold each once
+        f"{r.workload}/{r.plan}" for res in results for r in res.profile_only if (r.foreign_cpu_frac or 0.0) > BUSY_FRAC
+    ]
+    return {"overall": overall, "models": models, "plans": plans, "busy_frac": BUSY_FRAC, "busy_plans": busy}

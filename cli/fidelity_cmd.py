@@ -11,8 +11,6 @@ Two protocols share the measuring loop (`schedlab.calibrate.fidelity`):
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -25,7 +23,6 @@ from schedlab.workloads.heldout import HELDOUT_WORKLOADS, PREFIX, is_heldout
 
 DEFAULT_OUT = TRACES_DIR / "fidelity.json"
 DEFAULT_HELDOUT_OUT = TRACES_DIR / "fidelity-heldout.json"
-BUSY_FRAC = 0.25  # a plan measured while other processes used more of the CPU than this is flagged
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -182,66 +179,10 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
 # ---- --held-out ------------------------------------------------------------------------------
 
 
-def _finite(x: float) -> float | None:
-    """JSON has no NaN (Kendall's tau of constant predictions is one): None instead."""
-    return x if math.isfinite(x) else None
-
-
-def error_summary(rows: list[Any]) -> dict[str, Any]:
-    """MAPE, worst error and Kendall tau of some rows of one model (fractions, not percent)."""
-    from schedlab.calibrate.fidelity import summarise
-
-    if not rows:
-        return {"n_plans": 0, "mape": None, "worst_error": None, "kendall_tau": None}
-    (s,) = summarise(rows)
-    return {"n_plans": len(rows), "mape": s.mape, "worst_error": s.worst_error, "kendall_tau": _finite(s.kendall_tau)}
-
-
-def held_out_json(results: list[Any], ops: dict[str, int]) -> dict[str, Any]:
-    """The per-model and overall figures of the held-out protocol, and every plan row."""
-    from schedlab.calibrate.fidelity import PROFILE_ONLY, TRACE_CALIBRATED
-
-    models: list[dict[str, Any]] = []
-    for res in results:
-        models.append({
-            "workload": res.workload,
-            "ops": ops[res.workload],
-            "profile_only": error_summary(res.scored(PROFILE_ONLY)),
-            "trace_calibrated": {
-                **error_summary(res.scored(TRACE_CALIBRATED)),
-                "other_shapes": error_summary(res.other_shapes()),
-            },
-        })
-    overall: dict[str, Any] = {}
-    for method, key in ((PROFILE_ONLY, "profile_only"), (TRACE_CALIBRATED, "trace_calibrated")):
-        errs = [r.error for res in results for r in res.scored(method)]
-        taus = [m[key]["kendall_tau"] for m in models if m[key]["kendall_tau"] is not None]
-        overall[key] = {
-            "n_plans": len(errs),
-            "mape": statistics.fmean(abs(e) for e in errs) if errs else None,
-            "worst_error": max(errs, key=abs) if errs else None,
-            "median_kendall_tau": statistics.median(taus) if taus else None,
-        }
-    plans = [
-        {**r.__dict__, "error": r.error, "scored": r in scored}
-        for res in results
-        for method, rows in ((PROFILE_ONLY, res.profile_only), (TRACE_CALIBRATED, res.trace_calibrated))
-        for scored in [res.scored(method)]
-        for r in rows
-    ]
-    busy = [  # one measurement per plan: the profile-only rows hold each once
-        f"{r.workload.removeprefix(PREFIX)}/{r.plan}"
-        for res in results
-        for r in res.profile_only
-        if (r.foreign_cpu_frac or 0.0) > BUSY_FRAC
-    ]
-    return {"overall": overall, "models": models, "plans": plans, "busy_frac": BUSY_FRAC, "busy_plans": busy}
-
-
 def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
     from tqdm import tqdm
 
-    from schedlab.calibrate.fidelity import CALIBRATION_PLAN, held_out_fidelity, plan_spread
+    from schedlab.calibrate.fidelity import CALIBRATION_PLAN, held_out_fidelity, held_out_summary, plan_spread
     from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
     from schedlab.capture import capture
     from schedlab.cli.simulate_cmd import load_profile
@@ -257,12 +198,10 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
     profile = load_profile(args.profile)
     plans = plan_spread(machine.default_device.cores)
     results = []
-    ops: dict[str, int] = {}
     with tqdm(total=len(models) * len(plans), desc="held-out fidelity", unit="plan", file=sys.stderr, disable=None) as bar:
         for model in models:
             bar.set_postfix_str(model)
             c = capture(load_workload(model, args.size), args.optimizer)
-            ops[model] = len(c.graph)
             results.append(held_out_fidelity(
                 model, c.graph, c.input_values, plans, profile, machine, steps=args.steps,
                 progress=lambda: bar.update(1),
@@ -284,7 +223,7 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
         f"times of the measured run of {cal_name} of the same model, every other plan ({cal_name} is left out "
         "of its errors; 'other_shapes' also leaves out the other one-slot one-thread plans). Errors are "
         "fractions: predicted / measured - 1.",
-        **held_out_json(results, ops),
+        **held_out_summary(results),
         "wall_s": time.perf_counter() - t0,
     }
     write_json_atomic(out, result, indent=1)
@@ -337,5 +276,5 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
     busy = result["busy_plans"]
     if busy:
         print(f"warning: {len(busy)} plan(s) measured while other processes used over "
-              f"{BUSY_FRAC:.0%} of the CPU; their times are unreliable: {', '.join(busy)}")
+              f"{result['busy_frac']:.0%} of the CPU; their times are unreliable: {', '.join(busy)}")
     print(f"results: {out}   (draw them: schedlab report {out})")

@@ -154,8 +154,7 @@ def test_held_out_command_json_and_table(capsys, tmp_path: Path, profile_file: P
 
 
 def test_plans_measured_on_a_busy_machine_are_flagged() -> None:
-    from schedlab.calibrate.fidelity import FidelityRow
-    from schedlab.cli.fidelity_cmd import BUSY_FRAC, held_out_json
+    from schedlab.calibrate.fidelity import BUSY_FRAC, FidelityRow, held_out_summary
 
     def row(plan: str, method: str, busy: float | None, cal: bool = False) -> FidelityRow:
         return FidelityRow(MODEL, plan, 0.01, (0.01, 0.02), 0.012, 1e-4, 2e-4, 10, cal, method, busy)
@@ -167,8 +166,9 @@ def test_plans_measured_on_a_busy_machine_are_flagged() -> None:
         trace_calibrated=[row(p, TRACE_CALIBRATED, b, cal=p == "s1-t1-topo") for p, b in busy.items()],
         calibration_shape=(True, False, False),
     )
-    d = held_out_json([res], {MODEL: 10})
-    assert d["busy_plans"] == ["mixer/s1-t2-topo"] and d["busy_frac"] == BUSY_FRAC
+    d = held_out_summary([res])
+    assert d["busy_plans"] == [f"{MODEL}/s1-t2-topo"] and d["busy_frac"] == BUSY_FRAC
+    assert d["models"][0]["ops"] == 10
     assert d["models"][0]["trace_calibrated"]["n_plans"] == 2
     assert d["models"][0]["trace_calibrated"]["other_shapes"]["n_plans"] == 2
     assert [p["scored"] for p in d["plans"]] == [True, True, True, False, True, True]
