@@ -4,7 +4,8 @@
     profile = run_calibration(quick=True, out=DEFAULT_PROFILE_PATH)
     profile = Profile.load()                      # where `simulate` looks by default
     profile = profile.with_trace(trace, graph)    # real-step timings beat microbenchmarks
-    cost = profile.for_slots(plan.slots)          # dispatch of the co-run executor
+    cost = profile.for_graph(graph).for_slots(plan.slots)  # first uses in graph; co-run executor
+    profile.coverage(graph)                       # which ops fell back on the roofline
 
 `python -m schedlab.calibrate [--quick] [--out PROFILE] [--json]` is what `make calibrate` runs.
 """

@@ -4,15 +4,19 @@ A microbenchmark calls one op back to back: its code, its branch history and its
 stay hot. In a step the op runs between other ops, and pays for that. Running the
 calibration graphs on the executor (one slot, one thread) and comparing each op's event,
 less the executor's own dispatch, with the benchmark of the same call on the same
-tensors showed two regimes (2-core development VM, torch 2.13; calibration-side
-recurrent, convolution and attention models):
+tensors showed two regimes (2-core development VM, idle, torch 2.13; the built-in
+workloads at size tiny and the coverage models at their small shape):
 
-- an op whose target ran shortly before in the step (an unrolled `nn.GRU` cell, the
-  layers of a stack, the optimizer's update of each parameter): about 1 us more than the
-  benchmark (median; 0.4-2 us), whatever the distance up to ~100 ops;
+- an op whose target ran before in the step (an unrolled `nn.GRU` cell, the layers of a
+  stack, the optimizer's update of each parameter): 0.6 us more than its benchmark
+  (median over classes; sigmoid 0.1 us, addmm 1.9 us, a small convolution 21 us);
 - the first op of its target in the step (the one `_log_softmax`, the first `addmm`):
-  9 us more (median; 5-13 us), up to 25 us for a small convolution. Over a few hundred
-  small ops of a small model this is a third of the step; over a GRU of 6,000 ops, 1%.
+  3.6 us more again (median; 2-12 us for most classes, 24-62 us for small convolutions
+  and their backward). Over the forty-odd targets of a small model of 160 ops that is a
+  tenth of its 1 ms step; over a GRU of 6,000 ops, under 1%.
+
+A replay of the graph in Python between the calls measured several times these extras:
+its own interpreter work between ops evicts more than the executor's generated step.
 
 So calibration stores kernels as they run in a step (`warm`): the benchmark plus the
 op's own warm extra (its signature's, else its class's median, else the median of

@@ -171,6 +171,6 @@ def measure_corun(cores: int, duration_s: float = 0.25, rounds: int = 3) -> Coru
         # Two teams of `cores` threads on `cores` cores: processor sharing accounts for 2x.
         oversub_mem=max(1.0, slowdown(aten.add.Tensor, mid, duration_s, rounds, intra=cores) / 2.0),
         oversub_compute=max(1.0, slowdown(aten.mm.default, mat, duration_s, rounds, intra=cores) / 2.0),
-        serial_window_us=serial_window(duration_s / 2, rounds),
+        serial_window_us=serial_window(duration_s / 4, rounds),
         foreign_cpu_frac=foreign_cpu_frac(start, snapshot()),
     )

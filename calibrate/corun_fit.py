@@ -15,7 +15,7 @@ So calibration measures it where it happens: each calibration graph small enough
 quickly is run on the executor with two slots at each thread count, and for each thread
 count one latency per op (microseconds, added to the kernel time of every op of a
 co-run plan: `Profile.kernel_us`) is fitted so that the simulator's step times match the
-measured ones (least squares on the log of predicted / measured, fastest of the timed
+measured ones (least absolute log error of predicted / measured, fastest of the timed
 steps), over a grid of latencies. Its residuals per graph are kept in the Profile's meta, as the error of this
 part of the model on graphs it was fitted on.
 """
@@ -91,8 +91,9 @@ def fit_corun_latency(
     """Per thread count, the latency that best fits the runs; and each run's error with it.
 
     Each run is simulated at the latencies of `GRID_US` (a step grows smoothly with the
-    latency), its step time interpolated linearly in between, and the sum of squared
-    log errors minimised over a 0.1 us grid.
+    latency), its step time interpolated linearly in between, and the sum of absolute
+    log errors minimised over a 0.1 us grid (absolute, not squared: a run that a
+    neighbour slowed tenfold must not drag every other graph's prediction).
     """
     curves = {id(r): np.array([_predict_s(_with_latency(profile, {r.threads: x}), r, machine) for x in GRID_US]) for r in runs}
     fine = np.arange(0.0, MAX_LATENCY_US + 0.05, 0.1)
@@ -101,7 +102,7 @@ def fit_corun_latency(
         loss = np.zeros_like(fine)
         for r in runs:
             if r.threads == n:
-                loss += np.log(np.interp(fine, GRID_US, curves[id(r)]) / r.measured_s) ** 2
+                loss += np.abs(np.log(np.interp(fine, GRID_US, curves[id(r)]) / r.measured_s))
         latency[n] = round(float(fine[int(np.argmin(loss))]), 3)
     fitted = _with_latency(profile, latency)
     report = [

@@ -1,11 +1,14 @@
-"""A full calibration: dispatch, microbenchmarks of the workloads' ops and a shape sweep,
-co-run slowdowns, fits; the result is a Profile, saved atomically.
+"""A full calibration: dispatch, co-run figures, the roofline, microbenchmarks of the ops of
+the built-in workloads and of the coverage models (`coverage.py`) and a shape sweep, the
+ops as they run in a step (`context.py`), the co-run executor's wait per op
+(`corun_fit.py`), fits; the result is a Profile, saved atomically.
 
     run_calibration(quick=True, out=Path("traces/profile.json"))
 
-`quick` (tests, CI; about a minute on 2 cores): the built-in workloads at size tiny and a
-small sweep. Full (`make calibrate`; a few minutes): sizes tiny and default, a wider
-sweep, more repetitions. Progress goes to stderr as tqdm bars when `progress` is true.
+`quick` (tests, CI; under a minute on 2 cores when idle): the built-in workloads at
+size tiny, the coverage models at their small shape and a small sweep. Full (`make
+calibrate`; a few minutes): sizes tiny and default, every coverage shape, a wider sweep,
+more repetitions. Progress goes to stderr as tqdm bars when `progress` is true.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ class CalibrationConfig:
 def quick_config() -> CalibrationConfig:
     return CalibrationConfig(
         quick=True,
-        sweep=SweepConfig(per_class=20, max_flops=3e8, max_elems=1 << 22),
+        sweep=SweepConfig(per_class=12, max_flops=3e8, max_elems=1 << 22),  # the coverage models add real shapes
         timing=TimingConfig(budget_s=0.01, min_reps=3, max_reps=30),
     )
 
