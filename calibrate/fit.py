@@ -40,6 +40,13 @@ COMPUTE_CLASSES = frozenset(
     }
 )
 MIN_SIGNATURES_FULL_FIT = 8  # fewer: the fallback's shape, scaled to the class
+# A class whose shapes span less than this factor of work (bytes and FLOPs alike) gets the
+# fallback's shape too: eight tiny `_unsafe_view`s spanning 2-14 KB once fitted a DRAM
+# slope of 1.3 s per MB above 60 KB, and predicted 64 ms for one of 115 KB.
+MIN_WORK_SPAN_FULL_FIT = 8.0
+# The steepest memory slope a fit may take: 5,000 us per MB is 0.2 GB/s, slower than any
+# memory-bound op of a CPU; a steeper one is a fit to the noise of a few small points.
+MAX_US_PER_MB = 5000.0
 HOLDOUT_FRAC = 0.2
 MIN_SIGNATURES_HOLDOUT = 5  # fewer: no held-out error (null)
 CACHE_MB_RANGE = (0.05, 256.0)  # where the fitted cache cliff may lie
@@ -140,7 +147,11 @@ def fit_work_threads(points: Sequence[Point], floor_us: float) -> WorkThreadsMod
     # the points above it (else a slope fitted to nothing extrapolates wildly).
     cache_hi = min(CACHE_MB_RANGE[1], max(2 * CACHE_MB_RANGE[0], float(np.quantile(nbytes * 1e-6, 0.8))))
     lower = [lo_log, lo_log, lo_log, lo_log, math.log(CACHE_MB_RANGE[0]), 0.0, lo_log, lo_log]
-    upper = [hi_log, hi_log, hi_log, hi_log, math.log(cache_hi), 1.0, hi_log, hi_log]
+    mb_hi = math.log(MAX_US_PER_MB)
+    # Where not a fifth of the points lie at or above the highest hinge allowed, nothing
+    # pins a slope beyond it: no hinge (the in-cache slope extrapolates).
+    dram_hi = mb_hi if float(np.mean(nbytes * 1e-6 >= cache_hi)) >= 0.2 else lo_log + 1e-6
+    upper = [hi_log, hi_log, mb_hi, dram_hi, math.log(cache_hi), 1.0, hi_log, hi_log]
     best = None
     for x0 in starts:
         x0 = [min(max(v, lo + 1e-9), hi - 1e-9) for v, lo, hi in zip(x0, lower, upper, strict=True)]
@@ -172,6 +183,15 @@ def _predict_call(model: WorkThreadsModel, points: Sequence[Point], floor_us: fl
     return floor_us + predict_array(theta, flops, nbytes, threads)
 
 
+def work_span(points: Sequence[Point]) -> float:
+    """The larger of max/min bytes and max/min FLOPs over `points` (1.0 for one shape)."""
+    spans = []
+    for values in ([float(p.nbytes) for p in points], [p.flops for p in points]):
+        lo = min((v for v in values if v > 0), default=0.0)
+        spans.append(max(values) / lo if lo > 0 else 1.0)
+    return max(spans)
+
+
 def fit_class(
     points: Sequence[Point],
     floor_us: float,
@@ -184,7 +204,7 @@ def fit_class(
     held = split_signatures(sigs, seed)
     train = [p for p in points if p.signature not in held] or list(points)
     test = [p for p in points if p.signature in held]
-    if fallback is not None and n_sigs < MIN_SIGNATURES_FULL_FIT:
+    if fallback is not None and (n_sigs < MIN_SIGNATURES_FULL_FIT or work_span(points) < MIN_WORK_SPAN_FULL_FIT):
         name, model = "work_threads_scaled", fit_scale(train, floor_us, fallback)
     else:
         name, model = "work_threads", fit_work_threads(train, floor_us)

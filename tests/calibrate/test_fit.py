@@ -75,3 +75,36 @@ def test_holdout_split_is_seeded_and_about_a_fifth() -> None:
     assert a == b and len(a) == 10
     assert split_signatures(sigs, seed=8) != a
     assert split_signatures(sigs[:4], seed=7) == set()
+
+
+def test_a_class_measured_over_a_narrow_range_of_sizes_takes_the_fallback_shape() -> None:
+    """Twelve tiny shapes spanning 2-14 KB say nothing about 100 KB: no slope of their own."""
+    rng = random.Random(5)
+    points = []
+    for i in range(12):
+        nbytes = int(2000 * 7 ** (i / 11))  # 2 KB .. 14 KB
+        for threads in (1, 2):
+            t = FLOOR_US + 1.0 + rng.uniform(-0.3, 0.3)  # a constant cost and noise
+            points.append(Point(f"v#{i}", "_unsafe_view", nbytes / 8, nbytes, threads, t))
+    shape = WorkThreadsModel(a_us=1.0, us_per_gflop=0.0, us_per_mb=50.0, us_per_mb_dram=0.0, cache_mb=1.0,
+                             p_max=0.5, h_us=10.0, c_us=0.5)
+    fit = fit_class(points, FLOOR_US, seed=0, fallback=shape)
+    assert fit.model_name == "work_threads_scaled"
+    assert fit.model.kernel_us(115_000 / 8, 115_000, 1) < 50.0  # not the 64 ms of a free slope
+    # A full fit on the same points (no fallback to lean on) keeps a physical memory slope.
+    own = fit_work_threads(points, FLOOR_US)
+    assert own.us_per_mb <= 5000.0 and own.us_per_mb_dram <= 5000.0
+
+
+def test_points_all_below_the_lowest_hinge_fit_no_slope_beyond_it() -> None:
+    """Points of up to 32 KB cannot say what happens above a 50-100 KB hinge."""
+    rng = random.Random(6)
+    points = []
+    for i in range(20):
+        nbytes = int(16 * 2000 ** (i / 19))  # 16 B .. 32 KB
+        for threads in (1, 2):
+            t = FLOOR_US + 0.5 + 100.0 * nbytes * 1e-6 + rng.uniform(-0.4, 0.4)
+            points.append(Point(f"s#{i}", "sqrt", nbytes / 8, nbytes, threads, t))
+    m = fit_work_threads(points, FLOOR_US)
+    assert m.us_per_mb_dram < 1e-3
+    assert m.kernel_us(2.5e5, 2_000_000, 1) < 2_000.0  # 2 MB: the in-cache slope, not 0.2 GB/s
