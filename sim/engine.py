@@ -338,7 +338,7 @@ class Simulator:
             dispatch_us=dispatch_us,
             kernel_us=kernel_us,
             demand=threads,
-            slowdown=self._slowdowns(dev, capacity, resolved.slots),
+            slowdown=self._slowdowns(dev, capacity, resolved.slots, int(threads.max()) if len(threads) else 1),
         )
 
     def _run_compiled(self, resolved: ResolvedPlan, dev: int, t0: float) -> SimResult:
@@ -406,13 +406,17 @@ class Simulator:
             self._dispatch_arr = np.asarray(self._dispatches(), dtype=np.float64)
         return self._dispatch_arr
 
-    def _slowdowns(self, dev: int, capacity: int, slots: int) -> np.ndarray:
-        """slowdown[op, busy cores of the others]: with one slot only column 0 is ever read."""
+    def _slowdowns(self, dev: int, capacity: int, slots: int, max_threads: int) -> np.ndarray:
+        """slowdown[op, busy cores of the others], filled for the columns this plan can read.
+
+        The others are at most `slots - 1` kernels of at most `max_threads` threads each, so
+        with one slot only column 0 is read, and two one-thread slots read columns 0 and 1.
+        """
         n = len(self.graph.ops)
         table = self._slow_table
         if table is None or table.shape[1] != capacity + 1:
             table = self._slow_table = np.full((n, capacity + 1), np.nan)
-        cols = range(1) if slots == 1 else range(capacity + 1)
+        cols = range(min(capacity, (slots - 1) * max_threads) + 1)
         fn = self._slowdown[dev]
         for b in cols:
             if np.isnan(table[0, b]) if n else False:
