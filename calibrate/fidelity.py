@@ -37,6 +37,7 @@ from scipy.stats import kendalltau
 from schedlab.backend import BackendRun
 from schedlab.calibrate.host_load import foreign_cpu_frac, snapshot
 from schedlab.calibrate.profile import Profile
+from schedlab.calibrate.signature import signature
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
 from schedlab.machine import Machine
@@ -245,6 +246,9 @@ class HeldOutResult:
     profile_only: list[FidelityRow]  # every plan; nothing of this model in the Profile
     trace_calibrated: list[FidelityRow]  # every plan; the calibration plan's row has in_calibration
     calibration_shape: tuple[bool, ...]  # per row: the plan has the calibration plan's slots and threads
+    # Share of the model's kernel ops whose exact signature the stored Profile measured (calibration's
+    # workloads, coverage models or sweep share it): how unseen the model is at the level of ops.
+    profile_seen_ops_frac: float = 0.0
 
     def scored(self, method: str) -> list[FidelityRow]:
         """The rows a method's error is computed on: the trace-calibrated one leaves out the
@@ -284,8 +288,11 @@ def held_out_fidelity(
     calibrated = profile.with_trace(measured[cal[0]].run.trace, graph)
     alone = predict(graph, resolved, profile, machine)
     learnt = predict(graph, resolved, calibrated, machine)
+    kernels = [op for op in graph.ops if not op.is_view]
+    seen = sum(1 for op in kernels if signature(op) in profile.signatures)
     return HeldOutResult(
         workload=workload,
+        profile_seen_ops_frac=seen / len(kernels) if kernels else 0.0,
         profile_only=fidelity_rows(workload, graph, resolved, measured, alone, PROFILE_ONLY),
         trace_calibrated=fidelity_rows(
             workload, graph, resolved, measured, learnt, TRACE_CALIBRATED, in_calibration=lambda p: p is cal_plan
@@ -320,6 +327,7 @@ def held_out_summary(results: Sequence[HeldOutResult]) -> dict[str, Any]:
         models.append({
             "workload": res.workload,
             "ops": res.profile_only[0].ops if res.profile_only else 0,
+            "profile_seen_ops": res.profile_seen_ops_frac,
             "profile_only": error_summary(res.scored(PROFILE_ONLY)),
             "trace_calibrated": {
                 **error_summary(res.scored(TRACE_CALIBRATED)),

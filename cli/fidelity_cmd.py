@@ -260,21 +260,23 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
     print()
     print(f"{'':<30}{'--- profile-only ---':>24}   {'--- trace-calibrated ---':>36}")
     print(f"{'workload':<24}{'ops':>6}{'MAPE':>8}{'worst':>8}{'tau':>7}   {'MAPE':>8}{'worst':>8}{'tau':>7}"
-          f"{'other shapes':>13}")
+          f"{'other shapes':>13}{'seen ops':>10}")
     for m in result["models"]:
         a, t = m["profile_only"], m["trace_calibrated"]
         print(f"{m['workload'].removeprefix(PREFIX):<24}{m['ops']:>6}{_pct(a['mape'], 8)}{_pct(a['worst_error'], 8)}"
               f"{_tau(a['kendall_tau'], 7)}   {_pct(t['mape'], 8)}{_pct(t['worst_error'], 8)}{_tau(t['kendall_tau'], 7)}"
-              f"{_pct(t['other_shapes']['mape'], 13)}")
+              f"{_pct(t['other_shapes']['mape'], 13)}{_pct(m['profile_seen_ops'], 10)}")
     a, t = result["overall"]["profile_only"], result["overall"]["trace_calibrated"]
     print(f"{'all (tau: median)':<30}{_pct(a['mape'], 8)}{_pct(a['worst_error'], 8)}{_tau(a['median_kendall_tau'], 7)}"
           f"   {_pct(t['mape'], 8)}{_pct(t['worst_error'], 8)}{_tau(t['median_kendall_tau'], 7)}")
     print(f"profile-only: the stored profile alone, over all {result['plans_per_model']} plans of each model. "
           f"trace-calibrated: calibrated on the measured run of {cal} (*) of the same model, errors over the "
           f"other {result['plans_per_model'] - 1} plans; other shapes: only plans with 2 slots or 2 threads.")
+    print("seen ops: share of the model's kernel ops whose exact signature the profile measured in calibration")
     print("others: share of the CPU other processes used while the plan was measured")
     busy = result["busy_plans"]
     if busy:
-        print(f"warning: {len(busy)} plan(s) measured while other processes used over "
-              f"{result['busy_frac']:.0%} of the CPU; their times are unreliable: {', '.join(busy)}")
+        named = ", ".join(busy[:5]) + (f" and {len(busy) - 5} more" if len(busy) > 5 else "")
+        print(f"warning: {len(busy)} of {len(by_key)} plans measured while other processes used over "
+              f"{result['busy_frac']:.0%} of the CPU (column 'others'); their times are unreliable: {named}")
     print(f"results: {out}   (draw them: schedlab report {out})")

@@ -107,10 +107,22 @@ def test_calibration_workloads_and_sweep_exclude_held_out(held_out_forbidden: li
     for cfg in (cal_run.quick_config(), cal_run.full_config(), cal_run.CalibrationConfig(quick=True)):
         assert set(cfg.workloads) <= set(BUILTIN_WORKLOADS)
         assert not set(cfg.workloads) & set(HELDOUT_WORKLOADS)
+        sources = [source for source, _, _ in cal_run._capture_jobs(cfg)]
+        assert all(src.split("/")[0] in BUILTIN_WORKLOADS or src.startswith("coverage:") for src in sources)
+        assert not any(PREFIX in src for src in sources)
         failures: list[str] = []
-        captured = cal_run._capture_all(cfg, cal_run._Progress(False), failures)
-        assert not failures and len(captured) == len(cfg.workloads) * len(cfg.sizes) * len(cfg.optimizers)
+        captured = cal_run._capture_all(cfg, cal_run._Progress(False), failures)  # builds every graph
+        assert not failures and len(captured) == len(sources)
         specs = sweep_specs(cfg.sweep)  # synthetic shapes per op class, no model involved
         assert specs and all(s.target.startswith("aten.") for s in specs)
     assert held_out_forbidden and set(held_out_forbidden) <= set(BUILTIN_WORKLOADS)
 
+
+def test_calibration_coverage_models_are_not_the_held_out_models() -> None:
+    """Calibration's own stock-layer models (calibrate/coverage.py) are other models."""
+    from schedlab.calibrate import coverage
+
+    held_out_classes = {type(load_workload(spec, "tiny").module) for spec in HELDOUT_WORKLOADS}
+    for name in coverage.COVERAGE_MODELS:
+        module, _ = coverage.build(name, coverage.SHAPES[0])
+        assert type(module) not in held_out_classes and type(module).__module__ != heldout_mod.__name__

@@ -40,6 +40,8 @@ NAME = "fidelity"
 METHODS = (PROFILE_ONLY, TRACE_CALIBRATED)
 HELDOUT_PREFIX = "heldout:"
 LOG_SPAN = 8.0  # log axes when the largest time is more than this many times the smallest
+# A marker per model as well as a colour: the palette has 7 colours, the held-out set 8 models.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,7 @@ def draw(data: FidelityData, out_stem: Path) -> FigureRecord:
             ax.text(fx, fy, text, transform=ax.transAxes, ha=ha, va=va, fontsize=7, zorder=6,
                     bbox={"boxstyle": "round,pad=0.3", "fc": "white", "ec": style.GREY, "lw": 0.5})
         axes[0].set_ylabel("measured step time (ms, median)")
-        handles = [_model_handle(style.colour(i), short(w)) for i, w in enumerate(workloads)]
+        handles = [_model_handle(style.colour(i), short(w), MARKERS[i % len(MARKERS)]) for i, w in enumerate(workloads)]
         handles.append(_model_handle("white", "calibration plan shape" if not data.held_out
                                      else "calibration plan (not scored)", edge=style.INK))
         # On the axes, below them (a figure legend is outside the box `style.save` puts the note under).
@@ -268,7 +270,7 @@ def _panel(ax: Any, pts: list[FidelityPoint], workloads: list[str], lo: float, h
     ax.fill_between([lo, hi], [lo * (1 - BAND), hi * (1 - BAND)], [lo * (1 + BAND), hi * (1 + BAND)],
                     color=style.GREY, alpha=0.15, lw=0, zorder=0)
     for i, w in enumerate(workloads):
-        colour = style.colour(i)
+        colour, marker = style.colour(i), MARKERS[i % len(MARKERS)]
         for hollow in (False, True):
             ps = [p for p in pts if p.workload == w and p.calibrated_on == hollow]
             if not ps:
@@ -276,7 +278,7 @@ def _panel(ax: Any, pts: list[FidelityPoint], workloads: list[str], lo: float, h
             below = [max(p.measured_s - p.spread_s[0], 0.0) * ms if p.spread_s else 0.0 for p in ps]
             above = [max(p.spread_s[1] - p.measured_s, 0.0) * ms if p.spread_s else 0.0 for p in ps]
             ax.errorbar(
-                [p.predicted_s * ms for p in ps], [p.measured_s * ms for p in ps], yerr=[below, above], fmt="o",
+                [p.predicted_s * ms for p in ps], [p.measured_s * ms for p in ps], yerr=[below, above], fmt=marker,
                 ms=3.5, color=colour, mfc="white" if hollow else colour, mec=colour, mew=0.8, elinewidth=0.5,
                 capsize=1.0, alpha=0.9, zorder=4 if hollow else 3,
             )
@@ -293,10 +295,10 @@ def _panel(ax: Any, pts: list[FidelityPoint], workloads: list[str], lo: float, h
     ax.set_xlabel("predicted step time (ms, simulated)")
 
 
-def _model_handle(colour: str, label: str, edge: str | None = None) -> Any:
+def _model_handle(colour: str, label: str, marker: str = "o", edge: str | None = None) -> Any:
     from matplotlib.lines import Line2D
 
-    return Line2D([], [], marker="o", ls="none", ms=4, color=colour, mfc=colour, mec=edge or colour, label=label)
+    return Line2D([], [], marker=marker, ls="none", ms=4, color=colour, mfc=colour, mec=edge or colour, label=label)
 
 
 def _panel_title(data: FidelityData, method: str) -> str:

@@ -82,9 +82,15 @@ def test_held_out_runs_each_plan_once_and_needs_the_calibration_plan(exec_calls:
     _, c = captured_workload(MODEL)
     machine = detect_host()
     plans = [p for p in plan_spread(machine.default_device.cores) if p.order == "topo"]
-    res = held_out_fidelity(MODEL, c.graph, c.input_values, plans, make_profile(), machine, steps=1, warmup=0)  # type: ignore[attr-defined]
+    from schedlab.calibrate.signature import signature
+
+    kernels = [op for op in c.graph.ops if not op.is_view]  # type: ignore[attr-defined]
+    known = {signature(kernels[0]): {1: 5.0}}  # the profile measured exactly one of the model's ops
+    res = held_out_fidelity(MODEL, c.graph, c.input_values, plans, make_profile(signatures=known), machine, steps=1, warmup=0)  # type: ignore[attr-defined]
     assert exec_calls == [p.name for p in plans]  # no separate calibration runs
     assert len(res.scored(TRACE_CALIBRATED)) == len(plans) - 1
+    same = sum(1 for op in kernels if signature(op) in known)
+    assert res.profile_seen_ops_frac == pytest.approx(same / len(kernels)) and 0 < res.profile_seen_ops_frac < 1
     with pytest.raises(SchedlabError, match="calibration plan"):
         held_out_fidelity(MODEL, c.graph, c.input_values, plans[1:], make_profile(), machine, steps=1)  # type: ignore[attr-defined]
 
@@ -134,6 +140,7 @@ def test_held_out_command_json_and_table(capsys, tmp_path: Path, profile_file: P
     assert stored["calibration_plan"] == CALIBRATION_PLAN.name and stored["plans_per_model"] == n
     (m,) = stored["models"]
     assert m["workload"] == MODEL and m["ops"] > 0
+    assert m["profile_seen_ops"] == 0.0  # a hand-made profile with no signatures has seen none of its ops
     assert m["profile_only"]["n_plans"] == n and m["trace_calibrated"]["n_plans"] == n - 1
     for summary in (m["profile_only"], m["trace_calibrated"], m["trace_calibrated"]["other_shapes"]):
         assert set(summary) >= {"mape", "worst_error", "kendall_tau", "n_plans"}
@@ -150,7 +157,12 @@ def test_held_out_command_json_and_table(capsys, tmp_path: Path, profile_file: P
     print_held_out(stored, "Test CPU", out)
     text = capsys.readouterr().out
     assert "profile-only" in text and "trace-calibrated" in text and "mixer" in text
-    assert text.count("*") >= 1 and f"other {n - 1} plans" in text and "others" in text
+    assert text.count("*") >= 1 and f"other {n - 1} plans" in text and "others" in text and "seen ops" in text
+
+    print_held_out({**stored, "busy_plans": [f"{MODEL}/p{i}" for i in range(7)]}, "Test CPU", out)
+    text = capsys.readouterr().out
+    assert f"warning: 7 of {n} plans measured while other processes used over 25%" in text
+    assert f"{MODEL}/p4 and 2 more" in text and f"{MODEL}/p5" not in text
 
 
 def test_plans_measured_on_a_busy_machine_are_flagged() -> None:
