@@ -162,7 +162,8 @@ def predict(graph: Graph, plans: Sequence[ResolvedPlan], profile: Profile, machi
     cost, as the plan's slots ask), timed as the search's reused Simulator and cold."""
     from schedlab.sim import SimBackend, simulate
 
-    costs = {False: profile.for_slots(1), True: profile.for_slots(2)}  # one-slot or co-running executor
+    bound = profile.for_graph(graph)  # first uses of each op target pay their extra, as in the step
+    costs = {False: bound.for_slots(1), True: bound.for_slots(2)}  # one-slot or co-running executor
     predictor = SimBackend(lambda r: costs[r.slots > 1])
     out: list[Prediction] = []
     for resolved in plans:

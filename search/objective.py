@@ -70,6 +70,9 @@ class Evaluator:
         corun = slots > 1
         if corun not in self._sims:
             cost = self._base_cost
+            for_graph = getattr(cost, "for_graph", None)
+            if for_graph is not None:  # a Profile charges each op target's first use in the step
+                cost = for_graph(self.graph)
             for_slots = getattr(cost, "for_slots", None)
             if for_slots is not None:
                 cost = for_slots(slots)
