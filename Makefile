@@ -10,7 +10,7 @@ RUN_DIR ?= runs/demo
 SUITE ?= runs/suite
 TRIALS ?= 300
 
-.PHONY: venv demo suite test test-slow bench lint calibrate fidelity search validate report clean help
+.PHONY: venv demo suite test test-slow bench lint calibrate fidelity fidelity-heldout search validate report clean help
 
 help:
 	@echo "make demo        the whole loop on the default workload (start here)"
@@ -19,6 +19,7 @@ help:
 	@echo "make bench       benchmarks (executor overhead vs eager, simulator speed)"
 	@echo "make calibrate   full calibration of this machine -> traces/profile.json"
 	@echo "make fidelity    simulator vs executor on the built-in workloads and plans"
+	@echo "make fidelity-heldout  the same on the held-out models calibration never sees"
 	@echo "make suite       search (Optuna + both papers' strategies), validate and report every built-in workload"
 	@echo "make lint        ruff and mypy"
 
@@ -63,6 +64,10 @@ calibrate: $(STAMP)
 
 fidelity: $(STAMP)
 	$(BIN)/schedlab fidelity
+
+fidelity-heldout: $(STAMP)
+	test -f traces/profile.json || $(BIN)/schedlab calibrate
+	$(BIN)/schedlab fidelity --held-out
 
 search: $(STAMP)
 	$(BIN)/schedlab search $(MODEL) --run-dir $(RUN_DIR)
