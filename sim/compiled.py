@@ -134,6 +134,14 @@ def _ev_less(t: np.ndarray, s: np.ndarray, a: int, b: int) -> bool:
     return t[a] < t[b] or (t[a] == t[b] and s[a] < s[b])
 
 
+@njit(cache=True, inline="always")
+def _ev_swap(et, es, ek, ea, a, b):  # type: ignore[no-untyped-def]
+    et[a], et[b] = et[b], et[a]
+    es[a], es[b] = es[b], es[a]
+    ek[a], ek[b] = ek[b], ek[a]
+    ea[a], ea[b] = ea[b], ea[a]
+
+
 @njit(cache=True)
 def _ev_push(et, es, ek, ea, size, time, seq, kind, arg):  # type: ignore[no-untyped-def]
     i = size
@@ -141,10 +149,7 @@ def _ev_push(et, es, ek, ea, size, time, seq, kind, arg):  # type: ignore[no-unt
     while i > 0:
         p = (i - 1) >> 1
         if _ev_less(et, es, i, p):
-            et[i], et[p] = et[p], et[i]
-            es[i], es[p] = es[p], es[i]
-            ek[i], ek[p] = ek[p], ek[i]
-            ea[i], ea[p] = ea[p], ea[i]
+            _ev_swap(et, es, ek, ea, i, p)
             i = p
         else:
             break
@@ -165,10 +170,7 @@ def _ev_pop(et, es, ek, ea, size):  # type: ignore[no-untyped-def]
         if left + 1 < size and _ev_less(et, es, left + 1, left):
             c = left + 1
         if _ev_less(et, es, c, i):
-            et[i], et[c] = et[c], et[i]
-            es[i], es[c] = es[c], es[i]
-            ek[i], ek[c] = ek[c], ek[i]
-            ea[i], ea[c] = ea[c], ea[i]
+            _ev_swap(et, es, ek, ea, i, c)
             i = c
         else:
             break

@@ -90,6 +90,16 @@ def flat_single_device(graph: Graph) -> FlatStructure:
 
 
 @njit(cache=True)
+def _add_unique(buf, start, end, x):  # type: ignore[no-untyped-def]
+    """Append `x` to buf[start:end] unless it is there already (lists of a few items); the new end."""
+    for q in range(start, end):
+        if buf[q] == x:
+            return end
+    buf[end] = x
+    return end + 1
+
+
+@njit(cache=True)
 def _build(n, n_values, in_ptr, in_idx, out_ptr, out_idx, nbytes, roots, producer, g_in, g_out, pinned):  # type: ignore[no-untyped-def]
     # Values with a home: graph inputs and op outputs (all on the one device).
     home = np.zeros(n_values, dtype=np.bool_)
@@ -140,25 +150,10 @@ def _build(n, n_values, in_ptr, in_idx, out_ptr, out_idx, nbytes, roots, produce
             if sid[r] < 0:
                 sid[r] = n_s
                 n_s += 1
-            s = sid[r]
-            seen = False
-            for q in range(r0, n_rel):
-                if rel_idx[q] == s:
-                    seen = True
-                    break
-            if not seen:
-                rel_idx[n_rel] = s
-                n_rel += 1
+            n_rel = _add_unique(rel_idx, r0, n_rel, sid[r])
             pr = producer[v]
             if pr >= 0:
-                seen = False
-                for q in range(w0, n_wait):
-                    if wait_idx[q] == pr:
-                        seen = True
-                        break
-                if not seen:
-                    wait_idx[n_wait] = pr
-                    n_wait += 1
+                n_wait = _add_unique(wait_idx, w0, n_wait, pr)
         for p in range(out_ptr[o], out_ptr[o + 1]):
             v = out_idx[p]
             if roots[v] == v:
@@ -168,14 +163,7 @@ def _build(n, n_values, in_ptr, in_idx, out_ptr, out_idx, nbytes, roots, produce
                 s = sid[v]
                 sbytes[s] += nbytes[v]
                 alloc[o] += nbytes[v]
-                seen = False
-                for q in range(r0, n_rel):
-                    if rel_idx[q] == s:
-                        seen = True
-                        break
-                if not seen:
-                    rel_idx[n_rel] = s
-                    n_rel += 1
+                n_rel = _add_unique(rel_idx, r0, n_rel, s)
         for q in range(r0, n_rel):
             s = rel_idx[q]
             if refs[s] != pinned:
