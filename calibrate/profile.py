@@ -7,7 +7,7 @@ A Profile implements `sim.cost.CostModel`. `kernel_us(op, threads)` looks up, in
    is interpolated between measured ones (linear in 1/threads) or, outside them,
    extrapolated from the nearest measured one with the shape of the class model;
 2. the fitted model of the op's class (`Op.op_class`) on (flops, bytes, threads);
-3. for a class never measured, the machine's roofline (`calibrate.roofline`: peak FLOP/s
+3. for a class never measured, or whose fit is not trusted (`ClassFit.trusted`), the machine's roofline (`calibrate.roofline`: peak FLOP/s
    and memory bandwidth measured in calibration); a Profile without one (version 1
    files) uses the model fitted on every memory-bound point (`fallback`).
    `coverage(graph)` counts the ops of a graph that fell through to it.
@@ -211,16 +211,20 @@ class Profile:
         """The fitted model of `op_class`; for a class never measured, the roofline (or,
         in a Profile without one, the model fitted on every memory-bound point)."""
         fit = self.classes.get(op_class)
-        if fit is not None:
+        if fit is not None and (fit.trusted or self.roofline is None):
             return fit.model
         return self.roofline if self.roofline is not None else self.fallback.model
 
     # ---- coverage ----------------------------------------------------------------------
 
     def is_fallback(self, op: Op) -> bool:
-        """Whether `op`'s kernel time comes from the fallback: a non-view op of a class
-        never measured, whose signature is not in the table either."""
-        return not op.is_view and op.op_class not in self.classes and not self._row(op)
+        """Whether `op`'s kernel time comes from the fallback: a non-view op whose signature
+        is not in the table, of a class never measured or whose fit is not trusted
+        (`ClassFit.trusted`: it misses its own calibration points by far)."""
+        if op.is_view or self._row(op):
+            return False
+        fit = self.classes.get(op.op_class)
+        return fit is None or (not fit.trusted and self.roofline is not None)
 
     def coverage(self, graph: Graph) -> dict[str, Any]:
         """How much of `graph` the Profile measured: its non-view ops, and how many of them

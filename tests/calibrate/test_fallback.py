@@ -52,6 +52,26 @@ def test_unknown_class_takes_the_roofline_and_the_coverage_report_names_it() -> 
     assert make_profile().kernel_us(weird, 1) == pytest.approx(FALLBACK_MODEL.kernel_us(1e9, 10**6, 1))
 
 
+@pytest.mark.parametrize(("train_mape", "heldout_mape", "trusted"), [
+    (20.0, 30.0, True), (20.0, None, True), (117.0, 30.0, False), (20.0, 3257.0, False), (100.0, 200.0, True),
+])
+def test_a_fit_that_misses_its_own_calibration_points_gives_way_to_the_roofline(
+    train_mape: float, heldout_mape: float | None, trusted: bool
+) -> None:
+    base = dataclasses.replace(make_profile(), roofline=ROOF)
+    fit = dataclasses.replace(base.classes["mm"], train_mape=train_mape, heldout_mape=heldout_mape)
+    p = dataclasses.replace(base, classes={**base.classes, "mm": fit})
+    unseen = make_op(flops=3e8, nbytes=10**6)  # class mm, signature not in the table
+    assert not p._row(unseen)
+    assert fit.trusted is trusted
+    want = MM_MODEL.kernel_us(3e8, 10**6, 1) if trusted else ROOF.kernel_us(3e8, 10**6, 1)
+    assert p.kernel_us(unseen, 1) == pytest.approx(want)
+    assert p.is_fallback(unseen) is (not trusted)
+    # Without a roofline (a version-1 file) the fit stays: nothing better was measured.
+    old = dataclasses.replace(p, roofline=None)
+    assert old.kernel_us(unseen, 1) == pytest.approx(MM_MODEL.kernel_us(3e8, 10**6, 1)) and not old.is_fallback(unseen)
+
+
 def test_corun_plans_charge_the_serial_window_under_the_lock_and_the_fitted_latency() -> None:
     corun = CorunFigures(1.0, 1.0, 1.0, True, serial_window_us=5.0, latency_us={1: 4.0, 2: 1.0})
     p = dataclasses.replace(make_profile(), corun=corun)
