@@ -26,14 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
-
 from schedlab.calibrate.fidelity import PROFILE_ONLY, TRACE_CALIBRATED
 from schedlab.errors import SchedlabError
 from schedlab.io import read_json
 from schedlab.reports import style
 from schedlab.reports.figures import BOTH, FigureRecord, FigureSkipped, describe_conditions
-from schedlab.reports.figures.pred_vs_meas import BAND
+from schedlab.reports.figures.pred_vs_meas import BAND, identity_band, square_limits
 from schedlab.reports.load import host_text
 
 NAME = "fidelity"
@@ -263,12 +261,7 @@ def draw(data: FidelityData, out_stem: Path) -> FigureRecord:
 
 
 def _panel(ax: Any, pts: list[FidelityPoint], workloads: list[str], lo: float, hi: float, log: bool, ms: float) -> None:
-    if log:
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-    ax.plot([lo, hi], [lo, hi], color=style.INK, lw=0.7, zorder=1)
-    ax.fill_between([lo, hi], [lo * (1 - BAND), hi * (1 - BAND)], [lo * (1 + BAND), hi * (1 + BAND)],
-                    color=style.GREY, alpha=0.15, lw=0, zorder=0)
+    identity_band(ax, lo, hi, log=log, legend=False)
     for i, w in enumerate(workloads):
         colour, marker = style.colour(i), MARKERS[i % len(MARKERS)]
         for hollow in (False, True):
@@ -282,17 +275,7 @@ def _panel(ax: Any, pts: list[FidelityPoint], workloads: list[str], lo: float, h
                 ms=3.5, color=colour, mfc="white" if hollow else colour, mec=colour, mew=0.8, elinewidth=0.5,
                 capsize=1.0, alpha=0.9, zorder=4 if hollow else 3,
             )
-    if log:
-        ticks = style.log_ticks(lo, hi)
-        for axis in (ax.xaxis, ax.yaxis):
-            axis.set_major_locator(FixedLocator(ticks))
-            axis.set_major_formatter(style.fmt_tick_formatter())
-            axis.set_minor_locator(NullLocator())
-            axis.set_minor_formatter(NullFormatter())
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_aspect("equal")
-    ax.set_xlabel("predicted step time (ms, simulated)")
+    square_limits(ax, lo, hi, log=log)
 
 
 def _model_handle(colour: str, label: str, marker: str = "o", edge: str | None = None) -> Any:

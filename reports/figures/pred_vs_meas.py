@@ -30,6 +30,33 @@ from schedlab.reports.figures import (
 from schedlab.reports.load import RESULTS_JSON, Measured, RunData
 
 BAND = 0.10  # the shaded band: prediction within ±10%
+
+
+def identity_band(ax: Any, lo: float, hi: float, *, log: bool, legend: bool) -> None:
+    """Axes scale, the y = x line and the ±BAND shade of a predicted-vs-measured panel."""
+    if log:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.plot([lo, hi], [lo, hi], color=style.INK, lw=0.7, zorder=1, **({"label": "y = x"} if legend else {}))
+    ax.fill_between(
+        [lo, hi], [lo * (1 - BAND), hi * (1 - BAND)], [lo * (1 + BAND), hi * (1 + BAND)],
+        color=style.GREY, alpha=0.15, lw=0, zorder=0, **({"label": f"±{BAND:.0%}"} if legend else {}),
+    )
+
+
+def square_limits(ax: Any, lo: float, hi: float, *, log: bool) -> None:
+    """Equal x and y ranges [lo, hi] (round ticks on log axes) and the predicted-time label."""
+    if log:
+        ticks = style.log_ticks(lo, hi)
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(FixedLocator(ticks))
+            axis.set_major_formatter(style.fmt_tick_formatter())
+            axis.set_minor_locator(NullLocator())
+            axis.set_minor_formatter(NullFormatter())
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_aspect("equal")
+    ax.set_xlabel("predicted step time (ms, simulated)")
 _BASELINE_MARKERS = ("s", "^", "v", "P", "X")
 
 
@@ -72,13 +99,7 @@ def draw(run: RunData, out_stem: Path) -> FigureRecord:
     with style.paper():
         fig = style.figure(style.COLUMN_IN, 3.5)
         ax = fig.add_subplot()
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.plot([lo_ms, hi_ms], [lo_ms, hi_ms], color=style.INK, lw=0.7, zorder=1, label="y = x")
-        ax.fill_between(
-            [lo_ms, hi_ms], [lo_ms * (1 - BAND), hi_ms * (1 - BAND)], [lo_ms * (1 + BAND), hi_ms * (1 + BAND)],
-            color=style.GREY, alpha=0.15, lw=0, zorder=0, label=f"±{BAND:.0%}",
-        )
+        identity_band(ax, lo_ms, hi_ms, log=True, legend=True)
         for si, strat in enumerate(strategies):
             pts = [m for m in cands if (m.strategy or "?") == strat and m is not best]
             if pts:
@@ -89,16 +110,7 @@ def draw(run: RunData, out_stem: Path) -> FigureRecord:
         for bi, (name, m) in enumerate(bases):
             _scatter(ax, [m], ms, marker=_BASELINE_MARKERS[bi % len(_BASELINE_MARKERS)], colour="white",
                      label=f"baseline: {name}", edge=style.INK)
-        ticks = style.log_ticks(lo_ms, hi_ms)
-        for axis in (ax.xaxis, ax.yaxis):
-            axis.set_major_locator(FixedLocator(ticks))
-            axis.set_major_formatter(style.fmt_tick_formatter())
-            axis.set_minor_locator(NullLocator())
-            axis.set_minor_formatter(NullFormatter())
-        ax.set_xlim(lo_ms, hi_ms)
-        ax.set_ylim(lo_ms, hi_ms)
-        ax.set_aspect("equal")
-        ax.set_xlabel("predicted step time (ms, simulated)")
+        square_limits(ax, lo_ms, hi_ms, log=True)
         ax.set_ylabel("measured step time (ms, median)")
         text = f"MAPE {err:.1f}% (n = {len(points)})"
         if tau is not None:
