@@ -58,13 +58,26 @@ def capture_model(args: argparse.Namespace, cache: bool = False) -> Any:
     """Load the workload named on the command line and capture its training step; with
     `cache`, through the graph cache (`schedlab.graph_cache`), so a second command on the
     same model, size, optimizer and seed skips the capture."""
+    return capture_spec(args.model, args.size, args.optimizer, args.seed, cache=cache)
+
+
+def capture_spec(spec: str, size: str, optimizer: str, seed: int = 0, *, cache: bool = True) -> Any:
+    """(workload, captured step) of a model spec, through the graph cache unless `cache` is False."""
     from schedlab.graph_cache import GraphCacheWarning, capture_cached
     from schedlab.workloads import load_workload
 
-    workload = load_workload(args.model, args.size, seed=args.seed)
+    workload = load_workload(spec, size, seed=seed)
     with warnings_on_stderr(GraphCacheWarning):
-        captured = capture_cached(workload, args.optimizer, args.seed, graph_cache_dir() if cache else None)
+        captured = capture_cached(workload, optimizer, seed, graph_cache_dir() if cache else None)
     return workload, captured
+
+
+def load_profile(path: str | None, machine_is_host: bool = True):  # type: ignore[no-untyped-def]
+    """The Profile, with a machine mismatch printed as one warning line on stderr."""
+    from schedlab.calibrate.profile import Profile, ProfileMachineWarning
+
+    with warnings_on_stderr(ProfileMachineWarning):
+        return Profile.load(path, check_machine=machine_is_host)
 
 
 @contextmanager

@@ -100,17 +100,29 @@ def run(args: argparse.Namespace) -> int:
     return run_held_out(args, models) if args.held_out else run_builtin(args, models)
 
 
+def _conditions(set_name: str, args: argparse.Namespace, machine: Any) -> dict[str, Any]:
+    """What every fidelity results file records of where and how it was measured."""
+    from schedlab.trace import library_versions
+
+    return {
+        "set": set_name,
+        "machine": machine.host,
+        "cores": machine.default_device.cores,
+        "versions": library_versions(),
+        "size": args.size,
+        "optimizer": args.optimizer,
+        "steps_per_plan": args.steps,
+    }
+
+
 def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     from tqdm import tqdm
 
     from schedlab.calibrate.fidelity import measure_and_predict, plan_spread, summarise
     from schedlab.calibrate.trace_cal import calibrate_with_traces
-    from schedlab.capture import capture
-    from schedlab.cli.simulate_cmd import load_profile
+    from schedlab.cli.common import capture_spec, load_profile
     from schedlab.io import check_writable, write_json_atomic
     from schedlab.machine import detect_host
-    from schedlab.trace import library_versions
-    from schedlab.workloads import load_workload
 
     t0 = time.perf_counter()
     out = Path(args.out) if args.out else DEFAULT_OUT
@@ -123,8 +135,7 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     with tqdm(total=len(models) * len(plans), desc="fidelity", unit="plan", file=sys.stderr, disable=None) as bar:
         for model in models:
             bar.set_postfix_str(model)
-            w = load_workload(model, args.size)
-            c = capture(w, args.optimizer)
+            _, c = capture_spec(model, args.size, args.optimizer)
             profile = base_profile
             if cal_threads:
                 profile = calibrate_with_traces(profile, c.graph, c.input_values, machine, steps=args.steps)
@@ -136,13 +147,7 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     errs = [abs(r.error) for r in rows]
     unseen = [abs(r.error) for r in rows if not r.in_calibration]
     result = {
-        "set": "built-in",
-        "machine": machine.host,
-        "cores": machine.default_device.cores,
-        "versions": library_versions(),
-        "size": args.size,
-        "optimizer": args.optimizer,
-        "steps_per_plan": args.steps,
+        **_conditions("built-in", args, machine),
         "trace_calibration": bool(cal_threads),
         "mape": sum(errs) / len(errs),
         "mape_unseen_plans": sum(unseen) / len(unseen) if unseen else None,
@@ -184,12 +189,9 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
 
     from schedlab.calibrate.fidelity import CALIBRATION_PLAN, held_out_fidelity, held_out_summary, plan_spread
     from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
-    from schedlab.capture import capture
-    from schedlab.cli.simulate_cmd import load_profile
+    from schedlab.cli.common import capture_spec, load_profile
     from schedlab.io import check_writable, write_json_atomic
     from schedlab.machine import detect_host
-    from schedlab.trace import library_versions
-    from schedlab.workloads import load_workload
 
     t0 = time.perf_counter()
     out = Path(args.out) if args.out else DEFAULT_HELDOUT_OUT
@@ -201,22 +203,16 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
     with tqdm(total=len(models) * len(plans), desc="held-out fidelity", unit="plan", file=sys.stderr, disable=None) as bar:
         for model in models:
             bar.set_postfix_str(model)
-            c = capture(load_workload(model, args.size), args.optimizer)
+            _, c = capture_spec(model, args.size, args.optimizer)
             results.append(held_out_fidelity(
                 model, c.graph, c.input_values, plans, profile, machine, steps=args.steps,
                 progress=lambda: bar.update(1),
             ))
     cal_name = CALIBRATION_PLAN.name
     result = {
-        "set": "held-out",
-        "machine": machine.host,
-        "cores": machine.default_device.cores,
-        "versions": library_versions(),
+        **_conditions("held-out", args, machine),
         "profile": str(args.profile or DEFAULT_PROFILE_PATH),
         "profile_created_unix_s": profile.created_unix_s,
-        "size": args.size,
-        "optimizer": args.optimizer,
-        "steps_per_plan": args.steps,
         "plans_per_model": len(plans),
         "calibration_plan": cal_name,
         "note": f"profile-only: the stored profile alone, every plan; trace-calibrated: the profile plus the op "

@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from schedlab.cli.common import add_cache_arg, add_model_args, print_json, slug
-from schedlab.cli.simulate_cmd import load_profile
+from schedlab.cli.common import add_cache_arg, add_model_args, load_profile, print_json, slug
 from schedlab.errors import SchedlabError
 
 DEFAULT_TRIALS = 200

@@ -13,10 +13,10 @@ from schedlab.cli.common import (
     add_model_args,
     capture_model,
     load_plan_arg,
+    load_profile,
     print_json,
     resolve_plan_arg,
     slug,
-    warnings_on_stderr,
 )
 from schedlab.errors import SchedlabError
 
@@ -36,14 +36,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--out", default=None, metavar="PATH", help="simulated trace (default: traces/<model>-<size>-<plan>.sim.json)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the results")
     p.set_defaults(handler=run)
-
-
-def load_profile(path: str | None, machine_is_host: bool = True):  # type: ignore[no-untyped-def]
-    """The Profile, with a machine mismatch printed as one warning line on stderr."""
-    from schedlab.calibrate.profile import Profile, ProfileMachineWarning
-
-    with warnings_on_stderr(ProfileMachineWarning):
-        return Profile.load(path, check_machine=machine_is_host)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def _order_profile(args: argparse.Namespace, plan: Any) -> Any:
     """The profile a critical-path order is ranked by, so `trace --plan` runs what `simulate --plan` predicts."""
     from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
-    from schedlab.cli.simulate_cmd import load_profile
+    from schedlab.cli.common import load_profile
 
     if plan.order != "critical-path":
         return None
