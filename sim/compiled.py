@@ -20,6 +20,7 @@ loads it in about a tenth of a second instead of compiling for several seconds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +39,7 @@ F64 = np.float64
 
 @dataclass(frozen=True)
 class FlatStructure:
-    """A single-device `Structure` as CSR arrays (built once per placement, then reused)."""
+    """A single-device `Structure` as CSR arrays (built once per graph by `sim.flatgraph`)."""
 
     pending: np.ndarray  # int64[n]
     succ_ptr: np.ndarray  # int64[n+1]
@@ -51,7 +52,8 @@ class FlatStructure:
     initial_live: int
 
 
-def _csr(rows: tuple[tuple[int, ...], ...]) -> tuple[np.ndarray, np.ndarray]:
+def csr(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of integers as (ptr, idx): row i is idx[ptr[i]:ptr[i + 1]]."""
     lengths = np.fromiter((len(r) for r in rows), dtype=I64, count=len(rows))
     ptr = np.zeros(len(rows) + 1, dtype=I64)
     np.cumsum(lengths, out=ptr[1:])
@@ -60,9 +62,10 @@ def _csr(rows: tuple[tuple[int, ...], ...]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def flatten(st: Structure) -> FlatStructure:
-    """CSR arrays of a structure whose ops all run on one device."""
-    succ_ptr, succ_idx = _csr(st.local_succs)
-    rel_ptr, rel_idx = _csr(st.release)
+    """CSR arrays of a Python-built structure whose ops all run on one device: the reference
+    `sim.flatgraph.flat_single_device` must equal (tests/sim/test_equivalence.py)."""
+    succ_ptr, succ_idx = csr(st.local_succs)
+    rel_ptr, rel_idx = csr(st.release)
     dev = st.op_device[0] if st.op_device else 0
     return FlatStructure(
         pending=np.asarray(st.pending, dtype=I64),

@@ -35,7 +35,7 @@ The model (time unit: microseconds):
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from heapq import heapify, heappop, heappush
 from typing import Any
 
@@ -48,7 +48,7 @@ from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
-from schedlab.sim.compiled import FlatStructure, LoopResult, flatten, run_compiled
+from schedlab.sim.compiled import FlatStructure, LoopResult, run_compiled
 from schedlab.sim.cost import CostModel
 from schedlab.sim.fast import run_fast
 from schedlab.sim.flatgraph import flat_single_device
@@ -216,14 +216,6 @@ class _SimpyRun:
             wake.succeed(self.lock.request())
 
 
-class _PreparedPlan:
-    """The two fields of a ResolvedPlan the compiled loop reads, taken from a Prepared."""
-
-    def __init__(self, prep: Prepared) -> None:
-        self.slots = prep.slots
-        self.priority = prep.priority
-
-
 def run_simpy(prep: Prepared, machine: Machine) -> tuple[Timeline, MemoryTracker, list[float]]:
     """Simulate one step with the general SimPy model. Returns times, memory, busy unit-µs per device."""
     r = _SimpyRun(prep, machine)
@@ -252,7 +244,6 @@ class Simulator:
         self._slowdown = slowdown_fns(graph, machine, cost, memo=True)
         # The compiled engine's per-graph arrays: kernel µs per (op, threads) and co-run
         # slowdown per (op, busy cores of the others) on the one device, NaN until asked.
-        self._flat: dict[tuple[int, ...], FlatStructure] = {}
         self._flat_one: FlatStructure | None = None  # every op on one device (sim.flatgraph)
         self._kernel_table: np.ndarray | None = None
         self._slow_table: np.ndarray | None = None
@@ -276,7 +267,6 @@ class Simulator:
             structure = build_structure(graph, placement, len(machine.devices))
             if len(self._structures) >= self.max_placements:
                 self._structures.pop(next(iter(self._structures)))
-                self._flat.clear()
             self._structures[placement] = structure
         prep = prepare(
             graph,
@@ -294,7 +284,7 @@ class Simulator:
             tl, mem, busy = run_fast(prep)
         elif prep.single_cpu and engine in ("auto", "compiled"):
             engine = "compiled"
-            tl, mem, busy = self._compiled_timeline(prep, placement, structure)
+            tl, mem, busy = self._compiled_timeline(prep, placement[0] if placement else 0, structure)
         else:
             engine = "simpy"
             tl, mem, busy = run_simpy(prep, machine)
@@ -327,26 +317,29 @@ class Simulator:
                 return i if d.kind == "cpu" else None
         raise SchedlabError(f"resolved plan places an op on device {devices[0]!r}, not in machine {self.machine.name!r}")
 
-    def _loop(self, resolved: ResolvedPlan, dev: int, flat: FlatStructure, threads: np.ndarray,
-              kernel_us: np.ndarray, dispatch_us: np.ndarray) -> LoopResult:
+    def _flat(self) -> FlatStructure:
+        if self._flat_one is None:
+            self._flat_one = flat_single_device(self.graph)
+        return self._flat_one
+
+    def _loop(self, slots: int, priority: Sequence[int], dev: int, threads: np.ndarray, kernel_us: np.ndarray,
+              dispatch_us: np.ndarray) -> LoopResult:
         capacity = self.machine.devices[dev].cores
         return run_compiled(
-            flat,
-            slots=resolved.slots,
+            self._flat(),
+            slots=slots,
             capacity=capacity,
-            priority=np.asarray(resolved.priority, dtype=np.int64),
+            priority=np.asarray(priority, dtype=np.int64),
             dispatch_us=dispatch_us,
             kernel_us=kernel_us,
             demand=threads,
-            slowdown=self._slowdowns(dev, capacity, resolved.slots, int(threads.max()) if len(threads) else 1),
+            slowdown=self._slowdowns(dev, capacity, slots, int(threads.max()) if len(threads) else 1),
         )
 
     def _run_compiled(self, resolved: ResolvedPlan, dev: int, t0: float) -> SimResult:
         """The search's path: one CPU device, no trace; per-op work happens in arrays only."""
-        if self._flat_one is None:
-            self._flat_one = flat_single_device(self.graph)
         threads = np.asarray(resolved.threads, dtype=np.int64)
-        res = self._loop(resolved, dev, self._flat_one, threads, self._kernels_arr(threads), self._dispatches_arr())
+        res = self._loop(resolved.slots, resolved.priority, dev, threads, self._kernels_arr(threads), self._dispatches_arr())
         machine = self.machine
         peaks = {d.id: 0 for d in machine.devices}
         peaks[machine.devices[dev].id] = res.peak_bytes
@@ -365,16 +358,11 @@ class Simulator:
         )
 
     def _compiled_timeline(
-        self, prep: Prepared, placement: tuple[int, ...], structure: Structure
+        self, prep: Prepared, dev: int, structure: Structure
     ) -> tuple[Timeline, MemoryTracker, list[float]]:
-        """The compiled loop on a prepared plan, as the engines' common Timeline (for traces)."""
+        """The compiled loop on a prepared one-device plan, as the engines' common Timeline (for traces)."""
         threads = np.asarray(prep.threads, dtype=np.int64)
-        resolved = _PreparedPlan(prep)
-        dev = placement[0] if placement else 0
-        flat = self._flat.get(placement)
-        if flat is None:
-            flat = self._flat[placement] = flatten(structure)
-        res = self._loop(resolved, dev, flat, threads,  # type: ignore[arg-type]
+        res = self._loop(prep.slots, prep.priority, dev, threads,
                          np.asarray(prep.kernel_us, dtype=np.float64), np.asarray(prep.dispatch_us, dtype=np.float64))
         mem = MemoryTracker(list(structure.initial_live))
         mem.peak[dev] = res.peak_bytes
@@ -419,7 +407,7 @@ class Simulator:
         cols = range(min(capacity, (slots - 1) * max_threads) + 1)
         fn = self._slowdown[dev]
         for b in cols:
-            if np.isnan(table[0, b]) if n else False:
+            if n and np.isnan(table[0, b]):
                 table[:, b] = [fn(o, b) for o in range(n)]
         return table
 

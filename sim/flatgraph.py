@@ -3,7 +3,7 @@
 `sim.prepare.build_structure` handles any placement in Python; for the placement every
 single-device plan has (all ops on one CPU device), `flat_single_device` builds the same
 tokens, references and storages as CSR arrays with Numba, so a fresh `simulate()` call
-does not spend most of its time in dictionaries. `tests/sim/test_compiled.py` checks
+does not spend most of its time in dictionaries. `tests/sim/test_equivalence.py` checks
 that it equals `sim.compiled.flatten(build_structure(...))` array for array.
 
 The arrays of a graph (`GraphArrays`: op inputs and outputs as CSR, value sizes, alias
@@ -20,7 +20,7 @@ from numba import njit
 
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
-from schedlab.sim.compiled import FlatStructure
+from schedlab.sim.compiled import FlatStructure, csr
 from schedlab.sim.prepare import PINNED, alias_roots
 
 I64 = np.int64
@@ -48,17 +48,10 @@ def graph_arrays(graph: Graph) -> GraphArrays:
     return arrays
 
 
-def _csr(rows: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
-    ptr = np.zeros(len(rows) + 1, dtype=I64)
-    np.cumsum(np.fromiter((len(r) for r in rows), dtype=I64, count=len(rows)), out=ptr[1:])
-    idx = np.fromiter((x for r in rows for x in r), dtype=I64, count=int(ptr[-1]))
-    return ptr, idx
-
-
 def _build_arrays(graph: Graph) -> GraphArrays:
     ops = graph.ops
-    in_ptr, in_idx = _csr([op.inputs for op in ops])
-    out_ptr, out_idx = _csr([op.outputs for op in ops])
+    in_ptr, in_idx = csr([op.inputs for op in ops])
+    out_ptr, out_idx = csr([op.outputs for op in ops])
     n_values = len(graph.values)
     producer = np.full(n_values, -1, dtype=I64)
     for v, o in graph.producer.items():
