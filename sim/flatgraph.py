@@ -19,9 +19,9 @@ import numpy as np
 from numba import njit
 
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph
+from schedlab.graph import Graph, alias_roots
 from schedlab.sim.compiled import FlatStructure, csr
-from schedlab.sim.prepare import PINNED, alias_roots
+from schedlab.sim.prepare import PINNED
 
 I64 = np.int64
 
