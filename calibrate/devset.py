@@ -105,13 +105,11 @@ def build(name: str, seed: int = 0) -> tuple[nn.Module, tuple[Tensor, ...]]:
 
 def dev_check(profile_path: str, models: tuple[str, ...] = DEV_MODELS, steps: int = 8) -> dict[str, dict[str, dict[str, float]]]:
     """model -> plan name -> {"measured_s", "predicted_s"} over the fidelity spread."""
-    from schedlab.calibrate.fidelity import plan_spread
+    from schedlab.calibrate.fidelity import measure, plan_spread, predict
     from schedlab.calibrate.profile import Profile
     from schedlab.capture import capture
-    from schedlab.exec import run_steps
     from schedlab.machine import detect_host
     from schedlab.plan import resolve
-    from schedlab.sim import simulate
     from schedlab.workloads import Workload
 
     profile = Profile.load(profile_path, check_machine=False)
@@ -120,13 +118,13 @@ def dev_check(profile_path: str, models: tuple[str, ...] = DEV_MODELS, steps: in
     for name in models:
         module, inputs = build(name)
         c = capture(Workload(f"dev:{name}", "dev", module, inputs), "sgd")
-        bound = profile.for_graph(c.graph)
-        out[name] = {}
-        for plan in plan_spread(machine.default_device.cores):
-            measured = min(run_steps(c.graph, c.input_values, plan, machine, steps=steps, warmup=2).step_times_s)
-            resolved = resolve(c.graph, plan, machine)
-            predicted = simulate(c.graph, resolved, machine, bound.for_slots(plan.slots), record=False).step_time_s
-            out[name][plan.name] = {"measured_s": measured, "predicted_s": predicted}
+        plans = [resolve(c.graph, plan, machine) for plan in plan_spread(machine.default_device.cores)]
+        measured = measure(name, c.graph, c.input_values, plans, machine, steps=steps, warmup=2)
+        predicted = predict(c.graph, plans, profile, machine)  # the Profile bound to the graph, per slots
+        out[name] = {
+            r.plan.name or r.plan.describe(): {"measured_s": min(m.run.step_times_s), "predicted_s": p.step_time_s}
+            for r, m, p in zip(plans, measured, predicted, strict=True)
+        }
     return out
 
 
