@@ -222,17 +222,33 @@ class Graph:
         for idx, op in enumerate(self.ops):
             if op.id != idx:
                 raise SchedlabError(f"graph op at position {idx} has id {op.id}; ids must be 0..n-1 in order")
+            for v in op.outputs:
+                if v < 0 or v >= n_values:
+                    raise SchedlabError(f"graph op {op.id} ({op.name}) writes unknown value {v}")
+                if v in written:
+                    raise SchedlabError(f"graph op {op.id} ({op.name}) writes value {v}, which is already written")
+                written.add(v)
+        for op in self.ops:
             for v in op.inputs:
                 if v < 0 or v >= n_values:
                     raise SchedlabError(f"graph op {op.id} ({op.name}) reads unknown value {v}")
                 if v not in written:
-                    raise SchedlabError(
-                        f"graph op {op.id} ({op.name}) reads value {v} before it is written"
-                    )
-            for v in op.outputs:
-                if v < 0 or v >= n_values:
-                    raise SchedlabError(f"graph op {op.id} ({op.name}) writes unknown value {v}")
-                written.add(v)
+                    raise SchedlabError(f"graph op {op.id} ({op.name}) reads value {v}, which nothing writes")
+        # Captured ops come in program order; an expanded graph appends its COMM ops, so
+        # what must hold is that the dependencies form a DAG.
+        indeg = [len(p) for p in self.preds]
+        ready = [i for i, d in enumerate(indeg) if d == 0]
+        seen = 0
+        while ready:
+            i = ready.pop()
+            seen += 1
+            for s in self.succs[i]:
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    ready.append(s)
+        if seen != len(self.ops):
+            stuck = next(i for i, d in enumerate(indeg) if d > 0)
+            raise SchedlabError(f"graph has a dependency cycle through op {stuck} ({self.ops[stuck].name})")
         for o in self.outputs:
             if o.value not in written:
                 raise SchedlabError(f"graph output {o.name} refers to value {o.value}, never written")

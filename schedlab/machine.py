@@ -1,8 +1,15 @@
-"""Machine descriptions: devices (cores, memory, streams) and the links between them.
+"""Machine descriptions: devices (cores, memory, streams), the processes that drive them,
+and the links between them.
 
 A Machine is a description, not a detection (DESIGN.md, invariant 4). `detect_host()`
-writes down the machine the executor runs on; the simulator takes any Machine, including
-the presets for hardware the project does not have.
+writes down the machine the executor runs on; `host_ranks(n)` splits it into n ranks (one
+process and one CPU device each, the way `--devices N` runs here); the simulator takes any
+Machine, including the presets for hardware the project does not have.
+
+A *process* is what has one interpreter lock, one worker pool and one ready queue: a rank
+of the multi-process executor. Each device names the process that drives it (`process`);
+devices of one process share its lock (a CPU and the GPUs one Python process drives).
+Device kinds are "cpu" and "cuda" ("gpu" is read as "cuda").
 """
 
 from __future__ import annotations
@@ -18,17 +25,40 @@ from typing import Any
 from schedlab.errors import SchedlabError
 
 MACHINE_SCHEMA_VERSION = 1
+DEVICE_KINDS = ("cpu", "cuda")
+_KIND_ALIASES = {"gpu": "cuda"}
+
+# Loopback link between local ranks before `schedlab calibrate --links` has measured one:
+# gloo send/recv ping-pong over TCP between two one-thread ranks on this project's 2-core
+# CI VM (torch 2.13, 2026-11-23): half the round trip of 4-byte messages (99 us) and the
+# slope between 16 and 64 MiB (2.1 GB/s). A calibrated Profile's link fit replaces it
+# (`Machine.with_link_fit`).
+LOOPBACK_LATENCY_S = 100e-6
+LOOPBACK_BW_BYTES_PER_S = 2.1e9
 
 
 @dataclass(frozen=True)
 class Device:
     id: str  # "cpu0", "gpu3"
-    kind: str  # "cpu" or "gpu"
+    kind: str  # "cpu" or "cuda" ("gpu" is accepted and stored as "cuda")
     cores: int  # CPU cores usable by intra-op threads (for a GPU: its host-side cores, 1)
     memory_bytes: int
     streams: int = 1  # concurrent GPU streams (CPU: 1)
     peak_flops: float = 0.0  # device peak, FLOP/s (0: unknown, the Profile decides)
     mem_bw_bytes_per_s: float = 0.0  # device memory bandwidth (0: unknown)
+    process: int = 0  # the process (rank) that drives it: one interpreter lock per process
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", _KIND_ALIASES.get(self.kind, self.kind))
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind == "cuda"
+
+    @property
+    def capacity(self) -> int:
+        """What its kernels share: cores on a CPU, streams on a GPU."""
+        return self.streams if self.is_gpu else self.cores
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -65,6 +95,28 @@ class Machine:
     @property
     def default_device(self) -> Device:
         return self.devices[0]
+
+    @property
+    def processes(self) -> tuple[int, ...]:
+        """The process (rank) ids, ascending."""
+        return tuple(sorted({d.process for d in self.devices}))
+
+    def devices_of(self, process: int) -> tuple[Device, ...]:
+        return tuple(d for d in self.devices if d.process == process)
+
+    def link(self, src: str, dst: str) -> Link | None:
+        """The direct link from `src` to `dst`, if any."""
+        for lk in self.links:
+            if lk.src == src and lk.dst == dst:
+                return lk
+        return None
+
+    def with_link_fit(self, latency_s: float, bw_bytes_per_s: float, *, name: str = "loopback") -> Machine:
+        """This machine with every link named `name` given a calibrated latency and bandwidth."""
+        links = tuple(
+            Link(lk.src, lk.dst, bw_bytes_per_s, latency_s, lk.name) if lk.name == name else lk for lk in self.links
+        )
+        return Machine(name=self.name, devices=self.devices, links=links, host=self.host)
 
     @property
     def fingerprint(self) -> dict[str, Any]:
@@ -109,6 +161,7 @@ class Machine:
                         streams=_number(x, "streams", int, 1),
                         peak_flops=_number(x, "peak_flops", float, 0.0),
                         mem_bw_bytes_per_s=_number(x, "mem_bw_bytes_per_s", float, 0.0),
+                        process=_number(x, "process", int, 0),
                     )
                 )
             links = []
@@ -138,11 +191,16 @@ class Machine:
         if len(set(ids)) != len(ids):
             raise SchedlabError(f"machine {self.name!r} repeats a device id: {ids}")
         for d in self.devices:
-            if d.kind not in ("cpu", "gpu"):
-                raise SchedlabError(f"device {d.id}: kind must be 'cpu' or 'gpu', not {d.kind!r}")
+            if d.kind not in DEVICE_KINDS:
+                raise SchedlabError(f"device {d.id}: kind must be 'cpu' or 'cuda', not {d.kind!r}")
+            if d.process < 0:
+                raise SchedlabError(f"device {d.id}: process must be >= 0, got {d.process}")
             for key, value, least in (("cores", d.cores, 1), ("streams", d.streams, 1), ("memory_bytes", d.memory_bytes, 1)):
                 if value < least:
                     raise SchedlabError(f"device {d.id}: {key} must be >= {least}, got {value}")
+        procs = self.processes
+        if procs != tuple(range(len(procs))):
+            raise SchedlabError(f"machine {self.name!r}: process ids must be 0..{len(procs) - 1}, got {list(procs)}")
         for lk in self.links:
             for end in (lk.src, lk.dst):
                 if end not in ids:
@@ -241,6 +299,29 @@ def detect_host() -> Machine:
     )
 
 
+def host_ranks(n: int, host: Machine | None = None) -> Machine:
+    """This host as `n` local ranks: CPU devices cpu0..cpu{n-1}, one process each, the
+    usable cores split between them (at least one core each), and one shared loopback
+    wire between every pair (gloo over TCP on one host: transfers contend)."""
+    host = host or detect_host()
+    if n < 1:
+        raise SchedlabError(f"--devices must be >= 1, got {n}")
+    base = host.default_device
+    if n == 1:
+        return host
+    cores = max(1, base.cores // n)
+    devices = tuple(
+        Device(id=f"cpu{i}", kind="cpu", cores=cores, memory_bytes=base.memory_bytes // n, process=i) for i in range(n)
+    )
+    links = tuple(
+        Link(f"cpu{i}", f"cpu{j}", LOOPBACK_BW_BYTES_PER_S, LOOPBACK_LATENCY_S, name="loopback")
+        for i in range(n)
+        for j in range(n)
+        if i != j
+    )
+    return Machine(name=f"host-{n}ranks", devices=devices, links=links, host={**host.host, "ranks": n})
+
+
 def _manycore_68() -> Machine:
     # Intel Xeon Phi 7250 (Knights Landing), the many-core CPU of the concurrency-control
     # paper (Liu et al., IPDPS 2019): 68 cores at 1.4 GHz, 16 GiB MCDRAM at ~400 GB/s,
@@ -268,16 +349,17 @@ def _dgx_8gpu() -> Machine:
     gpus = tuple(
         Device(
             id=f"gpu{i}",
-            kind="gpu",
+            kind="cuda",
             cores=1,
             memory_bytes=80 * 2**30,
             streams=4,
             peak_flops=312e12,
             mem_bw_bytes_per_s=2.0e12,
+            process=i,  # one rank per GPU, as torchrun starts them
         )
         for i in range(8)
     )
-    cpu = Device(id="cpu0", kind="cpu", cores=64, memory_bytes=1024 * 2**30)
+    cpu = Device(id="cpu0", kind="cpu", cores=64, memory_bytes=1024 * 2**30, process=0)
     links = tuple(
         Link(src=f"gpu{i}", dst=f"gpu{j}", bw_bytes_per_s=300e9, latency_s=5e-6, name=f"nvlink{i}")
         for i in range(8)
@@ -293,13 +375,64 @@ def _dgx_8gpu() -> Machine:
     return Machine(name="dgx-8gpu", devices=(*gpus, cpu), links=links, host={"cpu_model": "8x GPU node (preset)"})
 
 
-PRESETS = {"manycore-68": _manycore_68, "dgx-8gpu": _dgx_8gpu}
+def _cpu_gpus(n_gpus: int) -> Machine:
+    # The placement paper's kind of heterogeneous node (Liu et al., HP3C 2019; one
+    # TensorFlow process driving a multi-core CPU and its GPUs): a 2-socket, 24-core Xeon
+    # (2 x 12 cores, AVX2 FMA at 2.5 GHz: 24 * 2.5e9 * 32 ~ 1.9 TFLOP/s fp32, ~120 GB/s)
+    # and V100-class GPUs (15.7 TFLOP/s fp32, 900 GB/s, 16 GiB) on PCIe 3.0 x16
+    # (~12 GB/s per direction, ~10 us). One process: every device shares its lock.
+    cpu = Device(id="cpu0", kind="cpu", cores=24, memory_bytes=256 * 2**30, peak_flops=1.92e12,
+                 mem_bw_bytes_per_s=120e9, process=0)
+    gpus = tuple(
+        Device(id=f"gpu{i}", kind="cuda", cores=1, memory_bytes=16 * 2**30, streams=2, peak_flops=15.7e12,
+               mem_bw_bytes_per_s=900e9, process=0)
+        for i in range(n_gpus)
+    )
+    ids = [cpu.id] + [g.id for g in gpus]
+    links = tuple(
+        Link(src=a, dst=b, bw_bytes_per_s=12e9, latency_s=10e-6, name="pcie-" + (a if a != "cpu0" else b))
+        for a in ids
+        for b in ids
+        if a != b
+    )
+    return Machine(name=f"cpu-{n_gpus}gpu", devices=(cpu, *gpus), links=links,
+                   host={"cpu_model": f"2x12-core Xeon + {n_gpus}x V100-class GPU (preset)", "sockets": 2})
 
 
-def load_machine(spec: str | None) -> Machine:
-    """`None` or "host": this machine; a preset name; or a path to a machine JSON file."""
+def _two_socket_cpu() -> Machine:
+    # A 2-socket many-core CPU node: 2 x 28 cores (Xeon Platinum 8280-class, AVX-512 at
+    # ~2.0 GHz under load: 28 * 2.0e9 * 64 ~ 3.6 TFLOP/s and ~130 GB/s per socket), one
+    # rank per socket, the sockets joined by UPI (~40 GB/s per direction, ~1 us through
+    # shared memory).
+    sockets = tuple(
+        Device(id=f"cpu{i}", kind="cpu", cores=28, memory_bytes=192 * 2**30, peak_flops=3.58e12,
+               mem_bw_bytes_per_s=130e9, process=i)
+        for i in range(2)
+    )
+    links = (
+        Link(src="cpu0", dst="cpu1", bw_bytes_per_s=40e9, latency_s=1e-6, name="upi01"),
+        Link(src="cpu1", dst="cpu0", bw_bytes_per_s=40e9, latency_s=1e-6, name="upi10"),
+    )
+    return Machine(name="2socket-cpu", devices=sockets, links=links,
+                   host={"cpu_model": "2x 28-core Xeon (preset)", "sockets": 2})
+
+
+PRESETS = {
+    "manycore-68": _manycore_68,
+    "dgx-8gpu": _dgx_8gpu,
+    "cpu-2gpu": lambda: _cpu_gpus(2),
+    "cpu-4gpu": lambda: _cpu_gpus(4),
+    "2socket-cpu": _two_socket_cpu,
+}
+
+
+def load_machine(spec: str | None, devices: int | None = None) -> Machine:
+    """`None` or "host": this machine (as `devices` local ranks when given); a preset name;
+    or a path to a machine JSON file."""
     if spec is None or spec == "host":
-        return detect_host()
+        return detect_host() if devices is None else host_ranks(devices)
+    if devices is not None:
+        raise SchedlabError(f"--devices describes this host's local ranks; machine {spec!r} already has its devices")
     if spec in PRESETS:
         return PRESETS[spec]()
     from schedlab.io import read_json

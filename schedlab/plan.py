@@ -2,9 +2,11 @@
 
 A Plan holds co-run slots (how many ops may run at once), intra-op threads (a default,
 per-op-class and per-op overrides), op order as a policy or an explicit list, and the
-device of each op. It is validated once against the Graph and the Machine by
-`resolve()`, which both backends call first; the result, a `ResolvedPlan`, gives every op
-its threads, priority and device.
+device of each op (a default, per-layer and per-op overrides: the same pattern as
+threads), with per-device slots and threads. It is validated once against the Graph and
+the Machine by `resolve()`, which both backends call first; the result, a `ResolvedPlan`,
+gives every op its threads, priority and device, and, when the plan spans devices, the
+expanded graph with its communication ops (`schedlab.distribute`) that both run.
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph, Op
+from schedlab.graph import Graph, Op, OpKind
 from schedlab.machine import Machine
 
 if TYPE_CHECKING:
     from schedlab.order import OpCostUs
 
-PLAN_SCHEMA_VERSION = 1
+PLAN_SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+DEFAULT_BUCKET_MB = 25.0  # DDP's bucket_cap_mb default
 
 
 class PlanError(SchedlabError):
@@ -43,8 +47,25 @@ class Plan:
     class_threads: dict[str, int] = field(default_factory=dict)  # op class ("mm") -> threads
     op_threads: dict[int, int] = field(default_factory=dict)  # op id -> threads
     order: str | tuple[int, ...] = "topo"  # policy name or an explicit list of op ids
-    device: str | None = None  # device of every op; None: the machine's first device
+    device: str | None = None  # default device of every op; None: the machine's first device
     name: str = ""
+    layer_devices: dict[str, str] = field(default_factory=dict)  # layer path (prefix) -> device
+    op_devices: dict[int, str] = field(default_factory=dict)  # op id -> device
+    device_slots: dict[str, int] = field(default_factory=dict)  # device -> its co-run slots
+    device_threads: dict[str, int] = field(default_factory=dict)  # device -> its default threads
+    replicas: int = 1  # data-parallel degree
+    bucket_mb: float = DEFAULT_BUCKET_MB  # gradient all-reduce bucket size (DDP's bucket_cap_mb)
+    split_batch_stats: bool = False  # allow replicas to change results (batch-norm statistics)
+
+    @property
+    def multi_device(self) -> bool:
+        """Whether the plan can place ops on more than one device."""
+        return bool(self.layer_devices or self.op_devices) or self.replicas > 1
+
+    def _v1_expressible(self) -> bool:
+        return not (self.multi_device or self.device_slots or self.device_threads or self.split_batch_stats) and (
+            self.bucket_mb == DEFAULT_BUCKET_MB
+        )
 
     # ---- serialisation -------------------------------------------------------------------
 
@@ -58,12 +79,25 @@ class Plan:
             "class_threads": dict(sorted(self.class_threads.items())),
             "op_threads": {str(k): v for k, v in sorted(self.op_threads.items())},
             "order": self.order if isinstance(self.order, str) else list(self.order),
-            "device": self.device,
+            "placement": {
+                "default": self.device,
+                "layers": dict(sorted(self.layer_devices.items())),
+                "ops": {str(k): v for k, v in sorted(self.op_devices.items())},
+            },
+            "device_slots": dict(sorted(self.device_slots.items())),
+            "device_threads": dict(sorted(self.device_threads.items())),
+            "replicas": self.replicas,
+            "bucket_mb": self.bucket_mb,
+            "split_batch_stats": self.split_batch_stats,
         }
 
     @property
     def hash(self) -> str:
-        body = self.to_json()
+        if self._v1_expressible():  # the hash a one-device plan had before version 2: runs resume
+            body = {k: v for k, v in self.to_json().items() if k in _V1_FIELDS}
+            body.update(version=1, device=self.device)
+        else:
+            body = self.to_json()
         body.pop("name")
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -73,15 +107,22 @@ class Plan:
             self.class_threads or self.op_threads
         ) else ""
         order = self.order if isinstance(self.order, str) else f"explicit[{len(self.order)}]"
-        return f"slots={self.slots} threads={thr}{extra} order={order}"
+        out = f"slots={self.slots} threads={thr}{extra} order={order}"
+        if self.layer_devices or self.op_devices:
+            devs = sorted({*self.layer_devices.values(), *self.op_devices.values(), *([self.device] if self.device else [])})
+            out += f" placed on {','.join(devs)}"
+        if self.replicas > 1:
+            out += f" replicas={self.replicas} bucket={self.bucket_mb:g}MB"
+        return out
 
     @staticmethod
     def from_json(d: Any) -> Plan:
         if not isinstance(d, dict) or d.get("schema") != "schedlab.plan":
             raise SchedlabError('not a schedlab plan (expected a JSON object with "schema": "schedlab.plan")')
-        if d.get("version") != PLAN_SCHEMA_VERSION:
-            raise SchedlabError(f"plan version {d.get('version')!r} is not supported (expected {PLAN_SCHEMA_VERSION})")
-        known = {"schema", "version", "name", "slots", "threads", "class_threads", "op_threads", "order", "device"}
+        version = d.get("version")
+        if version not in READABLE_VERSIONS:
+            raise SchedlabError(f"plan version {version!r} is not supported (expected one of {list(READABLE_VERSIONS)})")
+        known = set(_V1_FIELDS) if version == 1 else set(_V2_FIELDS)
         unknown = sorted(set(d) - known)
         if unknown:
             raise SchedlabError(f"plan has unknown field(s) {unknown}; known fields: {sorted(known)}")
@@ -95,19 +136,43 @@ class Plan:
             else:
                 raise SchedlabError("plan field 'order' must be a policy name or a list of op ids (integers)")
             threads = d.get("threads")
-            for key in ("class_threads", "op_threads"):
+            for key in ("class_threads", "op_threads", "device_slots", "device_threads"):
                 if not isinstance(d.get(key, {}), dict):
-                    raise SchedlabError(f"plan field {key} must be an object of name -> threads, got {d[key]!r}")
-            if d.get("device") is not None and not isinstance(d["device"], str):
-                raise SchedlabError(f"plan field device must be a device id or null, got {d['device']!r}")
+                    raise SchedlabError(f"plan field {key} must be an object, got {d[key]!r}")
+            placement = d.get("placement", {"default": d.get("device")})
+            if not isinstance(placement, dict) or set(placement) - {"default", "layers", "ops"}:
+                raise SchedlabError(
+                    'plan field placement must be an object {"default": DEVICE|null, "layers": {LAYER: DEVICE}, '
+                    f'"ops": {{OP_ID: DEVICE}}}}, got {placement!r}'
+                )
+            default = placement.get("default")
+            if default is not None and not isinstance(default, str):
+                raise SchedlabError(f"plan field device must be a device id or null, got {default!r}")
+            layers, op_devs = placement.get("layers", {}), placement.get("ops", {})
+            for key, m in (("placement.layers", layers), ("placement.ops", op_devs)):
+                if not isinstance(m, dict) or not all(isinstance(v, str) for v in m.values()):
+                    raise SchedlabError(f"plan field {key} must be an object of name -> device id, got {m!r}")
+            bucket = d.get("bucket_mb", DEFAULT_BUCKET_MB)
+            if isinstance(bucket, bool) or not isinstance(bucket, (int, float)):
+                raise SchedlabError(f"plan field bucket_mb must be a number, got {bucket!r}")
+            split = d.get("split_batch_stats", False)
+            if not isinstance(split, bool):
+                raise SchedlabError(f"plan field split_batch_stats must be true or false, got {split!r}")
             plan = Plan(
                 slots=_int(d.get("slots", 1), "slots"),
                 threads=None if threads is None else _int(threads, "threads"),
                 class_threads={str(k): _int(v, f"class_threads[{k}]") for k, v in dict(d.get("class_threads", {})).items()},
                 op_threads={_int(k, "op_threads key"): _int(v, f"op_threads[{k}]") for k, v in dict(d.get("op_threads", {})).items()},
                 order=order,
-                device=d.get("device"),
+                device=default,
                 name=str(d.get("name", "")),
+                layer_devices={str(k): v for k, v in layers.items()},
+                op_devices={_int(k, "placement.ops key"): v for k, v in op_devs.items()},
+                device_slots={str(k): _int(v, f"device_slots[{k}]") for k, v in dict(d.get("device_slots", {})).items()},
+                device_threads={str(k): _int(v, f"device_threads[{k}]") for k, v in dict(d.get("device_threads", {})).items()},
+                replicas=_int(d.get("replicas", 1), "replicas"),
+                bucket_mb=float(bucket),
+                split_batch_stats=split,
             )
         except (TypeError, ValueError) as e:
             raise SchedlabError(f"malformed plan: {e}") from None
@@ -129,6 +194,13 @@ class Plan:
             raise SchedlabError(f"plan file {path}: {e}") from None
 
 
+_V1_FIELDS = ("schema", "version", "name", "slots", "threads", "class_threads", "op_threads", "order", "device")
+_V2_FIELDS = (
+    "schema", "version", "name", "slots", "threads", "class_threads", "op_threads", "order", "placement",
+    "device_slots", "device_threads", "replicas", "bucket_mb", "split_batch_stats",
+)
+
+
 def _int(x: Any, what: str) -> int:
     if isinstance(x, bool) or not isinstance(x, (int, str)):
         raise SchedlabError(f"plan field {what} must be an integer, got {x!r}")
@@ -140,14 +212,42 @@ def _int(x: Any, what: str) -> int:
 
 @dataclass(frozen=True)
 class ResolvedPlan:
-    """A Plan checked against one Graph and Machine: per-op threads, priority, device."""
+    """A Plan checked against one Graph and Machine: per-op threads, priority, device.
+
+    `graph` is what both backends run: the input graph itself when every op stays on one
+    device, else the expanded graph (`schedlab.distribute`) whose ops 0..base_ops-1 are
+    the input graph's and the rest its communication ops. Per-op tuples cover `graph`.
+    """
 
     plan: Plan
-    slots: int
+    slots: int  # co-run slots of the first device (of the only one, in a one-device plan)
     threads: tuple[int, ...]  # per op id
     priority: tuple[int, ...]  # per op id; lower runs first among ready ops
     device: tuple[str, ...]  # per op id
     sequence: tuple[int, ...]  # the order one worker runs ops in (list schedule)
+    graph: Graph | None = None  # the graph to run (None: the graph resolve() was given)
+    device_slots: dict[str, int] = field(default_factory=dict)  # co-run slots of each device used
+    base_ops: int = -1  # ops of the input graph (-1: all)
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The devices ops run on, in first-use order."""
+        return tuple(dict.fromkeys(self.device))
+
+    @property
+    def multi_device(self) -> bool:
+        return len(self.devices) > 1
+
+    def slots_of(self, device: str) -> int:
+        return self.device_slots.get(device, self.slots)
+
+    def run_graph(self, graph: Graph) -> Graph:
+        """The graph a backend given `graph` and this plan runs (the expanded one, if any)."""
+        if self.graph is None or self.graph is graph:
+            return graph
+        if self.graph.meta.get("expanded_from") != graph.hash and self.graph.hash != graph.hash:
+            raise SchedlabError(f"this plan was resolved against another graph than {graph.name!r}")
+        return self.graph
 
 
 def list_schedule(graph: Graph, priority: tuple[int, ...] | list[int]) -> tuple[int, ...]:
@@ -176,32 +276,37 @@ def resolve(graph: Graph, plan: Plan, machine: Machine, op_cost_us: OpCostUs | N
     it). The simulator and the executor of one run must resolve with the same weights, or
     they run different orders.
     """
+    from schedlab.distribute import expand
     from schedlab.order import priorities, rough_cost_us
 
-    try:
-        device = machine.device(plan.device) if plan.device is not None else machine.default_device
-    except SchedlabError as e:
-        raise PlanError("device", str(e)) from None
     n = len(graph.ops)
-    if plan.slots < 1:
-        raise PlanError("slots", f"must be >= 1, got {plan.slots}")
-    if plan.slots > device.cores and device.kind == "cpu":
-        raise PlanError(
-            "slots", f"{plan.slots} co-run slots need {plan.slots} cores, device {device.id} has "
-            f"{device.cores}; use {device.cores} or fewer"
-        )
-    default_threads = device.cores if plan.threads is None else plan.threads
-
-    def check_threads(k: int, field: str) -> None:
-        if k < 1:
-            raise PlanError(field, f"must be >= 1, got {k}")
-        if k > device.cores:
+    if plan.replicas != 1:
+        raise PlanError("replicas", f"data parallelism (replicas={plan.replicas}) is not supported by resolve() yet; use 1")
+    op_device = place(graph, plan, machine)
+    used = tuple(dict.fromkeys(op_device))
+    for dev_id, what in [(d, "device_slots") for d in plan.device_slots] + [(d, "device_threads") for d in plan.device_threads]:
+        try:
+            machine.device(dev_id)
+        except SchedlabError as e:
+            raise PlanError(f"{what}[{dev_id}]", str(e)) from None
+    slots_of: dict[str, int] = {}
+    default_threads: dict[str, int] = {}
+    for dev_id in used:
+        device = machine.device(dev_id)
+        k_slots = plan.device_slots.get(dev_id, plan.slots)
+        field_name = f"device_slots[{dev_id}]" if dev_id in plan.device_slots else "slots"
+        if k_slots < 1:
+            raise PlanError(field_name, f"must be >= 1, got {k_slots}")
+        if k_slots > device.cores and device.kind == "cpu":
             raise PlanError(
-                field, f"{k} threads is more than the {device.cores} cores of device {device.id}; "
-                f"use {device.cores} or fewer"
+                field_name, f"{k_slots} co-run slots need {k_slots} cores, device {device.id} has "
+                f"{device.cores}; use {device.cores} or fewer"
             )
-
-    check_threads(default_threads, "threads")
+        slots_of[dev_id] = k_slots
+        t = plan.device_threads.get(dev_id, plan.threads)
+        default_threads[dev_id] = device.cores if t is None else t
+        _check_threads(default_threads[dev_id], device.cores, dev_id,
+                       f"device_threads[{dev_id}]" if dev_id in plan.device_threads else "threads")
     known_classes = {op.op_class for op in graph.ops}
     for cls, k in plan.class_threads.items():
         if cls not in known_classes:
@@ -209,14 +314,16 @@ def resolve(graph: Graph, plan: Plan, machine: Machine, op_cost_us: OpCostUs | N
                 "class_threads", f"names op class {cls!r}, which this graph does not have "
                 f"(it has: {', '.join(sorted(known_classes))})"
             )
-        check_threads(k, f"class_threads[{cls}]")
+        for dev_id in used:
+            _check_threads(k, machine.device(dev_id).cores, dev_id, f"class_threads[{cls}]")
     for op_id, k in plan.op_threads.items():
         if not 0 <= op_id < n:
             raise PlanError("op_threads", f"names unknown op id {op_id} (graph has ops 0..{n - 1})")
-        check_threads(k, f"op_threads[{op_id}]")
+        _check_threads(k, machine.device(op_device[op_id]).cores, op_device[op_id], f"op_threads[{op_id}]")
 
     threads = tuple(
-        plan.op_threads.get(op.id, plan.class_threads.get(op.op_class, default_threads)) for op in graph.ops
+        plan.op_threads.get(op.id, plan.class_threads.get(op.op_class, default_threads[op_device[op.id]]))
+        for op in graph.ops
     )
 
     def weight(op: Op) -> float:
@@ -226,11 +333,91 @@ def resolve(graph: Graph, plan: Plan, machine: Machine, op_cost_us: OpCostUs | N
         prio = priorities(graph, plan.order, weight)
     except SchedlabError as e:
         raise PlanError("order", str(e)) from None
+    first = used[0] if used else machine.default_device.id
+    if len(used) <= 1:
+        return ResolvedPlan(
+            plan=plan, slots=slots_of.get(first, plan.slots), threads=threads, priority=prio,
+            device=tuple(op_device), sequence=list_schedule(graph, prio), device_slots=slots_of,
+        )
+    _check_memory(graph, op_device, machine)
+    ex = expand(graph, op_device)
+    g = ex.graph
+    # A send ranks with the op that produced its value; a recv with the first op that waits for it.
+    comm_prio: list[int] = []
+    for op in g.ops[n:]:
+        if op.kind is OpKind.COMM and op.target.endswith("send"):
+            src = g.producer.get(op.inputs[0])
+            comm_prio.append(prio[src] if src is not None and src < n else -1)
+        else:
+            comm_prio.append(min((prio[c] for c in g.succs[op.id] if c < n), default=len(prio)))
+    full_prio = tuple(prio) + tuple(comm_prio)
     return ResolvedPlan(
-        plan=plan,
-        slots=plan.slots,
-        threads=threads,
-        priority=prio,
-        device=tuple(device.id for _ in graph.ops),
-        sequence=list_schedule(graph, prio),
+        plan=plan, slots=slots_of.get(first, plan.slots), threads=threads + (1,) * (len(g.ops) - n),
+        priority=full_prio, device=ex.device, sequence=list_schedule(g, full_prio), graph=g,
+        device_slots=slots_of, base_ops=n,
     )
+
+
+def _check_threads(k: int, cores: int, dev_id: str, field_name: str) -> None:
+    if k < 1:
+        raise PlanError(field_name, f"must be >= 1, got {k}")
+    if k > cores:
+        raise PlanError(field_name, f"{k} threads is more than the {cores} cores of device {dev_id}; use {cores} or fewer")
+
+
+def place(graph: Graph, plan: Plan, machine: Machine) -> tuple[str, ...]:
+    """The device of every op: its `op_devices` entry, else the longest `layer_devices`
+    prefix of its layer, else (an op with no layer) the device of the op that produced its
+    first input, else the plan's default device."""
+    try:
+        default = machine.device(plan.device).id if plan.device is not None else machine.default_device.id
+    except SchedlabError as e:
+        raise PlanError("device", str(e)) from None
+    for what, mapping in (("placement.layers", plan.layer_devices), ("placement.ops", plan.op_devices)):
+        for key, dev_id in mapping.items():
+            try:
+                machine.device(dev_id)
+            except SchedlabError as e:
+                raise PlanError(f"{what}[{key}]", str(e)) from None
+    n = len(graph.ops)
+    for op_id in plan.op_devices:
+        if not 0 <= op_id < n:
+            raise PlanError("placement.ops", f"names unknown op id {op_id} (graph has ops 0..{n - 1})")
+    layers = {op.layer for op in graph.ops if op.layer}
+    for prefix in plan.layer_devices:
+        if not any(lay == prefix or lay.startswith(prefix + ".") for lay in layers):
+            sample = ", ".join(sorted(layers)[:8])
+            raise PlanError("placement.layers", f"names layer {prefix!r}, which no op of this graph belongs to (layers: {sample}...)")
+    if not plan.multi_device:
+        return (default,) * n
+    by_prefix = sorted(plan.layer_devices.items(), key=lambda kv: -len(kv[0]))
+    out: list[str] = []
+    for op in graph.ops:
+        dev = plan.op_devices.get(op.id)
+        if dev is None and op.layer:
+            dev = next((d for pre, d in by_prefix if op.layer == pre or op.layer.startswith(pre + ".")), None)
+            dev = dev or default
+        if dev is None:
+            src = next((graph.producer[v] for v in op.inputs if v in graph.producer), None)
+            dev = out[src] if src is not None else default
+        out.append(dev)
+    return tuple(out)
+
+
+def _check_memory(graph: Graph, op_device: tuple[str, ...], machine: Machine) -> None:
+    """Parameters and optimizer state alone must fit each device they are placed on."""
+    from schedlab.distribute import input_homes
+
+    homes = input_homes(graph, op_device)
+    need: dict[str, int] = {}
+    for i in graph.inputs:
+        meta = graph.values[i.value]
+        if meta is not None:
+            need[homes[i.value]] = need.get(homes[i.value], 0) + meta.nbytes
+    for dev_id, nbytes in need.items():
+        cap = machine.device(dev_id).memory_bytes
+        if nbytes > cap:
+            raise PlanError(
+                "placement", f"device {dev_id} would hold {nbytes / 2**30:.2f} GiB of parameters, buffers and "
+                f"optimizer state, more than its {cap / 2**30:.2f} GiB; place fewer layers on it"
+            )

@@ -1,9 +1,12 @@
 """The Trace: what happened (exec) or what would happen (sim) when a Graph ran under a Plan.
 
-Both backends emit this one schema. Events carry op id, kind, device, worker, threads and
-start/end in nanoseconds from the start of the step; metadata says where the numbers came
-from (machine, versions, graph and plan hashes, source). `to_chrome()` exports the Chrome
-trace-event format that Perfetto and chrome://tracing open, one track per worker.
+Both backends emit this one schema. Events carry op id, kind, device, worker, threads,
+start/end in nanoseconds from the start of the step, and the rank (process) that ran
+them; metadata says where the numbers came from (machine, versions, graph and plan hashes,
+source). Ranks of one multi-process step share one clock (the executor aligns them).
+`to_chrome()` exports the Chrome trace-event format that Perfetto and chrome://tracing
+open: one process per rank, one track per worker, communication on its own tracks
+(negative workers).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Any
 
 from schedlab.errors import SchedlabError
 
-TRACE_SCHEMA_VERSION = 1
+TRACE_SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 rows have no rank: rank 0
 SOURCES = ("exec", "sim")
 
 
@@ -33,16 +37,18 @@ class TraceEvent:
     start_ns: int
     end_ns: int
     step: int = 0
+    rank: int = 0  # the process that ran it (0 in a one-process step)
 
     @property
     def dur_ns(self) -> int:
         return self.end_ns - self.start_ns
 
     def to_row(self) -> list[Any]:
-        return [self.op, self.name, self.kind, self.device, self.worker, self.threads, self.start_ns, self.end_ns, self.step]
+        return [self.op, self.name, self.kind, self.device, self.worker, self.threads, self.start_ns, self.end_ns,
+                self.step, self.rank]
 
 
-_ROW_FIELDS = ("op", "name", "kind", "device", "worker", "threads", "start_ns", "end_ns", "step")
+_ROW_FIELDS = ("op", "name", "kind", "device", "worker", "threads", "start_ns", "end_ns", "step", "rank")
 
 
 @dataclass(frozen=True)
@@ -77,13 +83,16 @@ class Trace:
     def from_json(d: Any) -> Trace:
         if not isinstance(d, dict) or d.get("schema") != "schedlab.trace":
             raise SchedlabError('not a schedlab trace (missing "schema": "schedlab.trace")')
-        if d.get("version") != TRACE_SCHEMA_VERSION:
-            raise SchedlabError(f"trace version {d.get('version')!r} is not supported (expected {TRACE_SCHEMA_VERSION})")
-        if d.get("event_fields") != list(_ROW_FIELDS):
-            raise SchedlabError(f"corrupt trace: event_fields must be {list(_ROW_FIELDS)}")
+        version = d.get("version")
+        if version not in READABLE_VERSIONS:
+            raise SchedlabError(f"trace version {version!r} is not supported (expected one of {list(READABLE_VERSIONS)})")
+        fields = list(_ROW_FIELDS) if version == TRACE_SCHEMA_VERSION else list(_ROW_FIELDS[:-1])
+        if d.get("event_fields") != fields:
+            raise SchedlabError(f"corrupt trace: event_fields must be {fields}")
         try:
             events = tuple(
-                TraceEvent(int(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4]), int(r[5]), int(r[6]), int(r[7]), int(r[8]))
+                TraceEvent(int(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4]), int(r[5]), int(r[6]), int(r[7]),
+                           int(r[8]), int(r[9]) if len(fields) > 9 else 0)
                 for r in d["events"]
             )
         except (KeyError, TypeError, ValueError, IndexError) as e:
@@ -109,28 +118,33 @@ class Trace:
 
     # ---- Chrome / Perfetto export ----------------------------------------------------------
 
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(sorted({e.rank for e in self.events}))
+
     def to_chrome(self) -> dict[str, Any]:
-        devices = sorted({e.device for e in self.events})
-        pid_of = {d: i for i, d in enumerate(devices)}
+        """Chrome trace events: a process per rank, a track per (device, worker) of it."""
         out: list[dict[str, Any]] = []
         label = f"{self.meta.get('workload', '')} [{self.source}]".strip()
-        for d, pid in pid_of.items():
-            out.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"{d} {label}"}})
-        for d, w in sorted({(e.device, e.worker) for e in self.events}):
-            out.append(
-                {"ph": "M", "name": "thread_name", "pid": pid_of[d], "tid": w, "args": {"name": f"worker {w}"}}
-            )
+        tracks = sorted({(e.rank, e.device, e.worker) for e in self.events})
+        tid_of = {t: i for i, t in enumerate(tracks)}
+        for rank in self.ranks:
+            devs = ",".join(sorted({d for r, d, _ in tracks if r == rank}))
+            out.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank} ({devs}) {label}"}})
+        for (rank, dev, w), tid in tid_of.items():
+            name = f"{dev} worker {w}" if w >= 0 else f"{dev} comm {-1 - w}"
+            out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
         for e in self.events:
             out.append(
                 {
                     "ph": "X",
                     "name": e.name,
                     "cat": e.kind,
-                    "pid": pid_of[e.device],
-                    "tid": e.worker,
+                    "pid": e.rank,
+                    "tid": tid_of[(e.rank, e.device, e.worker)],
                     "ts": e.start_ns / 1000.0,
                     "dur": max(e.dur_ns, 1) / 1000.0,
-                    "args": {"op": e.op, "kind": e.kind, "threads": e.threads, "step": e.step},
+                    "args": {"op": e.op, "kind": e.kind, "threads": e.threads, "step": e.step, "device": e.device},
                 }
             )
         return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": {k: str(v) for k, v in self.meta.items() if not isinstance(v, (dict, list))}}

@@ -55,6 +55,7 @@ def build_trace(
     ops = graph.ops
     dev_ids = prep.device_ids
     op_device = prep.structure.op_device
+    rank_of = [d.process for d in machine.devices]
     events: list[TraceEvent] = []
     for o in tl.start_order:
         op = ops[o]
@@ -69,6 +70,7 @@ def build_trace(
                 _ns(tl.start_us[o]),
                 _ns(tl.end_us[o]),
                 0,
+                rank_of[op_device[o]],
             )
         )
     if tl.transfers:
@@ -85,6 +87,7 @@ def build_trace(
                     _ns(start),
                     _ns(end),
                     0,
+                    rank_of[spec.src],
                 )
             )
         events.sort(key=lambda e: e.start_ns)  # stable: ops first among equal starts

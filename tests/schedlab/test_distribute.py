@@ -1,0 +1,102 @@
+"""Placement: which device runs each op, and the send/recv ops that expansion adds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from schedlab.capture import Captured
+from schedlab.distribute import RECV, SEND, expand, input_homes
+from schedlab.graph import OpKind
+from schedlab.machine import Device, Machine, host_ranks
+from schedlab.plan import Plan, PlanError, place, resolve
+from tests.conftest import captured_workload
+
+
+def captured(name: str) -> Captured:
+    return captured_workload(name)[1]  # type: ignore[return-value]
+
+
+HOST2 = host_ranks(2, Machine("h", (Device("cpu0", "cpu", 2, 8 * 2**30),)))
+
+
+def test_v1_plans_keep_their_hash_and_load() -> None:
+    # The hash of a one-device plan must not move with the version-2 schema: run
+    # directories and traces are keyed by it, and interrupted searches resume by it.
+    p = Plan(slots=2, threads=1, order="w-last")
+    assert p.hash == "2ce6d5970b8104c9"
+    v1 = {"schema": "schedlab.plan", "version": 1, "name": "", "slots": 2, "threads": 1, "class_threads": {},
+          "op_threads": {}, "order": "w-last", "device": None}
+    assert Plan.from_json(v1) == p
+    placed = Plan(device="cpu0", layer_devices={"head": "cpu1"}, device_slots={"cpu1": 1})
+    assert Plan.from_json(json.loads(json.dumps(placed.to_json()))) == placed
+    assert placed.hash != Plan(device="cpu0").hash
+
+
+def test_place_follows_op_then_layer_then_producer_then_default() -> None:
+    g = captured("mlp").graph
+    head = [op.id for op in g.ops if op.layer == "head"]
+    body2 = next(op.id for op in g.ops if op.layer == "body.2")
+    devs = place(g, Plan(device="cpu0", layer_devices={"head": "cpu1", "body": "cpu1"}, op_devices={body2: "cpu0"}), HOST2)
+    assert all(devs[i] == "cpu1" for i in head)
+    assert devs[body2] == "cpu0"
+    assert all(devs[op.id] == "cpu1" for op in g.ops if op.layer and op.layer.startswith("body.") and op.id != body2)
+
+
+@pytest.mark.parametrize(
+    ("plan", "field", "needle"),
+    [
+        (Plan(layer_devices={"head": "cpu7"}), "placement.layers[head]", "unknown device 'cpu7'"),
+        (Plan(layer_devices={"nosuch": "cpu1"}), "placement.layers", "names layer 'nosuch'"),
+        (Plan(op_devices={10**6: "cpu1"}), "placement.ops", "unknown op id"),
+        (Plan(layer_devices={"head": "cpu1"}, device_slots={"cpu1": 2}), "device_slots[cpu1]", "co-run slots need 2 cores"),
+        (Plan(layer_devices={"head": "cpu1"}, device_threads={"cpu9": 1}), "device_threads[cpu9]", "unknown device"),
+    ],
+)
+def test_bad_placements_name_the_field(plan: Plan, field: str, needle: str) -> None:
+    with pytest.raises(PlanError) as e:
+        resolve(captured("mlp").graph, plan, HOST2)
+    assert e.value.field == field and needle in str(e.value)
+
+
+def test_memory_over_capacity_is_refused() -> None:
+    tiny = Machine("tiny", (Device("cpu0", "cpu", 1, 2**30, process=0), Device("cpu1", "cpu", 1, 64, process=1)))
+    with pytest.raises(PlanError, match="device cpu1 would hold"):
+        resolve(captured("mlp").graph, Plan(layer_devices={"head": "cpu1"}), tiny)
+
+
+def test_every_crossing_value_goes_through_one_send_and_one_recv() -> None:
+    g = captured("mlp").graph
+    devs = place(g, Plan(device="cpu0", layer_devices={"head": "cpu1"}), HOST2)
+    ex = expand(g, devs)
+    G = ex.graph
+    G.validate()
+    assert G.ops[: len(g.ops)] != g.ops  # consumers were rewired
+    assert [op.name for op in G.ops[: len(g.ops)]] == [op.name for op in g.ops]  # ids kept
+    comm = [G.ops[i] for i in ex.comm_ops]
+    assert comm and all(op.kind is OpKind.COMM for op in comm)
+    assert sum(op.target == SEND for op in comm) == sum(op.target == RECV for op in comm)
+    # On every device, each op reads only values that live there: its own device's outputs
+    # or inputs homed there; a send's token is the one value that crosses.
+    homes = input_homes(G, ex.device)
+    for op in G.ops:
+        if op.target == RECV:
+            continue
+        for v in op.inputs:
+            src = G.producer.get(v)
+            where = ex.device[src] if src is not None else homes[v]
+            assert where == ex.device[op.id], (op.name, v)
+    # One transfer per (value, destination): tags are unique.
+    tags = [op.kwargs["tag"] for op in comm if op.target == SEND]
+    assert len(tags) == len(set(tags))
+
+
+def test_resolved_multi_device_plan_runs_the_expanded_graph() -> None:
+    g = captured("mlp").graph
+    r = resolve(g, Plan(threads=1, layer_devices={"head": "cpu1"}), HOST2)
+    assert r.multi_device and r.graph is not None and r.base_ops == len(g.ops)
+    assert r.run_graph(g) is r.graph
+    assert len(r.threads) == len(r.priority) == len(r.device) == len(r.graph.ops) == len(r.sequence)
+    single = resolve(g, Plan(threads=1), HOST2)
+    assert single.graph is None and single.run_graph(g) is g
