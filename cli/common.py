@@ -72,6 +72,19 @@ def capture_spec(spec: str, size: str, optimizer: str, seed: int = 0, *, cache: 
     return workload, captured
 
 
+def capture_for_plan(args: argparse.Namespace, replicas: int, cache: bool = True) -> Any:
+    """The `schedlab.data_parallel.PlanStep` of the command line's model for a plan with
+    `replicas`: the full-batch step, and with replicas the per-replica steps (graph cache)."""
+    from schedlab.data_parallel import plan_step
+    from schedlab.graph_cache import GraphCacheWarning, capture_cached
+    from schedlab.workloads import load_workload
+
+    workload = load_workload(args.model, args.size, seed=args.seed)
+    root = graph_cache_dir() if cache else None
+    with warnings_on_stderr(GraphCacheWarning):
+        return plan_step(workload, replicas, lambda w: capture_cached(w, args.optimizer, args.seed, root))
+
+
 def load_profile(path: str | None, machine_is_host: bool = True):  # type: ignore[no-untyped-def]
     """The Profile, with a machine mismatch printed as one warning line on stderr."""
     from schedlab.calibrate.profile import Profile, ProfileMachineWarning

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph, Op, OpKind
+from schedlab.graph import Graph, Op
 from schedlab.machine import Machine
 
 if TYPE_CHECKING:
@@ -280,9 +280,8 @@ def resolve(graph: Graph, plan: Plan, machine: Machine, op_cost_us: OpCostUs | N
     from schedlab.order import priorities, rough_cost_us
 
     n = len(graph.ops)
-    if plan.replicas != 1:
-        raise PlanError("replicas", f"data parallelism (replicas={plan.replicas}) is not supported by resolve() yet; use 1")
     op_device = place(graph, plan, machine)
+    replica_devices = _replica_devices(graph, plan, machine, op_device)
     used = tuple(dict.fromkeys(op_device))
     for dev_id, what in [(d, "device_slots") for d in plan.device_slots] + [(d, "device_threads") for d in plan.device_threads]:
         try:
@@ -334,28 +333,83 @@ def resolve(graph: Graph, plan: Plan, machine: Machine, op_cost_us: OpCostUs | N
     except SchedlabError as e:
         raise PlanError("order", str(e)) from None
     first = used[0] if used else machine.default_device.id
-    if len(used) <= 1:
+    if len(used) <= 1 and replica_devices is None:
         return ResolvedPlan(
             plan=plan, slots=slots_of.get(first, plan.slots), threads=threads, priority=prio,
             device=tuple(op_device), sequence=list_schedule(graph, prio), device_slots=slots_of,
         )
     _check_memory(graph, op_device, machine)
-    ex = expand(graph, op_device)
+    if replica_devices is None:
+        ex = expand(graph, op_device)
+        copies = 1
+    else:
+        from schedlab.data_parallel import replicate
+
+        ex = replicate(graph, replica_devices, int(plan.bucket_mb * 2**20))
+        copies = len(replica_devices)
+        for devs in replica_devices[1:]:
+            for i, d in enumerate(devs):
+                d0 = op_device[i]
+                slots_of.setdefault(d, slots_of[d0])
+                _check_threads(threads[i], machine.device(d).cores, d, "threads (of a replica)")
     g = ex.graph
-    # A send ranks with the op that produced its value; a recv with the first op that waits for it.
+    body = n * copies  # replica r's copy of op i is op r*n + i
+    # A send ranks with the op that produced its value; a recv or an all-reduce with the
+    # first op that waits for it.
     comm_prio: list[int] = []
-    for op in g.ops[n:]:
-        if op.kind is OpKind.COMM and op.target.endswith("send"):
+    for op in g.ops[body:]:
+        if op.target.endswith("send"):
             src = g.producer.get(op.inputs[0])
-            comm_prio.append(prio[src] if src is not None and src < n else -1)
+            comm_prio.append(prio[src % n] if src is not None and src < body else -1)
         else:
-            comm_prio.append(min((prio[c] for c in g.succs[op.id] if c < n), default=len(prio)))
-    full_prio = tuple(prio) + tuple(comm_prio)
+            comm_prio.append(min((prio[c % n] for c in g.succs[op.id] if c < body), default=len(prio)))
+    full_prio = tuple(prio) * copies + tuple(comm_prio)
     return ResolvedPlan(
-        plan=plan, slots=slots_of.get(first, plan.slots), threads=threads + (1,) * (len(g.ops) - n),
+        plan=plan, slots=slots_of.get(first, plan.slots), threads=threads * copies + (1,) * (len(g.ops) - body),
         priority=full_prio, device=ex.device, sequence=list_schedule(g, full_prio), graph=g,
         device_slots=slots_of, base_ops=n,
     )
+
+
+def _replica_devices(
+    graph: Graph, plan: Plan, machine: Machine, op_device: tuple[str, ...]
+) -> list[tuple[str, ...]] | None:
+    """Per replica, the device of each op (replica r runs on the r-th group of devices);
+    None when the plan has one replica."""
+    R = plan.replicas
+    if R == 1:
+        return None
+    if R < 1:
+        raise PlanError("replicas", f"must be >= 1, got {R}")
+    ids = [d.id for d in machine.devices]
+    if len(ids) % R:
+        raise PlanError(
+            "replicas", f"{R} replicas do not divide the {len(ids)} devices of machine {machine.name!r} "
+            f"({', '.join(ids)}); use a divisor of {len(ids)}"
+        )
+    if graph.meta.get("replicas") != R:
+        raise PlanError(
+            "replicas", f"the graph was captured for {graph.meta.get('replicas', 1)} replica(s), the plan has {R}: "
+            "capture the per-replica step (schedlab.data_parallel.split_workload, as the CLI does)"
+        )
+    from schedlab.data_parallel import uses_batch_stats
+
+    if uses_batch_stats(graph) and not plan.split_batch_stats:
+        raise PlanError(
+            "replicas", "this model normalises over the batch (batch norm in training): each replica would see "
+            "statistics of its part of the batch only, which changes results; set split_batch_stats "
+            "(`schedlab plan --split-batch-stats`) to accept that"
+        )
+    k = len(ids) // R
+    group0 = ids[:k]
+    stray = sorted(set(op_device) - set(group0))
+    if stray:
+        raise PlanError(
+            "placement", f"with {R} replicas, place ops on the first replica's devices ({', '.join(group0)}); "
+            f"replica r runs on the r-th group of {k}. Not: {', '.join(stray)}"
+        )
+    index = {d: j for j, d in enumerate(group0)}
+    return [tuple(ids[r * k + index[d]] for d in op_device) for r in range(R)]
 
 
 def _check_threads(k: int, cores: int, dev_id: str, field_name: str) -> None:

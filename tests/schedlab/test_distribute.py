@@ -8,6 +8,7 @@ import pytest
 
 from schedlab.capture import Captured
 from schedlab.distribute import RECV, SEND, expand, input_homes
+from schedlab.errors import SchedlabError
 from schedlab.graph import OpKind
 from schedlab.machine import Device, Machine, host_ranks
 from schedlab.plan import Plan, PlanError, place, resolve
@@ -100,3 +101,82 @@ def test_resolved_multi_device_plan_runs_the_expanded_graph() -> None:
     assert len(r.threads) == len(r.priority) == len(r.device) == len(r.graph.ops) == len(r.sequence)
     single = resolve(g, Plan(threads=1), HOST2)
     assert single.graph is None and single.run_graph(g) is g
+
+
+# ---- the expanded step computes what eager PyTorch computes -----------------------------
+
+@pytest.mark.parametrize("model", ["mlp", "transformer", "nmt", "cnn"])
+def test_placed_step_matches_eager(model: str) -> None:
+    from schedlab.exec.check import check_step
+    from tests.tools.one_process import run_one_process
+
+    w, c = captured_workload(model)
+    g = c.graph  # type: ignore[attr-defined]
+    layers = sorted({op.layer.split(".")[0] for op in g.ops if op.layer})
+    r = resolve(g, Plan(threads=1, device="cpu0", layer_devices={layers[-1]: "cpu1"}), HOST2)
+    assert r.multi_device
+    check = check_step(w.module, g, c.input_values, lambda iv: run_one_process(r.run_graph(g), iv))  # type: ignore[attr-defined]
+    assert check.ok(), check.describe()
+
+
+@pytest.mark.parametrize("model", ["mlp", "transformer", "nmt"])
+def test_data_parallel_step_matches_eager_on_the_full_batch(model: str) -> None:
+    from schedlab.capture import capture
+    from schedlab.data_parallel import ReplicaInputs, full_batch_outputs, replica_graph, split_workload
+    from schedlab.exec.check import check_step
+    from tests.tools.one_process import run_one_process
+
+    w, full = captured_workload(model)
+    parts = [capture(p, "sgd") for p in split_workload(w, 2)]  # type: ignore[arg-type]
+    local = replica_graph(parts[0].graph, 2)
+    r = resolve(local, Plan(threads=1, replicas=2, bucket_mb=0.01), HOST2)
+    joined = r.run_graph(local)
+    assert sum(op.target == "schedlab.all_reduce" for op in joined.ops) >= 4  # small buckets: several
+    inputs = ReplicaInputs.of(joined, [p.input_values for p in parts], local).values
+
+    def step(_: dict) -> dict:  # type: ignore[type-arg]
+        return full_batch_outputs(joined, full.graph, run_one_process(joined, inputs))  # type: ignore[attr-defined]
+
+    check = check_step(w.module, full.graph, full.input_values, step)  # type: ignore[attr-defined]
+    assert check.ok(), check.describe()
+
+
+def test_data_parallel_refuses_what_would_change_results() -> None:
+    from schedlab.capture import capture
+    from schedlab.data_parallel import replica_graph, split_workload
+
+    w, _ = captured_workload("cnn")  # batch norm
+    local = replica_graph(capture(split_workload(w, 2)[0], "sgd").graph, 2)  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match="batch norm"):
+        resolve(local, Plan(replicas=2), HOST2)
+    assert resolve(local, Plan(threads=1, replicas=2, split_batch_stats=True), HOST2).multi_device
+    with pytest.raises(PlanError, match="captured for 1 replica"):
+        resolve(captured("mlp").graph, Plan(replicas=2), HOST2)
+    with pytest.raises(SchedlabError, match="must divide the batch"):
+        split_workload(w, 3)  # type: ignore[arg-type]
+    three = host_ranks(3, Machine("h", (Device("cpu0", "cpu", 3, 8 * 2**30),)))
+    with pytest.raises(PlanError, match="do not divide the 3 devices"):
+        resolve(local, Plan(replicas=2, split_batch_stats=True), three)
+
+
+def test_balanced_blocks_minimise_the_largest_block() -> None:
+    from schedlab.layer_split import balanced_blocks
+
+    assert balanced_blocks([1, 1, 1, 1], 2) == [0, 0, 1, 1]
+    assert balanced_blocks([5, 1, 1, 1, 1, 1], 2) == [0, 1, 1, 1, 1, 1]
+    blocks = balanced_blocks([3, 1, 4, 1, 5, 9, 2, 6], 3)
+    assert blocks == sorted(blocks) and len(set(blocks)) == 3  # contiguous, every device used
+    sums = [sum(c for c, b in zip([3, 1, 4, 1, 5, 9, 2, 6], blocks, strict=True) if b == j) for j in range(3)]
+    assert max(sums) == 14  # the optimum: [3 1 4 1 5] [9] [2 6] -> 14, 9, 8
+
+
+def test_layer_split_places_contiguous_blocks_on_each_device() -> None:
+    from schedlab.layer_split import layer_split, layers_in_order
+
+    g = captured("transformer").graph
+    split = layer_split(g, ["cpu0", "cpu1"])
+    order = layers_in_order(g)
+    devs = [split[lay] for lay in order]
+    assert devs == sorted(devs) and set(devs) == {"cpu0", "cpu1"}
+    r = resolve(g, Plan(threads=1, layer_devices=split), HOST2)
+    assert r.multi_device
