@@ -3,14 +3,12 @@
 One slot: the order is static (the list schedule of the plan's priorities), so the step
 is one generated straight-line function (see `program.py`). Several slots: one worker
 thread per slot, each with its own intra-op thread count, taking the ready op of lowest
-priority from one shared heap; values are freed after their last use.
+priority from one shared heap (`workers.py`); values are freed after their last use.
 """
 
 from __future__ import annotations
 
-import heapq
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ import torch
 
 from schedlab.errors import SchedlabError
 from schedlab.exec.program import Program, compile_graph
+from schedlab.exec.workers import ReadyLoop
 from schedlab.graph import Graph, InputRole, OutputRole
 from schedlab.machine import Machine, detect_host
 from schedlab.plan import Plan, ResolvedPlan, resolve
@@ -104,93 +103,42 @@ class Executor:
 
     def _step_corun(self, V: list[Any]) -> StepRecord:
         g = self.graph
-        res = self.resolved
-        n = len(g.ops)
-        prio = res.priority
-        succs = g.succs
-        op_fns = self.program.op_fns
         keep = self.keep
         inputs_of = [op.inputs for op in g.ops]
         uses = list(self._uses)
-        indeg = list(self._indeg)
-        heap = [(prio[i], i) for i in range(n) if indeg[i] == 0]
-        heapq.heapify(heap)
-        cond = threading.Condition()
-        spans: list[tuple[int, int, int]] = [(0, 0, 0)] * n
-        state = {"done": 0}
-        errors: list[BaseException] = []
-        ns = time.perf_counter_ns
-        start_ns = ns()
+        op_fns = self.program.op_fns
 
-        idle = [0]  # workers waiting for work
+        def release(i: int) -> None:
+            for v in inputs_of[i]:
+                uses[v] -= 1
+                if uses[v] == 0 and v not in keep:
+                    V[v] = None
 
-        def worker(w: int) -> None:
-            # The worker that finishes an op takes the next ready op itself, and wakes an
-            # idle worker only when more work is ready than it can take: every wake-up
-            # is a thread hand-off through the interpreter lock, tens of microseconds.
-            torch.get_num_threads()  # force ATen's per-thread init before setting (DESIGN.md)
-            cur = -1
-            cond.acquire()
-            try:
-                while True:
-                    while not heap:
-                        if state["done"] >= n or errors:
-                            return
-                        idle[0] += 1
-                        cond.wait()
-                        idle[0] -= 1
-                    if errors:
-                        return
-                    _, i = heapq.heappop(heap)
-                    if heap and idle[0]:
-                        cond.notify()
-                    cond.release()
-                    try:
-                        k = res.threads[i]
-                        if k != cur:
-                            torch.set_num_threads(k)
-                            cur = k
-                        t0 = ns()
-                        op_fns[i](V)
-                        t1 = ns()
-                    except BaseException as e:
-                        cond.acquire()
-                        errors.append(_failed(g, i, e))
-                        cond.notify_all()
-                        return
-                    cond.acquire()
-                    spans[i] = (t0 - start_ns, t1 - start_ns, w)
-                    for v in inputs_of[i]:
-                        uses[v] -= 1
-                        if uses[v] == 0 and v not in keep:
-                            V[v] = None
-                    for s in succs[i]:
-                        indeg[s] -= 1
-                        if indeg[s] == 0:
-                            heapq.heappush(heap, (prio[s], s))
-                    state["done"] += 1
-                    if state["done"] >= n:
-                        cond.notify_all()
-                        return
-            finally:
-                cond.release()
-
-        threads = [threading.Thread(target=worker, args=(w,), name=f"schedlab-worker-{w}") for w in range(res.slots)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        return StepRecord(spans=tuple(spans), wall_ns=ns() - start_ns)
+        loop = ReadyLoop(
+            ops=range(len(g.ops)),
+            prio=self.resolved.priority,
+            succs=g.succs,
+            indeg=list(self._indeg),
+            threads=self.resolved.threads,
+            run_op=lambda i: op_fns[i](V),
+            release=release,
+            fail=lambda i, e: _failed(g, i, e),
+            n_spans=len(g.ops),
+        )
+        spans = loop.run(self.resolved.slots)
+        return StepRecord(spans=tuple(spans), wall_ns=time.perf_counter_ns() - loop.start_ns)
 
 
 def next_inputs(graph: Graph, inputs: dict[int, torch.Tensor], outputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-    """The inputs of the next training step: updated params, buffers and optimizer state."""
+    """The inputs of the next training step: updated params, buffers and optimizer state.
+
+    Only the inputs in `inputs` are updated: a rank holds (and updates) the inputs homed on
+    its device, and `outputs` need only hold the updates of those.
+    """
     by_key = {(o.role.value, o.name): o.value for o in graph.outputs if o.role is not OutputRole.GRAD and o.role is not OutputRole.LOSS}
     out = dict(inputs)
     for i in graph.inputs:
-        if i.role in (InputRole.PARAM, InputRole.BUFFER, InputRole.OPT_STATE):
+        if i.value in inputs and i.role in (InputRole.PARAM, InputRole.BUFFER, InputRole.OPT_STATE):
             v = by_key.get((i.role.value, i.name))
             if v is not None:
                 out[i.value] = outputs[v]

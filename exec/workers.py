@@ -1,0 +1,174 @@
+"""The co-run worker loop: worker threads that share one heap of ready ops.
+
+One loop serves the one-process executor (`runner.py`, every op run by a worker) and a
+rank of the multi-process executor (`dist.py`), where some ops are *external*: a
+receive or an all-reduce is completed by the rank's communication thread
+(`ReadyLoop.complete`), never run by a worker. Everything the loop shares (heap,
+in-degrees, spans, the count of ops left) is guarded by one lock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections.abc import Callable, Collection, Sequence
+
+import torch
+
+Span = tuple[int, int, int]  # (start_ns, end_ns, worker); start and end from the step start
+
+
+class ReadyLoop:
+    """One step of the ops in `ops`, run by `run(n_workers)`.
+
+    `succs[i]` must name only ops in `ops`; `indeg[i]` counts the predecessors of `i`
+    among `ops` (a list the loop consumes). `run_op(i)` runs op `i` (called without the
+    lock held); `release(i)` is called with the lock held once op `i` has finished (free
+    its inputs there). Ops in `external` are never run by a worker: another thread waits
+    for them to become ready (`wait_ready`) and finishes them (`complete`).
+    """
+
+    def __init__(
+        self,
+        *,
+        ops: Sequence[int],
+        prio: Sequence[int],
+        succs: Sequence[Sequence[int]],
+        indeg: list[int],
+        threads: Sequence[int],
+        run_op: Callable[[int], None],
+        release: Callable[[int], None],
+        fail: Callable[[int, BaseException], BaseException],
+        n_spans: int,
+        external: Collection[int] = (),
+    ) -> None:
+        lock = threading.Lock()
+        self.cond = threading.Condition(lock)  # workers wait here for ready ops
+        self.external_cond = threading.Condition(lock)  # the communication thread waits here
+        self.prio = prio
+        self.succs = succs
+        self.indeg = indeg
+        self.threads = threads
+        self.run_op = run_op
+        self.release = release
+        self.fail = fail
+        self.external = frozenset(external)
+        self.heap = [(prio[i], i) for i in ops if indeg[i] == 0 and i not in self.external]
+        heapq.heapify(self.heap)
+        self.external_ready = {i for i in ops if indeg[i] == 0 and i in self.external}
+        self.remaining = len(ops)
+        self.spans: list[Span] = [(0, 0, 0)] * n_spans
+        self.errors: list[BaseException] = []
+        self.idle = 0  # workers waiting for work
+        self.start_ns = time.perf_counter_ns()
+
+    # ---- called with the lock held -----------------------------------------------------
+
+    def _finish(self, i: int, t0: int, t1: int, w: int) -> None:
+        self.spans[i] = (t0 - self.start_ns, t1 - self.start_ns, w)
+        self.release(i)
+        indeg = self.indeg
+        for s in self.succs[i]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                if s in self.external:
+                    self.external_ready.add(s)
+                    self.external_cond.notify_all()
+                else:
+                    heapq.heappush(self.heap, (self.prio[s], s))
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.cond.notify_all()
+
+    def _error(self, e: BaseException) -> None:
+        self.errors.append(e)
+        self.cond.notify_all()
+        self.external_cond.notify_all()
+
+    # ---- called from threads -----------------------------------------------------------
+
+    def worker(self, w: int) -> None:
+        # The worker that finishes an op takes the next ready op itself, and wakes an
+        # idle worker only when more work is ready than it can take: every wake-up is a
+        # thread hand-off through the interpreter lock, tens of microseconds.
+        torch.get_num_threads()  # force ATen's per-thread init before setting (DESIGN.md)
+        ns = time.perf_counter_ns
+        heap = self.heap
+        cond = self.cond
+        cur = -1
+        cond.acquire()
+        try:
+            while True:
+                while not heap:
+                    if self.remaining <= 0 or self.errors:
+                        return
+                    self.idle += 1
+                    cond.wait()
+                    self.idle -= 1
+                if self.errors:
+                    return
+                _, i = heapq.heappop(heap)
+                if heap and self.idle:
+                    cond.notify()
+                cond.release()
+                try:
+                    k = self.threads[i]
+                    if k != cur:
+                        torch.set_num_threads(k)
+                        cur = k
+                    t0 = ns()
+                    self.run_op(i)
+                    t1 = ns()
+                except BaseException as e:
+                    cond.acquire()
+                    self._error(self.fail(i, e))
+                    return
+                cond.acquire()
+                self._finish(i, t0, t1, w)
+                if self.remaining <= 0:
+                    return
+        finally:
+            cond.release()
+
+    def complete(self, i: int, t0: int, t1: int, w: int) -> None:
+        """Finish external op `i` (it ran from `t0` to `t1` ns on track `w`) and wake
+        as many idle workers as it made ops ready."""
+        with self.cond:
+            before = len(self.heap)
+            self._finish(i, t0, t1, w)
+            woken = len(self.heap) - before
+            if woken > 0 and self.idle:
+                self.cond.notify(min(woken, self.idle))
+
+    def wait_ready(self, i: int) -> bool:
+        """Block until external op `i` has all its inputs; False if the step failed first."""
+        with self.external_cond:
+            while i not in self.external_ready and not self.errors:
+                self.external_cond.wait()
+            return not self.errors
+
+    def error(self, e: BaseException) -> None:
+        """Stop the step: workers return, and `run` raises `e`."""
+        with self.cond:
+            self._error(e)
+
+    def run(self, n_workers: int, helper: Callable[[], None] | None = None) -> list[Span]:
+        """Run the step with `n_workers` worker threads (and `helper`, the communication
+        thread, if given); the spans of every op, indexed by op id."""
+        threads = [threading.Thread(target=self.worker, args=(w,), name=f"schedlab-worker-{w}") for w in range(n_workers)]
+        comm = None
+        if helper is not None:
+            # A daemon: if the step fails it may still wait on a peer that never sends,
+            # until the collective timeout; the process exits without it.
+            comm = threading.Thread(target=helper, name="schedlab-comm", daemon=True)
+            comm.start()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if comm is not None and not self.errors:
+            comm.join()
+        if self.errors:
+            raise self.errors[0]
+        return self.spans
