@@ -39,7 +39,17 @@ JSON layout (version 2; version 1 files, without "views" and "roofline", still l
      "views": {"signatures": {signature: extra_us}, "classes": {view_class: {"a_us",
                "per_output_us", "n_signatures"}}, "fallback": {...}},
      "roofline": {"model": "roofline", "gflops": {"1": ..., "2": ...}, "gbps": {...}, "a_us": ...},
+     "links": null | {"backend": "gloo", "host", "measured_unix_s", "conditions",   # calibrate.links
+               "p2p": {"n_ranks", "rank_cores", "sizes", "median_s", ..., "fit": {"latency_s",
+                       "bw_bytes_per_s", "mape_pct"}},
+               "allreduce": {"2": {sweep..., "fit": {"alpha_s", "bw_bytes_per_s", "mape_pct"}}, "3": ...},
+               "allreduce_joint": {"alpha_s", "bw_bytes_per_s", "mape_pct"}},
      "meta": {...}}
+
+"links" (link and collective fits between local ranks, `schedlab calibrate --links`) is
+optional and was added within version 2: files without it read as a Profile without link
+fits (`links` None); older readers ignore it. `allreduce_us` gives the fitted all-reduce
+time for the simulator; `calibrate.links.apply_link_fit` gives a Machine the fitted links.
 """
 
 from __future__ import annotations
@@ -56,6 +66,7 @@ from schedlab.calibrate.context import NO_CONTEXT, ContextCosts, first_uses
 from schedlab.calibrate.corun import CorunFigures
 from schedlab.calibrate.dispatch import DispatchFigures
 from schedlab.calibrate.fit import ClassFit
+from schedlab.calibrate.links import LinkFits
 from schedlab.calibrate.model import WorkThreadsModel
 from schedlab.calibrate.roofline import Roofline
 from schedlab.calibrate.signature import signature
@@ -92,6 +103,7 @@ class Profile:
     views: ViewCosts = NO_VIEW_COSTS  # what views cost beyond the probe view (calibrate.views)
     roofline: Roofline | None = None  # the cost of classes never measured (calibrate.roofline)
     context: ContextCosts = NO_CONTEXT  # what ops cost in a step beyond a benchmark (calibrate.context)
+    links: LinkFits | None = None  # links and collectives between local ranks (calibrate.links)
     # the graph this Profile predicts (`for_graph`) and the Python ids of its first-use ops
     bound: tuple[Graph, frozenset[int]] | None = field(default=None, compare=False, repr=False)
     # executor slots the dispatch cost is for (`for_slots`); a use, not part of the JSON
@@ -171,6 +183,14 @@ class Profile:
     def view_extra_us(self, op: Op) -> float:
         """What view `op`'s call costs beyond the probe view's (`calibrate.views`)."""
         return self.views.extra_us(signature(op), op.op_class, len(op.outputs))
+
+    def allreduce_us(self, nbytes: float, n_ranks: int) -> float | None:
+        """The fitted time (us) of an all-reduce of `nbytes` over `n_ranks` local ranks
+        (`calibrate.links`); None when this Profile has no link fits (the caller then
+        models it from the machine's links, `schedlab.collectives.ring_allreduce_s`)."""
+        if self.links is None:
+            return None
+        return self.links.allreduce_s(nbytes, n_ranks) * 1e6
 
     def for_slots(self, slots: int) -> Profile:
         """This Profile with the dispatch cost of the executor running `slots` workers."""
@@ -329,6 +349,7 @@ class Profile:
             "views": self.views.to_json(),
             "roofline": None if self.roofline is None else self.roofline.to_json(),
             "context": self.context.to_json(),
+            "links": None if self.links is None else self.links.to_json(),
             "meta": self.meta,
         }
 
@@ -370,13 +391,17 @@ class Profile:
             roofline = Roofline.from_json(d["roofline"]) if d.get("roofline") is not None else None
             where = "context"
             context = ContextCosts.from_json(d["context"]) if d.get("context") is not None else NO_CONTEXT
+            where = "links"
+            links = LinkFits.from_json(d["links"]) if d.get("links") is not None else None
             where = "meta"
             meta = dict(d.get("meta", {}))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             detail = f"missing field {e}" if isinstance(e, KeyError) else str(e)
-            raise SchedlabError(f"corrupt {source}: bad {where}: {detail}") from None
+            hint = " (re-run `schedlab calibrate --links`)" if where == "links" else ""
+            raise SchedlabError(f"corrupt {source}: bad {where}: {detail}{hint}") from None
         return Profile(
-            machine, created, quick, dispatch, classes, fallback, signatures, corun, meta, views, roofline, context
+            machine, created, quick, dispatch, classes, fallback, signatures, corun, meta, views, roofline, context,
+            links=links,
         )
 
     def save(self, path: str | Path) -> Path:
