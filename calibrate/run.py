@@ -1,14 +1,16 @@
 """A full calibration: dispatch, co-run figures, the roofline, microbenchmarks of the ops of
 the built-in workloads and of the coverage models (`coverage.py`) and a shape sweep, the
 ops as they run in a step (`context.py`), the co-run executor's wait per op
-(`corun_fit.py`), fits; the result is a Profile, saved atomically.
+(`corun_fit.py`), fits, and last the links between local ranks (`links.py`: gloo
+ping-pong and all-reduce); the result is a Profile, saved atomically.
 
     run_calibration(quick=True, out=Path("traces/profile.json"))
 
 `quick` (tests, CI; under a minute on 2 cores when idle): the built-in workloads at
 size tiny, the coverage models at their small shape and a small sweep. Full (`make
 calibrate`; a few minutes): sizes tiny and default, every coverage shape, a wider sweep,
-more repetitions. Progress goes to stderr as tqdm bars when `progress` is true.
+more repetitions, every link message size. A link benchmark that cannot start its ranks
+is noted in `meta.failures` and the Profile has no link fits. Progress goes to stderr as tqdm bars when `progress` is true.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from schedlab.calibrate.coverage import build as build_coverage
 from schedlab.calibrate.dispatch import DispatchFigures, measure_dispatch
 from schedlab.calibrate.fit import ClassFit, Point, fit_all
 from schedlab.calibrate.host_load import foreign_cpu_frac, snapshot
+from schedlab.calibrate.links import LinkConfig, LinkFits, measure_links, quick_link_config
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.roofline import Roofline, measure_roofline
 from schedlab.calibrate.signature import signature
@@ -69,12 +72,14 @@ class CalibrationConfig:
     dispatch_ops: int = 1000  # ops per chain of the executor probe (see dispatch.py)
     corun_s: float = 0.25  # per alone/together run of each co-run op
     corun_rounds: int = 3
+    links: LinkConfig | None = None  # the link benchmark between local ranks (links.py); None: none
     seed: int = 0
 
 
 def quick_config() -> CalibrationConfig:
     return CalibrationConfig(
         quick=True,
+        links=quick_link_config(),
         sweep=SweepConfig(per_class=12, max_flops=3e8, max_elems=1 << 22),  # the coverage models add real shapes
         timing=TimingConfig(budget_s=0.01, min_reps=3, max_reps=30),
     )
@@ -92,6 +97,7 @@ def full_config() -> CalibrationConfig:
         corun_steps=5,
         corun_s=0.5,
         corun_rounds=5,
+        links=LinkConfig(),
     )
 
 
@@ -332,9 +338,27 @@ def run_calibration(
             latency, report = fit_corun_latency(profile, acc.corun_runs, host)
             profile = replace(profile, corun=replace(corun, latency_us=latency), meta={**meta, "corun_fit": report})
             bar.update()
+    if cfg.links is not None:
+        links, failure = _measure_links(cfg.links, bars)
+        failures = profile.meta["failures"] + ([failure] if failure else [])
+        profile = replace(profile, links=links, meta={**profile.meta, "failures": failures})
     profile = replace(profile, meta={**profile.meta, "wall_s": round(time.perf_counter() - t_start, 2)})
     profile.save(out)
     return profile
+
+
+def _measure_links(cfg: LinkConfig, bars: _Progress) -> tuple[LinkFits | None, str | None]:
+    """The link fits, or None and why the ranks could not be started or measured."""
+    with bars.bar(cfg.steps(), "links between ranks", "step") as bar:
+
+        def step(label: str) -> None:
+            bar.set_postfix_str(label, refresh=False)
+            bar.update()
+
+        try:
+            return measure_links(cfg, on_progress=step), None
+        except SchedlabError as e:
+            return None, f"links: {e}"
 
 
 def _in_step(acc: _Bench) -> tuple[ContextCosts, list[tuple[Case, int, float]]]:

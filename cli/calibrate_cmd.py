@@ -3,6 +3,7 @@
     schedlab calibrate                 # full calibration (what `make calibrate` runs)
     schedlab calibrate --quick         # short version for tests and CI (~1 minute on 2 cores)
     schedlab calibrate --quick --out /tmp/p.json --json
+    schedlab calibrate --links         # only the links between local ranks, into the existing profile
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_PROFILE_PATH,
         help=f"where to write the Profile (default: {DEFAULT_PROFILE_PATH}, where simulate looks)",
     )
+    p.add_argument(
+        "--links",
+        action="store_true",
+        help="measure only the links between local gloo ranks (ping-pong and all-reduce over message sizes, "
+        "about a minute; with --quick, fewer sizes) and write their fits into the existing profile --out",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
@@ -37,8 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "calibrate",
         help="microbenchmark this machine and write a Profile",
         description="Microbenchmark the op classes the workloads use over shapes and thread counts, "
-        "measure the executor's dispatch cost and co-run slowdowns, fit a cost model per op class "
-        "and write a Profile (versioned JSON) with held-out errors.",
+        "measure the executor's dispatch cost and co-run slowdowns, fit a cost model per op class, "
+        "time messages and all-reduces between local ranks, and write a Profile (versioned JSON) with "
+        "held-out errors. --links re-measures only the links.",
     )
     add_arguments(p)
     p.set_defaults(handler=run)
@@ -72,6 +80,7 @@ def summary(profile: Any, path: Path, wall_s: float) -> dict[str, Any]:
             "first_use_median": round(profile.context.first_use_fallback_us, 2),
         },
         "coverage_models": profile.meta.get("coverage", []),
+        "links": None if profile.links is None else links_summary(profile.links),
         "signatures": len(profile.signatures),
         "view_signatures": len(profile.views.signatures),
         "foreign_cpu_frac": profile.meta.get("foreign_cpu_frac"),
@@ -112,6 +121,160 @@ def _print_table(s: dict[str, Any]) -> None:
     x = s["context_us"]
     print(f"in a step, beyond a benchmark: +{x['warm_median']:.2f} us per op (median), +{x['first_use_median']:.2f} us "
           f"more for the first op of its kind; {s['view_signatures']} view signatures measured")
+    if s["links"]:
+        _print_links(s["links"])
+
+
+def links_summary(fits: Any) -> dict[str, Any]:
+    """A LinkFits as `--json` prints it: fits, times per size (us) and conditions."""
+    from schedlab.machine import LOOPBACK_BW_BYTES_PER_S, LOOPBACK_LATENCY_S
+
+    p = fits.p2p_fit
+    return {
+        "backend": fits.backend,
+        "p2p": {
+            "latency_us": round(p.latency_s * 1e6, 2),
+            "bw_gb_per_s": round(p.bw_bytes_per_s / 1e9, 3),
+            "mape_pct": round(p.mape_pct, 1),
+            "vs_default": {
+                "latency": round(p.latency_s / LOOPBACK_LATENCY_S, 2),
+                "bw": round(p.bw_bytes_per_s / LOOPBACK_BW_BYTES_PER_S, 2),
+            },
+        },
+        "allreduce": {
+            str(n): {
+                "alpha_us": round(f.alpha_s * 1e6, 2),
+                "bw_gb_per_s": round(f.bw_bytes_per_s / 1e9, 3),
+                "mape_pct": round(f.mape_pct, 1),
+                "oversubscribed": fits.allreduce[n].oversubscribed,
+            }
+            for n, f in sorted(fits.allreduce_fits.items())
+        },
+        "allreduce_joint": {
+            "alpha_us": round(fits.allreduce_joint.alpha_s * 1e6, 2),
+            "bw_gb_per_s": round(fits.allreduce_joint.bw_bytes_per_s / 1e9, 3),
+            "mape_pct": round(fits.allreduce_joint.mape_pct, 1),
+        },
+        "sizes": [
+            {
+                "nbytes": nbytes,
+                "p2p_us": round(t * 1e6, 2),
+                "p2p_fit_us": round(p.time_s(nbytes) * 1e6, 2),
+                **{
+                    f"allreduce{n}_us": round(sw.median_s[sw.sizes.index(nbytes)] * 1e6, 2)
+                    for n, sw in sorted(fits.allreduce.items())
+                    if nbytes in sw.sizes
+                },
+                **{
+                    f"allreduce{n}_fit_us": round(fits.allreduce_s(nbytes, n) * 1e6, 2)
+                    for n in sorted(fits.allreduce)
+                },
+            }
+            for nbytes, t in zip(fits.p2p.sizes, fits.p2p.median_s, strict=True)
+        ],
+        "conditions": fits.conditions,
+    }
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
+def _print_links(s: dict[str, Any]) -> None:
+    c, p = s["conditions"], s["p2p"]
+    ns = list(s["allreduce"])
+    print(
+        f"links between local {s['backend']} ranks (1 thread each, {c.get('cores', '?')} cores, load average "
+        f"{c.get('loadavg_1m_start', '?')}, other processes {_pct(c.get('foreign_cpu_frac'))} of the CPU):"
+    )
+    head = f"{'size':>8s} {'p2p us':>9s} {'fit us':>9s}" + "".join(
+        f" {'all-red ' + n + 'r us':>14s} {'fit us':>9s}" for n in ns
+    )
+    print(head)
+    for row in s["sizes"]:
+        line = f"{_size(row['nbytes']):>8s} {row['p2p_us']:9.1f} {row['p2p_fit_us']:9.1f}"
+        for n in ns:
+            t = row.get(f"allreduce{n}_us")
+            line += f" {'-' if t is None else f'{t:.1f}':>14s} {row[f'allreduce{n}_fit_us']:9.1f}"
+        print(line)
+    print(
+        f"point to point: latency {p['latency_us']:.1f} us, bandwidth {p['bw_gb_per_s']:.2f} GB/s, fit MAPE "
+        f"{p['mape_pct']:.1f}% (x{p['vs_default']['latency']:.2f} and x{p['vs_default']['bw']:.2f} the loopback default)"
+    )
+    for n, f in s["allreduce"].items():
+        over = ", oversubscribed" if f["oversubscribed"] else ""
+        print(
+            f"all-reduce, {n} ranks{over}: ring alpha {f['alpha_us']:.1f} us, bandwidth {f['bw_gb_per_s']:.2f} GB/s, "
+            f"fit MAPE {f['mape_pct']:.1f}%"
+        )
+    j = s["allreduce_joint"]
+    print(f"all-reduce, one fit over {', '.join(ns)} ranks: alpha {j['alpha_us']:.1f} us, bandwidth "
+          f"{j['bw_gb_per_s']:.2f} GB/s, fit MAPE {j['mape_pct']:.1f}%")
+
+
+def _pct(x: float | None) -> str:
+    return "?" if x is None else f"{x:.0%}"
+
+
+def _busy_warning(busy: float | None, what: str) -> None:
+    if busy is not None and busy > BUSY_MACHINE_FRAC:
+        print(
+            f"warning: other processes used {busy:.0%} of the CPU while {what}; timings are unreliable: "
+            "re-run on an idle machine",
+            file=sys.stderr,
+        )
+
+
+def run_links(args: argparse.Namespace) -> int:
+    """Measure the links only and write their fits into the existing Profile at --out.
+
+    A Profile holds op costs first: without one there is nothing to add links to, and a
+    Profile of links only would leave `simulate` without op costs. So a missing profile
+    is an error that says to run `schedlab calibrate` (which measures the links too).
+    """
+    from dataclasses import replace
+
+    from tqdm import tqdm
+
+    from schedlab.calibrate.links import LinkConfig, measure_links, quick_link_config
+    from schedlab.calibrate.profile import Profile
+    from schedlab.cli.common import load_profile
+    from schedlab.errors import SchedlabError
+    from schedlab.io import check_writable
+
+    out: Path = args.out
+    if not out.exists():
+        raise SchedlabError(
+            f"no profile at {out} to add link fits to: run `schedlab calibrate` (or `schedlab calibrate --quick`) "
+            "first, which measures the links too; `--links` re-measures only them"
+        )
+    check_writable(out)
+    load_profile(str(out))  # a corrupt profile fails now, not after a minute of measuring
+    cfg = quick_link_config() if args.quick else LinkConfig()
+    t0 = time.perf_counter()
+    with tqdm(
+        total=cfg.steps(), desc="links", unit="step", file=sys.stderr, disable=getattr(args, "no_progress", False)
+    ) as bar:
+
+        def step(label: str) -> None:
+            bar.set_postfix_str(label, refresh=False)
+            bar.update()
+
+        fits = measure_links(cfg, on_progress=step)
+    # re-read: the profile as it is now, should another command have rewritten it meanwhile
+    replace(Profile.load(out, check_machine=False), links=fits).save(out)
+    wall_s = round(time.perf_counter() - t0, 1)
+    summary = links_summary(fits)
+    _busy_warning(fits.conditions.get("foreign_cpu_frac"), "measuring the links")
+    if args.json:
+        print(json.dumps({"path": str(out), "wall_s": wall_s, "links": summary}, indent=1))
+    else:
+        print(f"link fits written to {out} ({wall_s} s)")
+        _print_links(summary)
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,17 +282,14 @@ def run(args: argparse.Namespace) -> int:
     from schedlab.calibrate.run import run_calibration
     from schedlab.io import check_writable
 
+    if getattr(args, "links", False):
+        return run_links(args)
+
     check_writable(args.out)  # before the measuring, not after
     t0 = time.perf_counter()
     profile = run_calibration(quick=args.quick, out=args.out, progress=not getattr(args, "no_progress", False))
     s = summary(profile, args.out, time.perf_counter() - t0)
-    busy = s["foreign_cpu_frac"]
-    if busy is not None and busy > BUSY_MACHINE_FRAC:
-        print(
-            f"warning: other processes used {busy:.0%} of the CPU while calibrating; timings (two-thread "
-            "and co-run ones above all) are unreliable: re-run on an idle machine",
-            file=sys.stderr,
-        )
+    _busy_warning(s["foreign_cpu_frac"], "calibrating (two-thread and co-run timings above all)")
     if s["contended_points"]:
         print(
             f"note: {s['contended_points']} multi-thread point(s) stayed slow while another process held a core "
