@@ -211,10 +211,10 @@ def rank_main(rank: int, world: int, port: int, task: RankTask, results: Any) ->
         if rank == 0:
             results.put(("result", WorldResult(p2p.median_s, ar.median_s, {"p2p": p2p.reps, "allreduce": ar.reps},
                                                {"p2p": p2p.rounds_s, "allreduce": ar.rounds_s})))
-    except BaseException as e:  # reported to the parent, then re-raised
+    except BaseException as e:  # reported to the parent, which names the rank; no traceback on stderr
         text = str(e).strip()
         results.put(("error", rank, f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"))
-        raise
+        raise SystemExit(1) from None
 
 
 @dataclass

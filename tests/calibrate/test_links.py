@@ -9,6 +9,10 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +223,48 @@ def test_a_world_past_its_timeout_is_stopped() -> None:
     with pytest.raises(SchedlabError, match="did not finish within"):
         run_world(2, task, timeout_s=0.2)  # the ranks cannot even import torch by then
     _no_rank_left()
+
+
+_KILLED_PARENT = """
+import multiprocessing, os
+from schedlab.calibrate import link_ranks as lr
+def show(label):
+    print(" ".join(str(p.pid) for p in multiprocessing.active_children() if p.name.startswith("schedlab-link")), flush=True)
+if __name__ == "__main__":
+    task = lr.RankTask(sizes=(4, 64), p2p=True, allreduce=False, cores=lr.rank_cores(2, os.sched_getaffinity(0)),
+                       target_s=100.0, max_reps=10**9)
+    lr.run_world(2, task, 300, show)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_ranks_end_when_their_parent_is_killed(tmp_path: Path) -> None:
+    script = tmp_path / "parent.py"
+    script.write_text(_KILLED_PARENT)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=Path.cwd())
+    try:
+        assert parent.stdout is not None
+        line = parent.stdout.readline()  # the first progress report: both ranks are measuring
+        ranks = [int(x) for x in line.split()]
+        assert len(ranks) == 2, line
+        parent.send_signal(signal.SIGKILL)  # no finally, no reaping: the kernel must end them
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(_alive(r) for r in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(r) for r in ranks)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(timeout=10)
 
 
 def test_full_calibration_notes_a_link_benchmark_that_fails() -> None:
