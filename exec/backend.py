@@ -1,10 +1,15 @@
-"""The executor as a `schedlab.backend.Backend`: real steps, measured."""
+"""The executor as a `schedlab.backend.Backend`: real steps, measured.
+
+A plan on one device runs in this process (`runner.py`); a plan spanning devices runs one
+process per rank (`launch.py`), through `DistBackend`, which `ExecBackend` hands it to.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from schedlab.backend import BackendRun
+from schedlab.exec.launch import DEFAULT_TIMEOUT_S, run_ranks
 from schedlab.exec.program import Program, compile_graph
 from schedlab.exec.runner import Executor, run_steps
 from schedlab.graph import Graph
@@ -12,22 +17,57 @@ from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
 
 
+class DistBackend:
+    """Runs steps of a multi-device plan, one process per rank of the machine (gloo).
+
+    Each call starts the ranks afresh (a second or more of start-up, not timed) from the
+    same inputs, runs `warmup` untimed steps, then `steps` timed ones; step times are as
+    `launch.STEP_TIME_DEFINITION` says.
+    """
+
+    source = "exec"
+
+    def __init__(
+        self, input_values: dict[int, torch.Tensor], *, warmup: int = 1, workload: str = "",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.input_values = input_values
+        self.warmup = warmup
+        self.workload = workload
+        self.timeout_s = timeout_s
+
+    def run(self, graph: Graph, resolved: ResolvedPlan, machine: Machine, *, steps: int = 1) -> BackendRun:
+        res = run_ranks(
+            graph, resolved, machine, self.input_values, steps=steps, warmup=self.warmup,
+            timeout_s=self.timeout_s, workload=self.workload,
+        )
+        return BackendRun(step_times_s=res.step_times_s, trace=res.trace)
+
+
 class ExecBackend:
     """Runs steps with torch kernels from `input_values` (graph input value id -> tensor).
 
     Each call starts from the same inputs, runs `warmup` untimed steps, then `steps` timed
     ones. The compiled program is kept per graph, so many plans of one graph compile once.
+    A plan that spans devices runs on several processes (`DistBackend`).
     """
 
     source = "exec"
 
-    def __init__(self, input_values: dict[int, torch.Tensor], *, warmup: int = 1, workload: str = "") -> None:
+    def __init__(
+        self, input_values: dict[int, torch.Tensor], *, warmup: int = 1, workload: str = "",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
         self.input_values = input_values
         self.warmup = warmup
         self.workload = workload
+        self.timeout_s = timeout_s
         self._programs: dict[str, Program] = {}
 
     def run(self, graph: Graph, resolved: ResolvedPlan, machine: Machine, *, steps: int = 1) -> BackendRun:
+        if resolved.multi_device:
+            dist = DistBackend(self.input_values, warmup=self.warmup, workload=self.workload, timeout_s=self.timeout_s)
+            return dist.run(graph, resolved, machine, steps=steps)
         program = self._programs.get(graph.hash)
         if program is None:
             program = self._programs[graph.hash] = compile_graph(graph)

@@ -25,8 +25,9 @@ class ReadyLoop:
     `succs[i]` must name only ops in `ops`; `indeg[i]` counts the predecessors of `i`
     among `ops` (a list the loop consumes). `run_op(i)` runs op `i` (called without the
     lock held); `release(i)` is called with the lock held once op `i` has finished (free
-    its inputs there). Ops in `external` are never run by a worker: another thread waits
-    for them to become ready (`wait_ready`) and finishes them (`complete`).
+    its inputs there). Spans count from `start_ns` (default: now). Ops in `external` are
+    never run by a worker: another thread waits for them to become ready (`wait_ready`)
+    and finishes them (`complete`).
     """
 
     def __init__(
@@ -42,6 +43,7 @@ class ReadyLoop:
         fail: Callable[[int, BaseException], BaseException],
         n_spans: int,
         external: Collection[int] = (),
+        start_ns: int | None = None,
     ) -> None:
         lock = threading.Lock()
         self.cond = threading.Condition(lock)  # workers wait here for ready ops
@@ -61,7 +63,7 @@ class ReadyLoop:
         self.spans: list[Span] = [(0, 0, 0)] * n_spans
         self.errors: list[BaseException] = []
         self.idle = 0  # workers waiting for work
-        self.start_ns = time.perf_counter_ns()
+        self.start_ns = time.perf_counter_ns() if start_ns is None else start_ns  # spans count from here
 
     # ---- called with the lock held -----------------------------------------------------
 

@@ -1,0 +1,438 @@
+"""One rank of the multi-process executor: the ops of its device, under the plan, with
+communication through torch.distributed (gloo on CPU).
+
+A rank runs the ops of the resolved (expanded) graph whose device it drives, and the
+communication ops of that device (`schedlab.distribute`):
+
+- ``schedlab.send``: `dist.isend` of the value; it never blocks. Its handle and tensor
+  are kept until the end of the step, when every send of the step is waited on.
+- ``schedlab.recv``: posted as `dist.irecv` into a fresh tensor at the start of the
+  step (shape and dtype from the graph); the op completes when the data is there.
+- ``schedlab.all_reduce``: its inputs are flattened into one buffer, all-reduced
+  (`async_op=True`) in the bucket's group, divided by the group's size and unflattened
+  into its outputs. Every rank issues its buckets in ascending order.
+
+One slot: the rank runs its ops in the resolved `sequence` (restricted to its device) on
+the calling thread, waiting on a receive at its place in the sequence and on an
+all-reduce just before the first op that reads its result. Several slots: the worker
+threads of `workers.ReadyLoop` run compute ops and sends; a communication thread waits
+on receives and issues all-reduces, and pushes the ops they make ready onto the workers'
+heap.
+
+Deadlock freedom: `sequence` is one topological order of the whole expanded graph, and
+every rank waits on its receives (and issues its all-reduces) in that order, while sends
+never block. Take the receive earliest in `sequence` that some rank is blocked on: its
+send, and everything the send depends on, come earlier in `sequence`, so every receive
+among them has already completed (each rank waits in sequence order) and no worker is
+blocked; the send is issued and the receive completes. So no rank waits forever. (For
+all-reduces this needs each bucket's ops to be issued in the same relative order on
+every rank, which ascending bucket order gives; a rank checks its own order.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from schedlab.distribute import ALL_REDUCE, RECV, SEND, input_homes, outputs_on
+from schedlab.errors import SchedlabError
+from schedlab.exec.program import compile_graph
+from schedlab.exec.runner import OpFailed
+from schedlab.exec.workers import ReadyLoop, Span
+from schedlab.graph import Graph, OpKind
+from schedlab.machine import Machine
+from schedlab.plan import ResolvedPlan
+
+RECV_WORKER = -1  # the trace track of receives and all-reduces (the communication thread)
+SEND_WORKER = -2  # the trace track of sends
+CLOCK_TAG = 1 << 30  # tags of the clock ping-pong (those of transfers count up from 0)
+
+
+class CommFailed(SchedlabError):
+    """A communication op failed: usually a peer rank died or timed out."""
+
+
+@dataclass(frozen=True)
+class RankStepRecord:
+    """One step on one rank, on this rank's `perf_counter_ns` clock."""
+
+    start_ns: int
+    wall_ns: int
+    spans: tuple[Span, ...]  # per op of `RankExecutor.ops`: (start, end, worker) from `start_ns`
+
+
+@dataclass
+class _Pending:
+    """An issued all-reduce: its flat buffer and handle."""
+
+    flat: torch.Tensor
+    work: Any
+    start_ns: int
+
+
+def rank_device(resolved: ResolvedPlan, machine: Machine, rank: int) -> str:
+    """The one device rank `rank` runs ops on (the first of its devices if it runs none)."""
+    mine = [d.id for d in machine.devices_of(rank)]
+    if not mine:
+        raise SchedlabError(f"machine {machine.name!r} has no device driven by rank {rank}")
+    used = [d for d in resolved.devices if d in mine]
+    if len(used) > 1:
+        raise SchedlabError(
+            f"rank {rank} would drive devices {', '.join(used)}: the multi-process executor runs one device "
+            "per rank; place those ops on one device or give each device its own process in the machine"
+        )
+    return used[0] if used else mine[0]
+
+
+class RankExecutor:
+    """The ops of one rank's device, compiled once; `step()` runs one training step.
+
+    Needs an initialised default process group (`dist.init_process_group`). Every rank
+    must construct its executor in the same order relative to its other collectives: the
+    constructor creates the process groups of the graph's all-reduces.
+    """
+
+    def __init__(self, graph: Graph, resolved: ResolvedPlan, machine: Machine, rank: int) -> None:
+        self.graph = graph
+        self.resolved = resolved
+        self.rank = rank
+        self.device = dev = rank_device(resolved, machine, rank)
+        self.slots = resolved.slots_of(dev)
+        devices = resolved.device
+        if len(devices) != len(graph.ops):
+            raise SchedlabError(f"the resolved plan covers {len(devices)} ops, the graph has {len(graph.ops)}")
+        rank_of = {d.id: d.process for d in machine.devices}
+        self.ops: tuple[int, ...] = tuple(i for i in resolved.sequence if devices[i] == dev)
+        local = set(self.ops)
+        ops = graph.ops
+        self.kind: dict[int, str] = {}
+        for i in self.ops:
+            op = ops[i]
+            t = op.target if op.kind is OpKind.COMM else "compute"
+            self.kind[i] = t
+            for p in graph.preds[i]:
+                if p not in local and t != RECV:
+                    raise SchedlabError(
+                        f"op {i} ({op.name}) on {dev} reads a value of op {p} on {devices[p]} without a receive: "
+                        "the graph was not expanded for this placement (resolve the plan against its machine)"
+                    )
+        # Compute ops compiled as one program, renumbered 0..m-1 (values keep their ids).
+        compute = [i for i in self.ops if self.kind[i] == "compute"]
+        sub = Graph(
+            name=f"{graph.name}@{dev}",
+            inputs=graph.inputs,
+            outputs=(),
+            ops=tuple(dataclasses.replace(ops[i], id=j) for j, i in enumerate(compute)),
+            values=graph.values,
+        )
+        program = compile_graph(sub)
+        self._fn: dict[int, Callable[[list[Any]], None]] = {i: program.op_fns[j] for j, i in enumerate(compute)}
+        # Sends and receives: peers and tags.
+        self._peer: dict[int, int] = {}
+        for i in self.ops:
+            op = ops[i]
+            if self.kind[i] == SEND:
+                self._peer[i] = rank_of[str(op.kwargs["dst"])]
+            elif self.kind[i] == RECV:
+                self._peer[i] = rank_of[str(op.kwargs["src"])]
+                meta = graph.values[op.outputs[0]]
+                if meta is None:
+                    raise SchedlabError(f"op {i} ({op.name}) receives a value with no tensor shape: cannot preallocate it")
+        self.recvs = tuple(i for i in self.ops if self.kind[i] == RECV)
+        # All-reduce groups: every rank creates every group, in one order (dist.new_group's rule).
+        self._groups: dict[tuple[int, ...], Any] = {}
+        world = dist.get_world_size()
+        all_groups = sorted({
+            tuple(sorted(rank_of[str(d)] for d in op.kwargs["group"])) for op in ops if op.target == ALL_REDUCE
+        })
+        for g in all_groups:
+            self._groups[g] = None if len(g) == world else dist.new_group(list(g))
+        self._group_of: dict[int, tuple[int, ...]] = {}
+        buckets: list[int] = []
+        for i in self.ops:
+            if self.kind[i] == ALL_REDUCE:
+                op = ops[i]
+                if op.kwargs.get("reduce", "avg") != "avg":
+                    raise SchedlabError(f"op {i} ({op.name}): only reduce='avg' all-reduces are supported")
+                self._group_of[i] = tuple(sorted(rank_of[str(d)] for d in op.kwargs["group"]))
+                buckets.append(int(op.kwargs["bucket"]))
+        if buckets != sorted(buckets):
+            raise SchedlabError(
+                f"device {dev} would issue gradient buckets in the order {buckets}: every rank must issue its "
+                "all-reduces in ascending bucket order (the resolved sequence must put them so)"
+            )
+        self.externals = tuple(i for i in self.ops if self.kind[i] in (RECV, ALL_REDUCE))
+        # Values: what this rank holds at the start, keeps at the end, and frees on the way.
+        homes = input_homes(graph, devices)
+        self.input_ids = tuple(i.value for i in graph.inputs if homes[i.value] == dev)
+        self.keep = frozenset(o.value for o in outputs_on(graph, devices, dev))
+        last: dict[int, int] = {}  # value -> position of its last reader (one slot)
+        self._uses: dict[int, int] = {}  # value -> how many ops read it (several slots)
+        self._local_inputs: dict[int, tuple[int, ...]] = {}
+        for pos, i in enumerate(self.ops):
+            # A receive's input is the send's token, written on the peer: never on this rank.
+            reads = () if self.kind[i] == RECV else ops[i].inputs
+            self._local_inputs[i] = reads
+            for v in reads:
+                last[v] = pos
+                self._uses[v] = self._uses.get(v, 0) + 1
+        self._free_after: list[tuple[int, ...]] = []
+        for pos, i in enumerate(self.ops):
+            dead = [v for v in ops[i].inputs if last.get(v) == pos and v not in self.keep]
+            dead += [v for v in ops[i].outputs if v not in last and v not in self.keep]
+            self._free_after.append(tuple(dead))
+        # First use of each all-reduce's outputs: where the one-slot loop waits for it.
+        first_use: dict[int, int] = {}
+        for pos, i in enumerate(self.ops):
+            for v in ops[i].inputs:
+                first_use.setdefault(v, pos)
+        self._wait_before: dict[int, list[int]] = {}
+        self._wait_at_end: list[int] = []
+        for i in self.ops:
+            if self.kind[i] == ALL_REDUCE:
+                uses = [first_use[v] for v in ops[i].outputs if v in first_use]
+                if uses:
+                    self._wait_before.setdefault(min(uses), []).append(i)
+                else:
+                    self._wait_at_end.append(i)
+        # The co-run loop's structure over local ops.
+        self._succs: list[tuple[int, ...]] = [()] * len(ops)
+        self._indeg: list[int] = [0] * len(ops)
+        for i in self.ops:
+            self._succs[i] = tuple(s for s in graph.succs[i] if s in local)
+            self._indeg[i] = sum(1 for p in graph.preds[i] if p in local)
+
+    # ---- one step --------------------------------------------------------------------------
+
+    def step(self, inputs: dict[int, torch.Tensor]) -> tuple[dict[int, torch.Tensor], RankStepRecord]:
+        """Run one step from this rank's inputs (graph input value id -> tensor, those homed
+        on its device); the graph outputs written on its device and the record."""
+        V: list[Any] = [None] * len(self.graph.values)
+        for v in self.input_ids:
+            V[v] = inputs[v]
+        start_ns = time.perf_counter_ns()
+        bufs, works = self._post_recvs()
+        sends: list[tuple[torch.Tensor, Any]] = []
+        if self.slots == 1:
+            spans = self._step_one(V, bufs, works, sends, start_ns)
+        else:
+            spans = self._step_corun(V, bufs, works, sends, start_ns)
+        for i_send, (_, work) in enumerate(sends):
+            try:
+                work.wait()
+            except Exception as e:
+                raise CommFailed(f"rank {self.rank}: send {i_send} of the step failed: {e}") from e
+        end_ns = time.perf_counter_ns()
+        record = RankStepRecord(start_ns=start_ns, wall_ns=end_ns - start_ns, spans=tuple(spans[i] for i in self.ops))
+        return {v: V[v] for v in self.keep}, record
+
+    def _post_recvs(self) -> tuple[dict[int, torch.Tensor], dict[int, Any]]:
+        bufs: dict[int, torch.Tensor] = {}
+        works: dict[int, Any] = {}
+        for i in self.recvs:
+            op = self.graph.ops[i]
+            meta = self.graph.values[op.outputs[0]]
+            assert meta is not None  # checked in __init__
+            buf = torch.empty(meta.shape, dtype=getattr(torch, meta.dtype))
+            bufs[i] = buf
+            works[i] = dist.irecv(buf, self._peer[i], tag=int(op.kwargs["tag"]))
+        return bufs, works
+
+    def _send(self, i: int, V: list[Any], sends: list[tuple[torch.Tensor, Any]]) -> None:
+        op = self.graph.ops[i]
+        t = V[op.inputs[0]].contiguous()
+        sends.append((t, dist.isend(t, self._peer[i], tag=int(op.kwargs["tag"]))))
+
+    def _wait_recv(self, i: int, V: list[Any], bufs: dict[int, torch.Tensor], works: dict[int, Any]) -> None:
+        op = self.graph.ops[i]
+        try:
+            works[i].wait()
+        except Exception as e:
+            raise CommFailed(f"rank {self.rank}: op {i} ({op.name}) failed waiting for rank {self._peer[i]}: {e}") from e
+        V[op.outputs[0]] = bufs[i]
+
+    def _issue_all_reduce(self, i: int, V: list[Any]) -> _Pending:
+        op = self.graph.ops[i]
+        t0 = time.perf_counter_ns()
+        parts = [V[v].reshape(-1) for v in op.inputs]
+        flat = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+        if not flat.is_floating_point():
+            raise SchedlabError(f"op {i} ({op.name}) averages a {flat.dtype} bucket; only floating-point values can be averaged")
+        group = self._groups[self._group_of[i]]
+        return _Pending(flat=flat, work=dist.all_reduce(flat, group=group, async_op=True), start_ns=t0)
+
+    def _finish_all_reduce(self, i: int, p: _Pending, V: list[Any]) -> None:
+        op = self.graph.ops[i]
+        try:
+            p.work.wait()
+        except Exception as e:
+            raise CommFailed(f"rank {self.rank}: op {i} ({op.name}) failed: {e}") from e
+        p.flat.div_(len(self._group_of[i]))
+        offset = 0
+        for v in op.outputs:
+            meta = self.graph.values[v]
+            assert meta is not None
+            n = 1
+            for d in meta.shape:
+                n *= d
+            V[v] = p.flat[offset:offset + n].view(meta.shape)
+            offset += n
+
+    def _failed(self, i: int, e: BaseException) -> BaseException:
+        if isinstance(e, SchedlabError):
+            return e
+        op = self.graph.ops[i]
+        return OpFailed(f"rank {self.rank}: op {op.id} ({op.name}, {op.target}) failed: {type(e).__name__}: {e}")
+
+    def _step_one(
+        self,
+        V: list[Any],
+        bufs: dict[int, torch.Tensor],
+        works: dict[int, Any],
+        sends: list[tuple[torch.Tensor, Any]],
+        start_ns: int,
+    ) -> list[Span]:
+        ns = time.perf_counter_ns
+        spans: list[Span] = [(0, 0, 0)] * len(self.graph.ops)
+        kind = self.kind
+        fn = self._fn
+        threads = self.resolved.threads
+        pending: dict[int, _Pending] = {}
+        prev = torch.get_num_threads()
+        cur = -1
+        try:
+            for pos, i in enumerate(self.ops):
+                for a in self._wait_before.get(pos, ()):
+                    self._finish_all_reduce(a, pending[a], V)
+                    spans[a] = (pending[a].start_ns - start_ns, ns() - start_ns, RECV_WORKER)
+                k = kind[i]
+                try:
+                    if k == "compute":
+                        if threads[i] != cur:
+                            cur = threads[i]
+                            torch.set_num_threads(cur)
+                        t0 = ns()
+                        fn[i](V)
+                        spans[i] = (t0 - start_ns, ns() - start_ns, 0)
+                    elif k == SEND:
+                        t0 = ns()
+                        self._send(i, V, sends)
+                        spans[i] = (t0 - start_ns, ns() - start_ns, SEND_WORKER)
+                    elif k == RECV:
+                        t0 = ns()
+                        self._wait_recv(i, V, bufs, works)
+                        spans[i] = (t0 - start_ns, ns() - start_ns, RECV_WORKER)
+                    else:
+                        pending[i] = self._issue_all_reduce(i, V)
+                except BaseException as e:
+                    raise self._failed(i, e) from e
+                for v in self._free_after[pos]:
+                    V[v] = None
+            for a in self._wait_at_end:
+                self._finish_all_reduce(a, pending[a], V)
+                spans[a] = (pending[a].start_ns - start_ns, ns() - start_ns, RECV_WORKER)
+        finally:
+            torch.set_num_threads(prev)
+        return spans
+
+    def _step_corun(
+        self,
+        V: list[Any],
+        bufs: dict[int, torch.Tensor],
+        works: dict[int, Any],
+        sends: list[tuple[torch.Tensor, Any]],
+        start_ns: int,
+    ) -> list[Span]:
+        uses = dict(self._uses)
+        inputs_of = self._local_inputs
+        keep = self.keep
+        kind = self.kind
+        fn = self._fn
+
+        def run_op(i: int) -> None:
+            if kind[i] == "compute":
+                fn[i](V)
+            else:
+                self._send(i, V, sends)
+
+        def release(i: int) -> None:
+            for v in inputs_of[i]:
+                uses[v] -= 1
+                if uses[v] == 0 and v not in keep:
+                    V[v] = None
+
+        loop = ReadyLoop(
+            ops=self.ops,
+            prio=self.resolved.priority,
+            succs=self._succs,
+            indeg=list(self._indeg),
+            threads=self.resolved.threads,
+            run_op=run_op,
+            release=release,
+            fail=self._failed,
+            n_spans=len(self.graph.ops),
+            external=self.externals,
+            start_ns=start_ns,
+        )
+        ns = time.perf_counter_ns
+
+        def comm() -> None:
+            # Receives and all-reduces in sequence order: the deadlock-free order (module doc).
+            i = -1
+            try:
+                for i in self.externals:
+                    if kind[i] == RECV:
+                        t0 = ns()
+                        self._wait_recv(i, V, bufs, works)
+                    else:
+                        if not loop.wait_ready(i):
+                            return
+                        p = self._issue_all_reduce(i, V)
+                        t0 = p.start_ns
+                        self._finish_all_reduce(i, p, V)
+                    loop.complete(i, t0, ns(), RECV_WORKER)
+            except BaseException as e:
+                loop.error(self._failed(i, e))
+
+        spans = loop.run(self.slots, comm if self.externals else None)
+        for i in self.ops:
+            if kind[i] == SEND:
+                a, b, _ = spans[i]
+                spans[i] = (a, b, SEND_WORKER)
+        return spans
+
+
+# ---- clocks -------------------------------------------------------------------------------
+
+
+def clock_offset_ns(rounds: int = 8) -> tuple[int, int]:
+    """(offset, round trip) in ns: add `offset` to this rank's `perf_counter_ns()` to read
+    rank 0's clock. Each rank in turn ping-pongs `rounds` times with rank 0; the round trip
+    of least delay gives the estimate (rank 0's stamp taken halfway), good to about half
+    that round trip. Every rank of the default group must call it together."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ns = time.perf_counter_ns
+    buf = torch.zeros(1, dtype=torch.int64)
+    best = (0, -1)
+    for peer in range(1, world):
+        for k in range(rounds):
+            if rank == 0:
+                dist.recv(buf, peer, tag=CLOCK_TAG + k)
+                buf[0] = ns()
+                dist.send(buf, peer, tag=CLOCK_TAG + k)
+            elif rank == peer:
+                t1 = ns()
+                dist.send(buf, 0, tag=CLOCK_TAG + k)
+                dist.recv(buf, 0, tag=CLOCK_TAG + k)
+                t2 = ns()
+                rtt = t2 - t1
+                if best[1] < 0 or rtt < best[1]:
+                    best = (int(buf[0]) - (t1 + t2) // 2, rtt)
+    return (0, 0) if rank == 0 else best
+

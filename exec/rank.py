@@ -1,0 +1,218 @@
+"""The rank entry point of the multi-process executor: ``python -m schedlab.exec.rank JOB_DIR``.
+
+`schedlab.exec.launch` (what `schedlab trace` uses for a multi-device plan) starts one of
+these per rank on this host. The same entry point runs under torchrun, on one host or
+across hosts, because it reads what torchrun sets (env:// rendezvous):
+
+    RANK, WORLD_SIZE             this rank and how many there are
+    MASTER_ADDR, MASTER_PORT     where rank 0 listens for the rendezvous
+    LOCAL_RANK, LOCAL_WORLD_SIZE this rank among the ranks of its host (to split the cores)
+
+For example, with a job folder written by `schedlab.exec.launch.prepare_job` (and
+copied to the same path on every host):
+
+    torchrun --nproc-per-node 2 -m schedlab.exec.rank JOB_DIR
+    torchrun --nnodes 2 --node-rank K --nproc-per-node 1 \\
+        --master-addr HOST0 --master-port 29500 -m schedlab.exec.rank JOB_DIR
+
+then `schedlab.exec.launch.collect(JOB_DIR, ...)` merges the ranks' results into one
+Trace. Rank r drives the devices whose `process` is r in the job's machine.
+
+A rank pins itself to its share of the host's usable cores (``SCHEDLAB_CPUS``, a list
+like "0,1", else the LOCAL_RANK-th of LOCAL_WORLD_SIZE equal shares), runs the warmup and
+timed steps, and writes its result file, or an error file saying why it failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import faulthandler
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+# Environment variables a rank reads besides torchrun's (the launcher sets them).
+CPUS_ENV = "SCHEDLAB_CPUS"  # cores to pin to, "0,1"
+PARENT_ENV = "SCHEDLAB_PARENT_PID"  # the launcher: die with it
+FAULT_ENV = "SCHEDLAB_TEST_FAULT"  # test hook "RANK:exit|kill|hang:STEP": fail at the start of that step
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+
+
+def read_env(environ: dict[str, str] | os._Environ[str]) -> RankEnv:
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in environ]
+    if missing:
+        raise SystemExit(
+            f"schedlab.exec.rank: {', '.join(missing)} not set; start ranks with torchrun or schedlab.exec.launch"
+        )
+    rank, world = int(environ["RANK"]), int(environ["WORLD_SIZE"])
+    return RankEnv(
+        rank=rank,
+        world=world,
+        local_rank=int(environ.get("LOCAL_RANK", rank)),
+        local_world=int(environ.get("LOCAL_WORLD_SIZE", world)),
+    )
+
+
+def core_share(cores: list[int], index: int, parts: int) -> list[int]:
+    """The `index`-th of `parts` equal, contiguous shares of `cores` (all of them when
+    there are fewer cores than parts: ranks then share)."""
+    cores = sorted(cores)
+    if parts <= 1 or len(cores) < parts:
+        return cores
+    k = len(cores) // parts
+    return cores[index * k:(index + 1) * k]
+
+
+def pin_process(cpus: list[int]) -> None:
+    """Pin every thread of this process (those to come inherit it) to `cpus`."""
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that has exited since
+            os.sched_setaffinity(int(tid), cpus)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies: no orphan if the launcher is killed."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux
+        return
+    parent = os.environ.get(PARENT_ENV)
+    if parent is not None and os.getppid() != int(parent):  # the parent died before prctl
+        os._exit(1)
+
+
+def _fault(spec: str, rank: int) -> tuple[str, int] | None:
+    try:
+        r, action, step = spec.split(":")
+        return (action, int(step)) if int(r) == rank else None
+    except ValueError:
+        return None
+
+
+def _inject(action: str) -> None:
+    sys.stderr.write(f"schedlab.exec.rank: test fault {action!r}\n")
+    sys.stderr.flush()
+    if action == "exit":
+        os._exit(3)
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    while True:  # "hang"
+        time.sleep(3600)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m schedlab.exec.rank JOB_DIR", file=sys.stderr)
+        return 2
+    env = read_env(os.environ)
+    _die_with_parent()
+    if os.environ.get(CPUS_ENV):
+        pin_process([int(c) for c in os.environ[CPUS_ENV].split(",")])
+    elif hasattr(os, "sched_getaffinity"):
+        pin_process(core_share(sorted(os.sched_getaffinity(0)), env.local_rank, env.local_world))
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the launcher asks where a hung rank is
+    job_dir = Path(argv[0])
+
+    from schedlab.exec.job import mark_progress, write_error
+
+    mark_progress(job_dir, env.rank, "start")
+    state: dict[str, int | None] = {"step": None}
+    try:
+        _run(job_dir, env, state)
+    except BaseException as e:  # every failure becomes the error file
+        from schedlab.exec.dist import CommFailed
+        from schedlab.exec.runner import OpFailed
+
+        comm = isinstance(e, CommFailed) or type(e).__module__.startswith("torch.distributed") or (
+            "gloo" in str(e).lower() or "connection" in str(e).lower()
+        )
+        kind = "comm" if comm else "op" if isinstance(e, OpFailed) else "setup"
+        message = f"{type(e).__name__}: {e}"
+        traceback.print_exc(file=sys.stderr)
+        write_error(job_dir, env.rank, kind, message, state["step"])
+        sys.stderr.flush()
+        os._exit(1)  # no exit handlers: a communication thread may still wait on a dead peer
+    return 0
+
+
+def _run(job_dir: Path, env: RankEnv, state: dict[str, int | None]) -> None:
+    import torch.distributed as dist
+
+    from schedlab.exec.dist import CommFailed, RankExecutor, clock_offset_ns, rank_device
+    from schedlab.exec.job import RankResult, load_inputs, load_job, mark_progress, write_result
+    from schedlab.exec.runner import next_inputs
+
+    job = load_job(job_dir)
+    if env.world != len(job.machine.processes):
+        raise SystemExit(
+            f"WORLD_SIZE is {env.world} but the job's machine {job.machine.name!r} has "
+            f"{len(job.machine.processes)} processes; start that many ranks"
+        )
+    fault = _fault(os.environ.get(FAULT_ENV, ""), env.rank)
+    timeout = timedelta(seconds=job.collective_timeout_s)
+    try:
+        dist.init_process_group("gloo", rank=env.rank, world_size=env.world, timeout=timeout)
+    except Exception as e:
+        raise CommFailed(f"rank {env.rank}: rendezvous failed: {e}") from e
+    mark_progress(job_dir, env.rank, "rendezvous")
+    try:
+        offset_ns, rtt_ns = clock_offset_ns()
+    except Exception as e:
+        raise CommFailed(f"rank {env.rank}: clock alignment with rank 0 failed: {e}") from e
+    ex = RankExecutor(job.graph, job.resolved, job.machine, env.rank)
+    inputs = load_inputs(job_dir, env.rank)
+    missing = [v for v in ex.input_ids if v not in inputs]
+    if missing:
+        raise SystemExit(f"rank {env.rank}: the job has no tensors for graph inputs {missing[:5]}")
+    records = []
+    outputs = None
+    for s in range(job.warmup + job.steps):
+        state["step"] = s
+        mark_progress(job_dir, env.rank, f"step {s}")
+        if fault is not None and fault[1] == s:
+            _inject(fault[0])
+        if s == job.warmup:
+            try:
+                dist.barrier()  # the timed steps start together
+            except Exception as e:
+                raise CommFailed(f"rank {env.rank}: barrier before the timed steps failed: {e}") from e
+        out, rec = ex.step(inputs)
+        if s == 0 and job.want_outputs:
+            outputs = {v: t.clone() for v, t in out.items()}
+        inputs = next_inputs(job.graph, inputs, out)
+        if s >= job.warmup:
+            records.append(rec)
+    state["step"] = None
+    write_result(job_dir, RankResult(
+        rank=env.rank,
+        device=rank_device(job.resolved, job.machine, env.rank),
+        ops=ex.ops,
+        steps=tuple(records),
+        clock_offset_ns=offset_ns,
+        clock_rtt_ns=rtt_ns,
+        outputs=outputs,
+    ))
+    mark_progress(job_dir, env.rank, "done")
+    try:
+        dist.barrier()  # no rank leaves while a peer may still read from it
+        dist.destroy_process_group()
+    except Exception as e:
+        raise CommFailed(f"rank {env.rank}: final barrier failed: {e}") from e
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
