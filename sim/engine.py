@@ -1,226 +1,41 @@
-"""The SimPy model of the executor, and `simulate()`, which runs it (or its fast twin).
+"""`simulate()` and the `Simulator`: one plan's step predicted by the right engine.
 
-The model (time unit: microseconds):
+Three engines follow one model of the executor (`sim.model`'s docstring spells it out):
 
-- **Workers and the interpreter lock.** `plan.slots` worker processes share one ready
-  heap and one interpreter lock, a `simpy.Resource(capacity=1)`: the executor is one
-  Python process, and its Python code (taking an op off the heap, the dispatch part
-  `cost.dispatch_us`) runs only under the lock, on any device. A worker whose kernel
-  ended, or an idle worker woken because ops became ready, queues for the lock (FIFO);
-  holding it, it pops the ready op of lowest (priority, op id), which starts then, and
-  keeps the lock through the dispatch part. Nothing ready: it releases the lock and
-  idles. Who queues, in which order, and what is popped is decided at the end of each
-  instant (SimPy priorities 2 and 3, after every normal event at that time), so the
-  outcome never depends on how simultaneous events happen to be ordered; `sim.fast`
-  spells the rules out.
-- **CPU kernels** run on their device's cores, a processor-sharing server
-  (`sim.fluid.FluidShare`): k threads demand k cores; above the core count everyone is
-  stretched by total_threads/cores; each kernel is further slowed by
-  `cost.corun_slowdown(op, busy cores of the others, cores)`. The worker waits for its
-  kernel (ATen releases the lock, so kernels of different workers overlap).
-- **GPU kernels.** The worker dispatches on the host (holding the lock), launches the
-  kernel and is free again; the kernel runs on one of the device's `streams` (a kernel
-  queues FIFO when all are busy; co-running kernels slow each other through
-  `corun_slowdown(op, busy streams of the others, streams)`). Successors become ready when
-  the kernel ends: the host does not run ahead of the device.
-- **Transfers.** A consumer on another device than a value's home waits for one transfer
-  of that value to its device (`sim.interconnect`), started when the value is ready. The
-  trace shows it as kind "COMM", op = the first consumer, name "send <value>", device =
-  the sender, worker = -1 - link index, threads 0.
-- **Memory.** Outputs are allocated when the kernel starts (a transfer's copy when the
-  transfer starts); a storage is freed at the end of the instant in which its last
-  reader finishes, unless it holds a graph input or output (see `sim.memory`).
+- "simpy" (`sim.model`): the general model: processes (ranks) with their own
+  interpreter lock, workers and ready queues, CPU and GPU devices, links, explicit
+  send/recv and all-reduce ops of an expanded graph (`sim.comm`);
+- "fast" (`sim.fast`): the same rules hand-inlined for every op on one CPU device;
+- "compiled" (`sim.compiled`): the fast loop compiled with Numba, what a search runs.
+
+With every op on one CPU device the three give identical traces (`tests/sim`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Sequence
-from heapq import heapify, heappop, heappush
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
-import simpy
-from simpy.events import EventPriority
-from simpy.resources.resource import Request
 
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph
+from schedlab.graph import Graph, OpKind
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
+from schedlab.sim.comm import Role
 from schedlab.sim.compiled import FlatStructure, LoopResult, run_compiled
 from schedlab.sim.cost import CostModel
 from schedlab.sim.fast import run_fast
 from schedlab.sim.flatgraph import flat_single_device
-from schedlab.sim.fluid import FluidShare
-from schedlab.sim.interconnect import Network
 from schedlab.sim.memory import MemoryTracker
-from schedlab.sim.prepare import PINNED, Prepared, Structure, build_structure, op_devices, prepare, slowdown_fns
-from schedlab.sim.result import SimResult, Timeline, build_trace
-from schedlab.sim.server import SimServer
+from schedlab.sim.model import run_simpy
+from schedlab.sim.prepare import Prepared, Structure, build_structure, op_devices, prepare, slowdown_fns
+from schedlab.sim.result import RankStats, SimResult, Timeline, build_trace
+
+__all__ = ["ENGINES", "Simulator", "run_simpy", "simulate"]
 
 ENGINES = ("auto", "simpy", "fast", "compiled")
-_SETTLE = EventPriority(2)  # after NORMAL (1): once every ordinary event of the instant is done
-_PICK = EventPriority(3)  # after the settle of the same instant
-
-
-class _Later(simpy.Event):
-    """An event that fires at the current time, after all events of higher priority."""
-
-    def __init__(self, env: simpy.Environment, priority: EventPriority) -> None:
-        super().__init__(env)
-        self._ok = True
-        self._value = None
-        env.schedule(self, priority)
-
-
-class _SimpyRun:
-    """One simulated step in a fresh SimPy Environment."""
-
-    def __init__(self, prep: Prepared, machine: Machine) -> None:
-        self.prep = prep
-        self.env = env = simpy.Environment()
-        self.lock = simpy.Resource(env, capacity=1)  # the interpreter lock
-        self.servers = [
-            SimServer(env, FluidShare(cap, prep.slowdown[d], max_jobs=cap if prep.device_is_gpu[d] else None))
-            for d, cap in enumerate(prep.capacity)
-        ]
-        self.network = Network(env, machine)
-        self.st = st = prep.structure
-        self.mem = MemoryTracker(list(st.initial_live))
-        n = prep.n_ops
-        self.pending = list(st.pending)
-        self.refs = list(st.storage_refs)
-        self.ready = [(prep.priority[o], o) for o in range(n) if self.pending[o] == 0]
-        heapify(self.ready)
-        self.idle: list[int] = list(range(prep.slots))  # a heap of worker indices
-        self.ended: list[int] = []  # workers whose kernels ended (or were launched) this instant
-        self.seekers = 0  # workers queued for the lock to look for work
-        self.wakeup: list[simpy.Event | None] = [None] * prep.slots
-        self.settle_pending = False
-        self.tl = Timeline([0.0] * n, [0.0] * n, [0] * n, [])
-        self.done = 0
-
-    def run(self) -> None:
-        for w in range(self.prep.slots):
-            self.env.process(self._worker(w))
-        for x in self.st.initial_sends:
-            self.env.process(self._send(x))
-        self._request_settle()
-        self.env.run()
-        if self.done != self.prep.n_ops:  # pragma: no cover - prepare() only builds DAGs
-            raise SchedlabError(f"simulation stalled: {self.prep.n_ops - self.done} of {self.prep.n_ops} ops never ran")
-
-    # ---- processes -------------------------------------------------------------------------
-
-    def _worker(self, w: int) -> Generator[simpy.Event, Any, None]:
-        env, prep, st = self.env, self.prep, self.st
-        while True:
-            wake = env.event()
-            self.wakeup[w] = wake
-            req: Request = yield wake  # the settle queues us for the lock
-            yield req
-            yield _Later(env, _PICK)  # let every event of this instant land before choosing
-            o = self._pick(w)
-            if o is None:
-                self.lock.release(req)
-                continue
-            yield env.timeout(prep.dispatch_us[o])
-            self.lock.release(req)
-            d = st.op_device[o]
-            self.mem.alloc(d, st.alloc_bytes[o])
-            done = self.servers[d].run(o, prep.demand[o], prep.kernel_us[o])
-            if prep.device_is_gpu[d]:
-                done.callbacks.append(self._on_async_kernel_end)  # launched; the worker moves on
-            else:
-                self._request_settle()  # the lock is free
-                yield done
-                self._complete(o)
-            self.ended.append(w)
-            self._request_settle()
-
-    def _on_async_kernel_end(self, event: simpy.Event) -> None:
-        self._complete(int(event.value or 0))
-
-    def _send(self, x: int) -> Generator[simpy.Event, Any, None]:
-        prep = self.prep
-        spec = self.st.transfers[x]
-        self.mem.alloc(spec.dst, spec.nbytes)
-        rec = yield self.network.transfer(prep.device_ids[spec.src], prep.device_ids[spec.dst], spec.nbytes)
-        self.tl.transfers.append((x, rec.link, rec.start_us, rec.end_us))
-        self._release(spec.src_storage)
-        for c in spec.consumers:
-            self._token_done(c)
-        self._request_settle()
-
-    # ---- bookkeeping -----------------------------------------------------------------------
-
-    def _pick(self, w: int) -> int | None:
-        """Worker `w` holds the lock: the ready op it takes, or None (it goes idle)."""
-        self.seekers -= 1
-        if not self.ready:
-            heappush(self.idle, w)
-            return None
-        o = heappop(self.ready)[1]
-        tl = self.tl
-        tl.start_us[o] = self.env.now
-        tl.worker[o] = w
-        tl.start_order.append(o)
-        return o
-
-    def _complete(self, o: int) -> None:
-        st = self.st
-        self.tl.end_us[o] = self.env.now
-        self.done += 1
-        for s in st.release[o]:
-            self._release(s)
-        for s in st.local_succs[o]:
-            self._token_done(s)
-        for x in st.sends[o]:
-            self.env.process(self._send(x))
-        self._request_settle()
-
-    def _release(self, s: int) -> None:
-        r = self.refs[s]
-        if r != PINNED:
-            self.refs[s] = r - 1
-            if r == 1:
-                self.mem.free_later(self.st.storage_device[s], self.st.storage_bytes[s])
-
-    def _token_done(self, o: int) -> None:
-        p = self.pending[o] - 1
-        self.pending[o] = p
-        if p == 0:
-            heappush(self.ready, (self.prep.priority[o], o))
-
-    def _request_settle(self) -> None:
-        if not self.settle_pending:
-            self.settle_pending = True
-            _Later(self.env, _SETTLE).callbacks.append(self._settle)
-
-    def _settle(self, _event: simpy.Event) -> None:
-        """End of an instant: apply frees, queue seekers for the lock in a fixed order."""
-        self.settle_pending = False
-        self.mem.settle()
-        queue: list[int] = []
-        if self.ended:
-            queue = sorted(self.ended)
-            self.ended.clear()
-        while self.idle and self.seekers + len(queue) < len(self.ready):
-            queue.append(heappop(self.idle))
-        for w in queue:
-            wake = self.wakeup[w]
-            assert wake is not None
-            self.wakeup[w] = None
-            self.seekers += 1
-            wake.succeed(self.lock.request())
-
-
-def run_simpy(prep: Prepared, machine: Machine) -> tuple[Timeline, MemoryTracker, list[float]]:
-    """Simulate one step with the general SimPy model. Returns times, memory, busy unit-µs per device."""
-    r = _SimpyRun(prep, machine)
-    r.run()
-    return r.tl, r.mem, [s.fluid.busy_unit_us for s in r.servers]
 
 
 class Simulator:
@@ -230,6 +45,13 @@ class Simulator:
     transfers, storages) of each placement it meets, and the cost model's dispatch time of
     each op, kernel time of each (op, threads) and co-run slowdowns, so a run only computes what the plan
     changes. The cost model must be a pure function of its arguments.
+
+    A multi-device plan runs its expanded graph (`resolved.run_graph`). Its compute ops are
+    copies of the bound graph's (ops 0..n-1 rewired to read received copies; replica r's
+    op r*n+i a copy of op i): they are costed as the bound graph's ops they copy
+    (`mirror_ops`), so the kept costs serve every placement, and a cost model bound to the
+    graph (`Profile.for_graph`) charges first uses as in a one-device step. COMM ops run no
+    kernel; their dispatch is asked of the cost model.
     """
 
     def __init__(self, graph: Graph, machine: Machine, cost: CostModel, *, max_placements: int = 16) -> None:
@@ -237,7 +59,7 @@ class Simulator:
         self.machine = machine
         self.cost = cost
         self.max_placements = max_placements
-        self._structures: dict[tuple[int, ...], Structure] = {}
+        self._runs: dict[tuple[str, tuple[int, ...]], _RunGraph] = {}  # (expanded graph hash or "", placement)
         self._dispatch_us: list[float] | None = None
         self._kernel_us: dict[int, float] = {}  # op id * _stride + threads -> µs
         self._stride = max(d.cores for d in machine.devices) + 1
@@ -254,29 +76,26 @@ class Simulator:
         t0 = time.perf_counter()
         if engine not in ENGINES:
             raise SchedlabError(f"unknown simulator engine {engine!r}; use one of {', '.join(ENGINES)}")
-        graph, machine = self.graph, self.machine
+        machine = self.machine
+        graph = resolved.run_graph(self.graph)  # the expanded graph of a multi-device plan
         if len(resolved.device) != len(graph.ops):
             raise SchedlabError(f"resolved plan covers {len(resolved.device)} ops but graph {graph.name!r} has {len(graph.ops)}")
-        if engine in ("auto", "compiled") and not record:
+        if engine in ("auto", "compiled") and not record and graph is self.graph:
             dev = self._uniform_cpu_device(resolved)
             if dev is not None:
                 return self._run_compiled(resolved, dev, t0)
         placement = op_devices(resolved, machine)
-        structure = self._structures.get(placement)
-        if structure is None:
-            structure = build_structure(graph, placement, len(machine.devices))
-            if len(self._structures) >= self.max_placements:
-                self._structures.pop(next(iter(self._structures)))
-            self._structures[placement] = structure
+        run = self._run_graph(graph, placement)
+        structure = run.structure
         prep = prepare(
             graph,
             resolved,
             machine,
             self.cost,
             structure=structure,
-            kernel_us=self._kernels(resolved.threads),
-            dispatch_us=self._dispatches(),
-            slowdown=self._slowdown,
+            kernel_us=self._kernels(resolved.threads, graph, run.mirror),
+            dispatch_us=self._dispatches(graph, run.mirror),
+            slowdown=run.slowdown,
         )
         if engine in ("fast", "compiled") and not prep.single_cpu:
             raise SchedlabError(f"the {engine} simulator engine needs every op on one CPU device; use engine='simpy'")
@@ -303,6 +122,10 @@ class Simulator:
             busy_core_s={d: busy[i] / 1e6 for i, d in enumerate(dev_ids)},
             oom_devices=oom,
             engine=name,
+            ranks=rank_stats(prep, tl, busy),
+            transfer_count=len(tl.transfers) + len(tl.sends),
+            transfer_bytes=sum(prep.structure.transfers[t[0]].nbytes for t in tl.transfers) + sum(t[2] for t in tl.sends),
+            collective_count=len(tl.collectives),
         )
 
     # ---- the compiled engine (sim.compiled) ----------------------------------------------
@@ -347,6 +170,11 @@ class Simulator:
         busy = {d.id: 0.0 for d in machine.devices}
         busy[machine.devices[dev].id] = res.busy_unit_us / 1e6
         step_us = float(res.end_us.max()) if len(res.end_us) else 0.0
+        device = machine.devices[dev]
+        ranks = {device.process: RankStats(
+            devices=(device.id,), ops=len(res.end_us), end_s=step_us / 1e6,
+            lock_busy_s=float(self._dispatches_arr().sum()) / 1e6, busy_core_s=res.busy_unit_us / 1e6, sent_bytes=0,
+        )}
         return SimResult(
             step_time_s=step_us / 1e6,
             peak_memory_bytes=peaks,
@@ -355,6 +183,7 @@ class Simulator:
             busy_core_s=busy,
             oom_devices=oom,
             engine="compiled",
+            ranks=ranks,
         )
 
     def _compiled_timeline(
@@ -411,24 +240,136 @@ class Simulator:
                 table[:, b] = [fn(o, b) for o in range(n)]
         return table
 
-    def _dispatches(self) -> list[float]:
+    def _run_graph(self, graph: Graph, placement: tuple[int, ...]) -> _RunGraph:
+        key = (graph.hash if graph is not self.graph else "", placement)
+        run = self._runs.get(key)
+        if run is not None:
+            return run
+        machine = self.machine
+        structure = build_structure(graph, placement, len(machine.devices), [d.id for d in machine.devices])
+        if graph is self.graph:
+            run = _RunGraph(structure, None, self._slowdown)
+        else:
+            mirror = mirror_ops(self.graph, graph)
+            direct = slowdown_fns(graph, machine, self.cost)
+            run = _RunGraph(structure, mirror, tuple(_mirrored(b, f, mirror) for b, f in zip(self._slowdown, direct, strict=True)))
+        if len(self._runs) >= self.max_placements:
+            self._runs.pop(next(iter(self._runs)))
+        self._runs[key] = run
+        return run
+
+    def _dispatches(self, graph: Graph | None = None, mirror: Sequence[int] | None = None) -> list[float]:
+        """Dispatch µs of every op of `graph` (default: the bound one, whose list is kept)."""
         if self._dispatch_us is None:
             self._dispatch_us = [float(self.cost.dispatch_us(op)) for op in self.graph.ops]
-        return self._dispatch_us
+        if graph is None or mirror is None:
+            return self._dispatch_us
+        base, ask = self._dispatch_us, self.cost.dispatch_us
+        return [base[m] if m >= 0 else float(ask(op)) for m, op in zip(mirror, graph.ops, strict=True)]
 
-    def _kernels(self, threads: tuple[int, ...]) -> list[float]:
+    def _kernels(self, threads: tuple[int, ...], graph: Graph | None = None, mirror: Sequence[int] | None = None) -> list[float]:
+        """Kernel µs of every op of `graph` (default: the bound one) at its thread count; an op
+        that copies one of the bound graph's (`mirror`) is costed as that one, a COMM op is 0."""
         memo, stride, ops, kernel = self._kernel_us, self._stride, self.graph.ops, self.cost.kernel_us
         out: list[float] = []
         for i, k in enumerate(threads):
+            if mirror is None:
+                m, op = i, ops[i]
+            else:
+                m = mirror[i]
+                assert graph is not None
+                op = ops[m] if m >= 0 else graph.ops[i]
+                if m < 0:
+                    out.append(0.0 if op.kind is OpKind.COMM else float(kernel(op, k)))
+                    continue
             if not 0 < k < stride:  # resolve() never gives this; do not let keys collide
-                out.append(float(kernel(ops[i], k)))
+                out.append(float(kernel(op, k)))
                 continue
-            key = i * stride + k
+            key = m * stride + k
             t = memo.get(key)
             if t is None:
-                t = memo[key] = float(kernel(ops[i], k))
+                t = memo[key] = float(kernel(op, k))
             out.append(t)
         return out
+
+
+@dataclass(frozen=True)
+class _RunGraph:
+    """What a Simulator keeps for one graph it runs (the bound one or an expansion) and placement."""
+
+    structure: Structure
+    mirror: tuple[int, ...] | None  # per op: the bound graph's op it copies, or -1; None: the bound graph
+    slowdown: tuple[Callable[[int, int], float], ...]  # per device
+
+
+def mirror_ops(bound: Graph, graph: Graph) -> tuple[int, ...]:
+    """For each op of `graph`, an expansion of `bound` (`schedlab.distribute`,
+    `schedlab.data_parallel`): the op of `bound` it is a copy of (op id modulo the ops of
+    `bound`, when target, FLOPs, bytes and view-ness agree), else -1 (COMM ops)."""
+    n = len(bound.ops)
+    out: list[int] = []
+    for op in graph.ops:
+        if op.kind is OpKind.COMM or n == 0:
+            out.append(-1)
+            continue
+        b = bound.ops[op.id % n]
+        same = (b.target, b.flops, b.bytes_moved, b.is_view) == (op.target, op.flops, op.bytes_moved, op.is_view)
+        out.append(b.id if same else -1)
+    return tuple(out)
+
+
+def _mirrored(
+    base: Callable[[int, int], float], direct: Callable[[int, int], float], mirror: tuple[int, ...]
+) -> Callable[[int, int], float]:
+    def slowdown(op_id: int, busy_others: int) -> float:
+        m = mirror[op_id]
+        return base(m, busy_others) if m >= 0 else direct(op_id, busy_others)
+
+    return slowdown
+
+
+def rank_stats(prep: Prepared, tl: Timeline, busy_unit_us: Sequence[float]) -> dict[int, RankStats]:
+    """Per process that ran ops: its devices, ops, last end, lock and core time, bytes sent.
+
+    The lock is held exactly for each op's dispatch part, and once more for the hand-over
+    of each COMM op that completes asynchronously (a recv; an all-reduce after its issue).
+    """
+    st = prep.structure
+    comm = st.comm
+    ops: dict[int, int] = {}
+    end: dict[int, float] = {}
+    lock: dict[int, float] = {}
+    devices: dict[int, list[int]] = {}
+    sent: dict[int, int] = {}
+    for o, d in enumerate(st.op_device):
+        p = prep.device_process[d]
+        if p not in ops:
+            ops[p], end[p], lock[p], devices[p], sent[p] = 0, 0.0, 0.0, [], 0
+        ops[p] += 1
+        if d not in devices[p]:
+            devices[p].append(d)
+        if tl.end_us[o] > end[p]:
+            end[p] = tl.end_us[o]
+        lock[p] += prep.dispatch_us[o] * (2 if comm is not None and comm.role[o] is Role.ALL_REDUCE else 1)
+    for o, _link, nbytes, _start, _end in tl.sends:
+        sent[prep.device_process[st.op_device[o]]] += nbytes
+    for x, _link, _start, t_end in tl.transfers:
+        spec = st.transfers[x]
+        p = prep.device_process[spec.src]
+        if p in sent:
+            sent[p] += spec.nbytes
+            end[p] = max(end[p], t_end)
+    return {
+        p: RankStats(
+            devices=tuple(prep.device_ids[d] for d in sorted(devices[p])),
+            ops=ops[p],
+            end_s=end[p] / 1e6,
+            lock_busy_s=lock[p] / 1e6,
+            busy_core_s=sum(busy_unit_us[d] for d in devices[p]) / 1e6,
+            sent_bytes=sent[p],
+        )
+        for p in sorted(ops)
+    }
 
 
 def simulate(

@@ -15,11 +15,15 @@ onto the wire (B/W alone, longer under contention) and then propagates for L:
 Routing: the link src->dst; failing that, a link dst->src (a link listed once serves both
 ways); failing that, a SchedlabError. A transfer within one device takes no time. Time is
 in microseconds, the unit of the simulation's Environment.
+
+A collective (`Network.collective`, timed by `sim.collective`) runs its bandwidth part as
+one job on each distinct wire its ring crosses, so it shares those wires with transfers
+and other collectives, then waits its latency part.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 import simpy
@@ -105,3 +109,23 @@ class Network:
         rec = TransferRecord(src, dst, nbytes, link, start, self.env.now)
         self.records.append(rec)
         return rec
+
+    def collective(self, links: Sequence[int], bw_us: float, latency_us: float) -> simpy.Process:
+        """Start a collective now: `bw_us` of work on each distinct wire of `links` (shared with
+        whatever else runs there), then `latency_us`. The process's value is (start, end) µs."""
+        return self.env.process(self._collective(links, bw_us, latency_us))
+
+    def _collective(
+        self, links: Sequence[int], bw_us: float, latency_us: float
+    ) -> Generator[simpy.Event, object, tuple[float, float]]:
+        start = self.env.now
+        if bw_us > 0.0:
+            jobs = []
+            for w in sorted({self._wire_of_link[lk] for lk in links}):
+                jobs.append(self.wires[w].run(self._next_key, 1, bw_us))
+                self._next_key += 1
+            if jobs:
+                yield self.env.all_of(jobs)
+        if latency_us > 0.0:
+            yield self.env.timeout(latency_us)
+        return start, self.env.now

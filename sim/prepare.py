@@ -16,17 +16,30 @@ reused across plans builds it once.
 
 Home device of a value: the device of the op that writes it; for a graph input, the
 device of its first consumer (by op id), or the device of op 0 if nothing reads it.
+
+Two kinds of graphs:
+
+- an *expanded* graph (it has COMM ops: what `resolve()` gives for a multi-device plan)
+  carries every crossing value through explicit send/recv ops (`sim.comm`). The only
+  cross-device read allowed is a recv reading its send's token; anything else raises.
+  A recv waits for one token, its transfer; an all-reduce op also waits for the issue of
+  the previous bucket of its group on its device.
+- a graph placed on several devices without expansion (tests' `sim.testing.place`) gets
+  *implicit* transfers: one per (value, destination device), started when the value is
+  ready (`TransferSpec`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph, alias_roots
+from schedlab.graph import Graph, OpKind, alias_roots
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
+from schedlab.sim.collective import CollectiveTime, allreduce_time
+from schedlab.sim.comm import CommStructure, Role, comm_structure, has_comm
 from schedlab.sim.cost import CostModel
 
 PINNED = 1 << 60  # reference count of a storage that is never freed (graph inputs and outputs)
@@ -61,6 +74,10 @@ class Structure:
     storage_device: tuple[int, ...]
     storage_refs: tuple[int, ...]  # reference counts at the start of the step
     initial_live: tuple[int, ...]  # per device: bytes of graph inputs
+    comm: CommStructure | None = None  # the COMM ops of an expanded graph (None: none)
+
+    def role(self, op: int) -> Role:
+        return Role.COMPUTE if self.comm is None else self.comm.role[op]
 
 
 @dataclass(frozen=True)
@@ -71,6 +88,8 @@ class Prepared:
     device_is_gpu: tuple[bool, ...]
     capacity: tuple[int, ...]  # cores (cpu) or streams (gpu)
     memory_bytes: tuple[int, ...]
+    device_process: tuple[int, ...]  # the process (rank) that drives each device
+    device_slots: tuple[int, ...]  # co-run slots (workers) of each device
     structure: Structure
     threads: list[int]
     demand: list[int]  # threads on a cpu, 1 (one stream) on a gpu
@@ -79,6 +98,7 @@ class Prepared:
     priority: list[int]
     slots: int
     slowdown: tuple[Callable[[int, int], float], ...]  # per device, for FluidShare
+    collective_time: tuple[CollectiveTime, ...] = ()  # per collective of structure.comm, alone
 
     @property
     def n_ops(self) -> int:
@@ -89,7 +109,7 @@ class Prepared:
         """All ops on one CPU device and no transfers: the fast loop applies."""
         st = self.structure
         devs = set(st.op_device)
-        return not st.transfers and len(devs) <= 1 and not any(self.device_is_gpu[d] for d in devs)
+        return not st.transfers and st.comm is None and len(devs) <= 1 and not any(self.device_is_gpu[d] for d in devs)
 
 
 def op_devices(resolved: ResolvedPlan, machine: Machine) -> tuple[int, ...]:
@@ -118,7 +138,8 @@ def prepare(
     if len(resolved.threads) != n or len(resolved.priority) != n or len(resolved.device) != n:
         raise SchedlabError(f"resolved plan covers {len(resolved.threads)} ops but graph {graph.name!r} has {n}")
     if structure is None:
-        structure = build_structure(graph, op_devices(resolved, machine), len(machine.devices))
+        structure = build_structure(graph, op_devices(resolved, machine), len(machine.devices),
+                                    tuple(d.id for d in machine.devices))
     op_device = structure.op_device
     is_gpu = tuple(d.is_gpu for d in machine.devices)
     capacity = tuple(d.streams if d.is_gpu else d.cores for d in machine.devices)
@@ -126,13 +147,15 @@ def prepare(
     demand = [1 if is_gpu[op_device[i]] else threads[i] for i in range(n)]
     if dispatch_us is None:
         dispatch_us = [float(cost.dispatch_us(op)) for op in ops]
-    if kernel_us is None:
-        kernel_us = [float(cost.kernel_us(op, threads[op.id])) for op in ops]
+    if kernel_us is None:  # a COMM op runs no kernel: a link or the comm thread carries it
+        kernel_us = [0.0 if op.kind is OpKind.COMM else float(cost.kernel_us(op, threads[op.id])) for op in ops]
     return Prepared(
         device_ids=tuple(d.id for d in machine.devices),
         device_is_gpu=is_gpu,
         capacity=capacity,
         memory_bytes=tuple(d.memory_bytes for d in machine.devices),
+        device_process=tuple(d.process for d in machine.devices),
+        device_slots=tuple(resolved.slots_of(d.id) for d in machine.devices),
         structure=structure,
         threads=threads,
         demand=demand,
@@ -141,15 +164,32 @@ def prepare(
         priority=list(resolved.priority),
         slots=resolved.slots,
         slowdown=slowdown if slowdown is not None else slowdown_fns(graph, machine, cost),
+        collective_time=collective_times(structure, machine, cost),
     )
 
 
-def build_structure(graph: Graph, op_device: tuple[int, ...], n_devices: int) -> Structure:
-    """Tokens, transfers and storages of `graph` with op i on device `op_device[i]`."""
+def collective_times(structure: Structure, machine: Machine, cost: CostModel) -> tuple[CollectiveTime, ...]:
+    """How long each all-reduce of the structure takes alone (`sim.collective`)."""
+    if structure.comm is None:
+        return ()
+    ids = [d.id for d in machine.devices]
+    return tuple(
+        allreduce_time(machine, [ids[d] for d in c.group], c.nbytes, cost) for c in structure.comm.collectives
+    )
+
+
+def build_structure(
+    graph: Graph, op_device: tuple[int, ...], n_devices: int, device_ids: Sequence[str] | None = None
+) -> Structure:
+    """Tokens, transfers and storages of `graph` with op i on device `op_device[i]`
+    (`device_ids`: the id of each device index, which the COMM ops of an expanded graph name)."""
     ops = graph.ops
     n = len(ops)
     if len(op_device) != n:
         raise SchedlabError(f"placement covers {len(op_device)} ops but graph {graph.name!r} has {n}")
+    comm = None
+    if has_comm(graph):
+        comm = comm_structure(graph, op_device, device_ids or [f"device{i}" for i in range(n_devices)])
     roots = alias_roots(graph)
     values = graph.values
     producer = graph.producer
@@ -217,13 +257,23 @@ def build_structure(graph: Graph, op_device: tuple[int, ...], n_devices: int) ->
         for v in op.inputs:
             if v not in home:
                 raise SchedlabError(f"graph op {o} ({op.name}) reads value {v}, which no op writes and is no input")
-            s = sid(roots[v], d)
+            token = comm is not None and home[v] != d  # a recv reading its send's token
+            if token:
+                p = producer.get(v)
+                if p is None or comm is None or comm.recv_of.get(p) != o:
+                    raise SchedlabError(
+                        f"expanded graph {graph.name!r}: op {o} ({op.name}) on device index {d} reads value {v} "
+                        f"that lives on device index {home[v]} without a send/recv pair (a bug in the expansion)"
+                    )
+            s = sid(roots[v], home[v] if token else d)
             if s not in rel:
                 rel.append(s)
             if home[v] == d:
                 p = producer.get(v)
                 if p is not None and p not in waits[o]:
                     waits[o].append(p)
+            elif token:
+                pass  # the recv waits for its transfer (a token added below), not for the send
             else:
                 x = xfer_of.get((v, d))
                 if x is None:
@@ -268,6 +318,11 @@ def build_structure(graph: Graph, op_device: tuple[int, ...], n_devices: int) ->
         for p in waits[o]:
             local_succs[p].append(o)
     pending = [len(waits[o]) + len(xwaits[o]) for o in range(n)]
+    if comm is not None:
+        for r in comm.recv_of.values():
+            pending[r] += 1  # its transfer
+        for nxt in comm.issue_next.values():
+            pending[nxt] += 1  # the issue of the previous bucket on its device
 
     return Structure(
         op_device=tuple(op_device),
@@ -282,6 +337,7 @@ def build_structure(graph: Graph, op_device: tuple[int, ...], n_devices: int) ->
         storage_device=tuple(storage_device),
         storage_refs=tuple(storage_refs),
         initial_live=tuple(initial_live),
+        comm=comm,
     )
 
 

@@ -13,6 +13,18 @@ from schedlab.trace import Trace, TraceEvent, base_meta
 
 
 @dataclass(frozen=True)
+class RankStats:
+    """One process (rank) of a simulated step."""
+
+    devices: tuple[str, ...]  # the devices it drives that ran ops
+    ops: int  # ops on its devices (COMM ops included)
+    end_s: float  # when its last op ended
+    lock_busy_s: float  # time its interpreter lock was held (dispatch, COMM completions)
+    busy_core_s: float  # core-seconds (gpu: stream-seconds) its devices' kernels used
+    sent_bytes: int  # bytes its sends put on links
+
+
+@dataclass(frozen=True)
 class SimResult:
     """One simulated step. Times in seconds, memory in bytes, keyed by device id."""
 
@@ -23,6 +35,10 @@ class SimResult:
     busy_core_s: dict[str, float] = field(default_factory=dict)  # core-seconds (gpu: stream-seconds) in use
     oom_devices: tuple[str, ...] = ()  # devices whose peak exceeds Device.memory_bytes
     engine: str = ""  # "compiled" or "fast" (one CPU device: compiled loop, its Python reference) or "simpy"
+    ranks: dict[int, RankStats] = field(default_factory=dict)  # per process that ran ops
+    transfer_count: int = 0  # point-to-point transfers on links (explicit sends and implicit ones)
+    transfer_bytes: int = 0
+    collective_count: int = 0  # all-reduces (one per bucket and group)
 
     @property
     def ok(self) -> bool:
@@ -38,6 +54,8 @@ class Timeline:
     worker: list[int]
     start_order: list[int]  # op ids in the order their workers began them
     transfers: list[tuple[int, int, float, float]] = field(default_factory=list)  # (transfer id, link, start, end)
+    sends: list[tuple[int, int, int, float, float]] = field(default_factory=list)  # (send op, link, bytes, start, end)
+    collectives: list[tuple[int, float, float]] = field(default_factory=list)  # (collective id, start, end)
 
 
 def _ns(t_us: float) -> int:
@@ -56,6 +74,7 @@ def build_trace(
     dev_ids = prep.device_ids
     op_device = prep.structure.op_device
     rank_of = [d.process for d in machine.devices]
+    comm = prep.structure.comm
     events: list[TraceEvent] = []
     for o in tl.start_order:
         op = ops[o]
@@ -66,13 +85,15 @@ def build_trace(
                 op.kind.value,
                 dev_ids[op_device[o]],
                 tl.worker[o],
-                prep.threads[o],
+                0 if comm is not None and comm.role[o] else prep.threads[o],  # COMM ops run no intra-op threads
                 _ns(tl.start_us[o]),
                 _ns(tl.end_us[o]),
                 0,
                 rank_of[op_device[o]],
             )
         )
+    if comm is not None:
+        events.sort(key=lambda e: e.start_ns)  # a recv starts with its transfer, an all-reduce with its collective
     if tl.transfers:
         for x, link, start, end in tl.transfers:
             spec = prep.structure.transfers[x]

@@ -1,0 +1,163 @@
+"""The communication ops of an expanded graph (`schedlab.distribute`), as the engine reads them.
+
+A resolved multi-device plan runs an expanded graph: every value that crosses a device
+goes through explicit COMM ops, so the simulator charges exactly the transfers the
+executor performs (DESIGN.md, "A resolved plan is a graph per rank"). This module checks
+that graph and indexes its COMM ops:
+
+- ``schedlab.send`` (`Role.SEND`): on the value's home device; its output is a zero-byte
+  token read by exactly one ``schedlab.recv`` on another device. That token edge is the
+  only value an expanded graph may read across devices.
+- ``schedlab.recv`` (`Role.RECV`): completes when its transfer arrives.
+- ``schedlab.all_reduce`` (`Role.ALL_REDUCE`): one op per member device per gradient
+  bucket, kwargs ``bucket`` (int, the issue order), ``group`` (device ids, the ring
+  order) and ``reduce``. All members of one (group, bucket) form one `CollectiveSpec`;
+  each device issues a group's buckets in ascending order (`issue_next`).
+
+An anomaly here is a bug of the expansion, not of the user's plan: it raises a
+SchedlabError that says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+
+from schedlab.distribute import ALL_REDUCE, COMM_TARGETS, RECV, SEND
+from schedlab.errors import SchedlabError
+from schedlab.graph import Graph, OpKind
+
+
+class Role(IntEnum):
+    """What the engine does with an op."""
+
+    COMPUTE = 0  # a kernel on its device's cores or streams
+    SEND = 1  # dispatched by a worker, then a transfer on a link (the worker moves on)
+    RECV = 2  # no worker: completes when its transfer arrives
+    ALL_REDUCE = 3  # issued by a worker; runs with the other members of its bucket
+
+
+_ROLE_OF_TARGET = {SEND: Role.SEND, RECV: Role.RECV, ALL_REDUCE: Role.ALL_REDUCE}
+
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+    """One all-reduce of one bucket across its group."""
+
+    bucket: int
+    group: tuple[int, ...]  # device indices, in the ring order of the op's `group` kwarg
+    members: tuple[int, ...]  # the all_reduce op of each group device, same order
+    nbytes: int  # bytes each member reduces (the bucket's gradients)
+
+
+@dataclass(frozen=True)
+class CommStructure:
+    """The COMM ops of one expanded graph with one placement, indexed for the engine."""
+
+    role: tuple[Role, ...]  # per op
+    recv_of: dict[int, int]  # send op -> the recv op that reads its token
+    send_bytes: dict[int, int]  # send op -> bytes it puts on the link (its `bytes_moved`)
+    collectives: tuple[CollectiveSpec, ...]  # ascending (group, bucket)
+    collective_of: dict[int, int]  # all_reduce op -> index into `collectives`
+    issue_next: dict[int, int]  # all_reduce op -> the next bucket's op on its device (waits for this issue)
+
+    @property
+    def n_sends(self) -> int:
+        return len(self.recv_of)
+
+
+def has_comm(graph: Graph) -> bool:
+    """Whether `graph` carries explicit communication ops (it is an expanded graph)."""
+    return any(op.kind is OpKind.COMM for op in graph.ops)
+
+
+def comm_structure(graph: Graph, op_device: Sequence[int], device_ids: Sequence[str]) -> CommStructure:
+    """Check and index the COMM ops of `graph` with op i on device index `op_device[i]`."""
+    ops = graph.ops
+    role: list[Role] = []
+    for op in ops:
+        known = _ROLE_OF_TARGET.get(op.target)
+        if op.kind is OpKind.COMM and known is None:
+            raise _bug(f"op {op.id} ({op.name}) is of kind COMM but its target {op.target!r} is none of {COMM_TARGETS}")
+        role.append(Role.COMPUTE if known is None else known)
+    index_of = {d: i for i, d in enumerate(device_ids)}
+
+    recv_of: dict[int, int] = {}
+    send_bytes: dict[int, int] = {}
+    readers: dict[int, list[int]] = {}
+    for op in ops:
+        for v in op.inputs:
+            readers.setdefault(v, []).append(op.id)
+    for op in ops:
+        if role[op.id] is Role.SEND:
+            if len(op.inputs) != 1 or len(op.outputs) != 1:
+                raise _bug(f"send op {op.id} ({op.name}) must read one value and write one token")
+            rs = readers.get(op.outputs[0], [])
+            if len(rs) != 1 or role[rs[0]] is not Role.RECV:
+                raise _bug(f"the token of send op {op.id} ({op.name}) must be read by exactly one recv, not by ops {rs}")
+            r = rs[0]
+            if op_device[r] == op_device[op.id]:
+                raise _bug(f"send op {op.id} ({op.name}) and its recv op {r} are on the same device")
+            dst = op.kwargs.get("dst")
+            if dst is not None and index_of.get(str(dst)) != op_device[r]:
+                raise _bug(f"send op {op.id} ({op.name}) names dst {dst!r} but its recv op {r} runs on "
+                           f"{device_ids[op_device[r]]!r}")
+            recv_of[op.id] = r
+            send_bytes[op.id] = int(op.bytes_moved)
+        elif role[op.id] is Role.RECV:
+            p = graph.producer.get(op.inputs[0]) if len(op.inputs) == 1 else None
+            if p is None or role[p] is not Role.SEND or len(op.outputs) != 1:
+                raise _bug(f"recv op {op.id} ({op.name}) must read the token of one send and write one value")
+
+    by_key: dict[tuple[tuple[int, ...], int], dict[int, int]] = {}  # (group, bucket) -> device -> op
+    for op in ops:
+        if role[op.id] is not Role.ALL_REDUCE:
+            continue
+        bucket, group = op.kwargs.get("bucket"), op.kwargs.get("group")
+        if not isinstance(bucket, int) or not isinstance(group, (list, tuple)) or len(group) < 1:
+            raise _bug(f"all_reduce op {op.id} ({op.name}) needs kwargs bucket (int) and group (device ids), "
+                       f"got {op.kwargs!r}")
+        try:
+            members = tuple(index_of[str(g)] for g in group)
+        except KeyError as e:
+            raise _bug(f"all_reduce op {op.id} ({op.name}) names device {e.args[0]!r}, not in the machine") from None
+        if len(set(members)) != len(members) or op_device[op.id] not in members:
+            raise _bug(f"all_reduce op {op.id} ({op.name}) runs on {device_ids[op_device[op.id]]!r}, "
+                       f"which must be one of its distinct group members {list(group)}")
+        at = by_key.setdefault((members, bucket), {})
+        if op_device[op.id] in at:
+            raise _bug(f"bucket {bucket} of group {list(group)} has two all_reduce ops on "
+                       f"{device_ids[op_device[op.id]]!r}: {at[op_device[op.id]]} and {op.id}")
+        at[op_device[op.id]] = op.id
+
+    collectives: list[CollectiveSpec] = []
+    collective_of: dict[int, int] = {}
+    issue_next: dict[int, int] = {}
+    last_on: dict[tuple[tuple[int, ...], int], int] = {}  # (group, device) -> its op of the previous bucket
+    values = graph.values
+    for (members, bucket), at in sorted(by_key.items()):
+        if set(at) != set(members):
+            missing = [device_ids[d] for d in members if d not in at]
+            raise _bug(f"bucket {bucket} of group {[device_ids[d] for d in members]} has no all_reduce op on {missing}")
+        ops_in_order = tuple(at[d] for d in members)
+        sizes = {sum(_nbytes(values[v]) for v in ops[o].inputs) for o in ops_in_order}
+        if len(sizes) != 1:
+            raise _bug(f"bucket {bucket} of group {[device_ids[d] for d in members]} reduces different sizes "
+                       f"on its members: {sorted(sizes)} bytes")
+        for d, o in zip(members, ops_in_order, strict=True):
+            prev = last_on.get((members, d))
+            if prev is not None:
+                issue_next[prev] = o
+            last_on[(members, d)] = o
+            collective_of[o] = len(collectives)
+        collectives.append(CollectiveSpec(bucket, members, ops_in_order, sizes.pop()))
+    return CommStructure(tuple(role), recv_of, send_bytes, tuple(collectives), collective_of, issue_next)
+
+
+def _nbytes(meta: object) -> int:
+    return int(getattr(meta, "nbytes", 0) or 0)
+
+
+def _bug(detail: str) -> SchedlabError:
+    return SchedlabError(f"malformed expanded graph (a bug in schedlab.distribute, not in your plan): {detail}")

@@ -1,0 +1,356 @@
+"""The SimPy model of the executor across processes, devices and links: `run_simpy()`.
+
+The model (time unit: microseconds):
+
+- **Processes, workers and interpreter locks.** Each process (a rank: `Device.process`)
+  has its own interpreter lock, a `simpy.Resource(capacity=1)`, and its own workers:
+  `resolved.slots_of(device)` of them for each device of the process that runs ops. A
+  worker takes ops of its device only, from that device's ready heap, so a device never
+  runs more ops at once than its slots; devices of one process (a CPU and the GPUs one
+  Python process drives) share that process's lock. The Python code of the executor
+  (taking an op off the heap, the dispatch part `cost.dispatch_us`) runs only under its
+  process's lock. A worker whose kernel ended, or an idle worker woken because ops of
+  its device became ready, queues for the lock (FIFO); holding it, it pops the ready op
+  of lowest (priority, op id), which starts then, and keeps the lock through the
+  dispatch part. Nothing ready: it releases the lock and idles. Who queues, in which
+  order, and what is popped is decided at the end of each instant (SimPy priorities 2
+  and 3, after every normal event at that time), process by process in ascending order:
+  first the COMM completions that arrived, then the workers that ended (ascending), then
+  idle workers of each device (ascending) while fewer of the device's workers seek the
+  lock than it has ready ops. So the outcome never depends on how simultaneous events
+  happen to be ordered; with one process and one device these are `sim.fast`'s rules.
+- **CPU kernels** run on their device's cores, a processor-sharing server
+  (`sim.fluid.FluidShare`): k threads demand k cores; above the core count everyone is
+  stretched by total_threads/cores; each kernel is further slowed by
+  `cost.corun_slowdown(op, busy cores of the others, cores)`. The worker waits for its
+  kernel (ATen releases the lock, so kernels of different workers overlap).
+- **GPU kernels.** The worker dispatches on the host (holding the lock), launches the
+  kernel and is free again; the kernel runs on one of the device's `streams` (a kernel
+  queues FIFO when all are busy; co-running kernels slow each other through
+  `corun_slowdown(op, busy streams of the others, streams)`). Successors become ready when
+  the kernel ends: the host does not run ahead of the device.
+- **Send and recv** (an expanded graph's COMM ops, `sim.comm`). A worker of the sender's
+  device dispatches the send like any op (`dispatch_us` under the lock), then hands the
+  transfer of `op.bytes_moved` bytes to the link (`sim.interconnect`: latency plus bytes
+  over bandwidth, contended by name) and is free: the send ends there, as an isend does.
+  The send's input stays referenced until the transfer ends. The recv takes no worker
+  (the executor's comm thread waits for it): when its transfer arrives, it queues for its
+  process's lock and holds it for its own `dispatch_us` (handing the copy to the ready
+  heap), then ends, and its consumers become ready on the receiving process. Its trace
+  event spans the transfer and that hand-over, on a communication track (worker
+  -1 - link index) of the receiver.
+- **All-reduce.** A worker issues each all_reduce op (its `dispatch_us` under the lock)
+  and moves on. A device issues a group's buckets in ascending order (bucket b+1 is not
+  ready before bucket b was issued there). When every member of a bucket has been
+  issued, the collective starts: its time alone comes from `sim.collective` (ring model
+  or the cost model's fit); its bandwidth part runs on the ring's wires, shared with
+  transfers. When it ends, each member completes as a recv does (its process's lock for
+  its `dispatch_us`). Trace: from the collective's start, on a communication track.
+- **Implicit transfers** (a graph placed on several devices without expansion: tests'
+  `sim.testing.place`). A consumer on another device than a value's home waits for one
+  transfer of that value to its device, started when the value is ready. The trace shows
+  it as kind "COMM", op = the first consumer, name "send <value>", device = the sender,
+  worker = -1 - link index, threads 0.
+- **Memory.** Outputs are allocated when the kernel starts (a recv's copy when its
+  transfer starts; an all-reduce's outputs when the collective starts); a storage is
+  freed at the end of the instant in which its last reader finishes, unless it holds a
+  graph input or output (see `sim.memory`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from heapq import heapify, heappop, heappush
+from typing import Any
+
+import simpy
+from simpy.events import EventPriority
+from simpy.resources.resource import Request
+
+from schedlab.errors import SchedlabError
+from schedlab.machine import Machine
+from schedlab.sim.comm import Role
+from schedlab.sim.fluid import FluidShare
+from schedlab.sim.interconnect import Network
+from schedlab.sim.memory import MemoryTracker
+from schedlab.sim.prepare import PINNED, Prepared
+from schedlab.sim.result import Timeline
+from schedlab.sim.server import SimServer
+
+_SETTLE = EventPriority(2)  # after NORMAL (1): once every ordinary event of the instant is done
+_PICK = EventPriority(3)  # after the settle of the same instant
+
+
+class _Later(simpy.Event):
+    """An event that fires at the current time, after all events of higher priority."""
+
+    def __init__(self, env: simpy.Environment, priority: EventPriority) -> None:
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        env.schedule(self, priority)
+
+
+class _Process:
+    """One process (rank): its interpreter lock, and who wants the lock at this instant."""
+
+    __slots__ = ("arrived", "devices", "ended", "lock")
+
+    def __init__(self, env: simpy.Environment, devices: list[int]) -> None:
+        self.lock = simpy.Resource(env, capacity=1)  # the interpreter lock
+        self.devices = devices  # the devices of this process that have workers, ascending
+        self.ended: list[int] = []  # workers whose kernels ended (or were handed off) this instant
+        self.arrived: list[int] = []  # COMM ops whose data arrived this instant (recv, all-reduce)
+
+
+class _SimpyRun:
+    """One simulated step in a fresh SimPy Environment."""
+
+    def __init__(self, prep: Prepared, machine: Machine) -> None:
+        self.prep = prep
+        self.env = env = simpy.Environment()
+        self.servers = [
+            SimServer(env, FluidShare(cap, prep.slowdown[d], max_jobs=cap if prep.device_is_gpu[d] else None))
+            for d, cap in enumerate(prep.capacity)
+        ]
+        self.network = Network(env, machine)
+        self.st = st = prep.structure
+        self.comm = st.comm
+        self.role: tuple[Role, ...] | None = None if st.comm is None else st.comm.role
+        self.mem = MemoryTracker(list(st.initial_live))
+        n = prep.n_ops
+        n_dev = len(prep.device_ids)
+        self.pending = list(st.pending)
+        self.refs = list(st.storage_refs)
+        # Workers: slots_of(device) for each device that runs ops, numbered by device then slot.
+        used = sorted(set(st.op_device))
+        self.worker_dev: list[int] = []
+        self.worker_slot: list[int] = []
+        for d in used:
+            for k in range(prep.device_slots[d]):
+                self.worker_dev.append(d)
+                self.worker_slot.append(k)
+        n_procs = max(prep.device_process, default=0) + 1
+        self.procs = [_Process(env, [d for d in used if prep.device_process[d] == p]) for p in range(n_procs)]
+        self.ready: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]  # per device: heap of (priority, op)
+        role = self.role
+        for o in range(n):
+            if self.pending[o] == 0 and (role is None or role[o] is not Role.RECV):
+                self.ready[st.op_device[o]].append((prep.priority[o], o))
+        for h in self.ready:
+            heapify(h)
+        self.idle: list[list[int]] = [[] for _ in range(n_dev)]  # per device: heap of worker ids
+        for w, d in enumerate(self.worker_dev):
+            self.idle[d].append(w)
+        self.seekers = [0] * n_dev  # per device: workers queued for the lock to look for work
+        self.wakeup: list[simpy.Event | None] = [None] * len(self.worker_dev)
+        self.issued = [0] * (len(st.comm.collectives) if st.comm is not None else 0)
+        self.settle_pending = False
+        self.tl = Timeline([0.0] * n, [0.0] * n, [0] * n, [])
+        self.done = 0
+
+    def run(self) -> None:
+        for w in range(len(self.worker_dev)):
+            self.env.process(self._worker(w))
+        for x in self.st.initial_sends:
+            self.env.process(self._send_implicit(x))
+        self._request_settle()
+        self.env.run()
+        if self.done != self.prep.n_ops:
+            raise SchedlabError(f"simulation stalled: {self.prep.n_ops - self.done} of {self.prep.n_ops} ops never ran")
+
+    # ---- processes -------------------------------------------------------------------------
+
+    def _worker(self, w: int) -> Generator[simpy.Event, Any, None]:
+        env, prep, st = self.env, self.prep, self.st
+        d = self.worker_dev[w]
+        proc = self.procs[prep.device_process[d]]
+        lock, server, gpu = proc.lock, self.servers[d], prep.device_is_gpu[d]
+        role = self.role
+        while True:
+            wake = env.event()
+            self.wakeup[w] = wake
+            req: Request = yield wake  # the settle queues us for the lock
+            yield req
+            yield _Later(env, _PICK)  # let every event of this instant land before choosing
+            o = self._pick(w, d)
+            if o is None:
+                lock.release(req)
+                continue
+            yield env.timeout(prep.dispatch_us[o])
+            lock.release(req)
+            r = Role.COMPUTE if role is None else role[o]
+            if r is Role.COMPUTE:
+                self.mem.alloc(d, st.alloc_bytes[o])
+                done = server.run(o, prep.demand[o], prep.kernel_us[o])
+                if gpu:
+                    done.callbacks.append(self._on_async_kernel_end)  # launched; the worker moves on
+                else:
+                    self._request_settle()  # the lock is free
+                    yield done
+                    self._complete(o)
+            elif r is Role.SEND:
+                self._send(o)
+            else:
+                self._issue(o)
+            proc.ended.append(w)
+            self._request_settle()
+
+    def _on_async_kernel_end(self, event: simpy.Event) -> None:
+        self._complete(int(event.value or 0))
+
+    def _send(self, o: int) -> None:
+        """Send `o` was dispatched: its transfer starts and the send ends (handed off)."""
+        assert self.comm is not None
+        self.tl.end_us[o] = self.env.now
+        self.done += 1
+        r = self.comm.recv_of[o]
+        dst = self.st.op_device[r]
+        self.mem.alloc(dst, self.st.alloc_bytes[r])  # the copy, on the destination
+        tl = self.tl
+        tl.start_us[r] = self.env.now
+        tl.start_order.append(r)
+        self.env.process(self._transfer(o, r))
+
+    def _transfer(self, o: int, r: int) -> Generator[simpy.Event, Any, None]:
+        assert self.comm is not None
+        ids, dev = self.prep.device_ids, self.st.op_device
+        nbytes = self.comm.send_bytes[o]
+        rec = yield self.network.transfer(ids[dev[o]], ids[dev[r]], nbytes)
+        self.tl.sends.append((o, rec.link, nbytes, rec.start_us, rec.end_us))
+        self.tl.worker[r] = -1 - rec.link
+        for s in self.st.release[o]:  # the send's input was in use until now
+            self._release(s)
+        self._arrive(r)
+
+    def _issue(self, o: int) -> None:
+        """All-reduce op `o` was issued; its collective starts once every member was."""
+        comm = self.comm
+        assert comm is not None
+        nxt = comm.issue_next.get(o)
+        if nxt is not None:
+            self._token_done(nxt)
+        c = comm.collective_of[o]
+        self.issued[c] += 1
+        if self.issued[c] == len(comm.collectives[c].members):
+            self.env.process(self._collective(c))
+
+    def _collective(self, c: int) -> Generator[simpy.Event, Any, None]:
+        assert self.comm is not None
+        spec = self.comm.collectives[c]
+        timing = self.prep.collective_time[c]
+        tl, st, now = self.tl, self.st, self.env.now
+        for i, m in enumerate(spec.members):
+            self.mem.alloc(st.op_device[m], st.alloc_bytes[m])
+            tl.start_us[m] = now
+            tl.worker[m] = -1 - timing.links[i] if timing.links else -1
+        start, end = yield self.network.collective(timing.links, timing.bw_us, timing.latency_us)
+        tl.collectives.append((c, start, end))
+        for m in spec.members:
+            self._arrive(m)
+
+    def _comm_done(self, o: int, lock: simpy.Resource, req: Request) -> Generator[simpy.Event, Any, None]:
+        """The comm thread hands a recv's copy (an all-reduce's result) over, under the lock."""
+        yield req
+        yield self.env.timeout(self.prep.dispatch_us[o])
+        lock.release(req)
+        self._complete(o)
+
+    def _send_implicit(self, x: int) -> Generator[simpy.Event, Any, None]:
+        prep = self.prep
+        spec = self.st.transfers[x]
+        self.mem.alloc(spec.dst, spec.nbytes)
+        rec = yield self.network.transfer(prep.device_ids[spec.src], prep.device_ids[spec.dst], spec.nbytes)
+        self.tl.transfers.append((x, rec.link, rec.start_us, rec.end_us))
+        self._release(spec.src_storage)
+        for c in spec.consumers:
+            self._token_done(c)
+        self._request_settle()
+
+    # ---- bookkeeping -----------------------------------------------------------------------
+
+    def _pick(self, w: int, d: int) -> int | None:
+        """Worker `w` of device `d` holds the lock: the ready op it takes, or None (it goes idle)."""
+        self.seekers[d] -= 1
+        ready = self.ready[d]
+        if not ready:
+            heappush(self.idle[d], w)
+            return None
+        o = heappop(ready)[1]
+        tl = self.tl
+        tl.start_us[o] = self.env.now
+        tl.worker[o] = self.worker_slot[w]
+        tl.start_order.append(o)
+        return o
+
+    def _arrive(self, o: int) -> None:
+        """COMM op `o`'s data is there: it queues for its process's lock at the end of the instant."""
+        self.procs[self.prep.device_process[self.st.op_device[o]]].arrived.append(o)
+        self._request_settle()
+
+    def _complete(self, o: int) -> None:
+        st = self.st
+        self.tl.end_us[o] = self.env.now
+        self.done += 1
+        for s in st.release[o]:
+            self._release(s)
+        for s in st.local_succs[o]:
+            self._token_done(s)
+        for x in st.sends[o]:
+            self.env.process(self._send_implicit(x))
+        self._request_settle()
+
+    def _release(self, s: int) -> None:
+        r = self.refs[s]
+        if r != PINNED:
+            self.refs[s] = r - 1
+            if r == 1:
+                self.mem.free_later(self.st.storage_device[s], self.st.storage_bytes[s])
+
+    def _token_done(self, o: int) -> None:
+        p = self.pending[o] - 1
+        self.pending[o] = p
+        if p == 0:
+            heappush(self.ready[self.st.op_device[o]], (self.prep.priority[o], o))
+
+    def _request_settle(self) -> None:
+        if not self.settle_pending:
+            self.settle_pending = True
+            _Later(self.env, _SETTLE).callbacks.append(self._settle)
+
+    def _settle(self, _event: simpy.Event) -> None:
+        """End of an instant: apply frees; per process, queue for the lock in a fixed order."""
+        self.settle_pending = False
+        self.mem.settle()
+        worker_dev, seekers = self.worker_dev, self.seekers
+        for proc in self.procs:
+            lock = proc.lock
+            if proc.arrived:
+                for o in sorted(proc.arrived):
+                    self.env.process(self._comm_done(o, lock, lock.request()))
+                proc.arrived.clear()
+            queue: list[int] = []
+            if proc.ended:
+                queue = sorted(proc.ended)
+                proc.ended.clear()
+            for d in proc.devices:
+                idle, ready = self.idle[d], self.ready[d]
+                if not idle or not ready:
+                    continue
+                queued = sum(1 for w in queue if worker_dev[w] == d) if len(proc.devices) > 1 else len(queue)
+                while idle and seekers[d] + queued < len(ready):
+                    queue.append(heappop(idle))
+                    queued += 1
+            for w in queue:
+                wake = self.wakeup[w]
+                assert wake is not None
+                self.wakeup[w] = None
+                seekers[worker_dev[w]] += 1
+                wake.succeed(lock.request())
+
+
+def run_simpy(prep: Prepared, machine: Machine) -> tuple[Timeline, MemoryTracker, list[float]]:
+    """Simulate one step with the general SimPy model. Returns times, memory, busy unit-µs per device."""
+    r = _SimpyRun(prep, machine)
+    r.run()
+    return r.tl, r.mem, [s.fluid.busy_unit_us for s in r.servers]
