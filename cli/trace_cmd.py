@@ -1,9 +1,16 @@
-"""`schedlab trace`: run a model's training step under a plan on the real executor."""
+"""`schedlab trace`: run a model's training step under a plan on the real executor.
+
+A plan on one device runs in this process. A plan that places ops on several devices runs
+on this host's local ranks (`schedlab.machine.host_ranks`), one process each, started and
+merged by `schedlab.exec.launch`; the numerics check then covers the whole distributed
+step (its first step, from the same values as eager PyTorch).
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,6 +46,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="cost-model profile that ranks a critical-path order, as simulate, search and validate rank it "
         "(default: traces/profile.json when it exists, else a FLOP/byte estimate)",
     )
+    p.add_argument(
+        "--devices", type=int, default=None, metavar="N",
+        help="local ranks to run a multi-device plan on, one CPU device each (cpu0..cpu{N-1}; default: as many as "
+        "the plan names)",
+    )
+    p.add_argument(
+        "--timeout-s", type=float, default=None, metavar="S",
+        help="a multi-device run stops with an error when no rank has begun anything new (start-up, a step) for "
+        "S seconds (default 60)",
+    )
     p.add_argument("--out", default=None, metavar="PATH", help="trace file (default: traces/<model>-<size>-<plan>.json)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the results")
     p.set_defaults(handler=run)
@@ -56,35 +73,72 @@ def _order_profile(args: argparse.Namespace, plan: Any) -> Any:
     return load_profile(args.profile)
 
 
+def plan_devices(plan: Any) -> int:
+    """How many local ranks a plan needs: one more than the highest cpuK it names (1 if none)."""
+    named = {plan.device, *plan.layer_devices.values(), *plan.op_devices.values(), *plan.device_slots,
+             *plan.device_threads} - {None}
+    top = 0
+    for dev in named:
+        if not (dev.startswith("cpu") and dev[3:].isdigit()):
+            raise SchedlabError(
+                f"the plan places ops on device {dev!r}; schedlab trace runs plans on this host's local ranks "
+                "cpu0..cpu{N-1} (see --devices)"
+            )
+        top = max(top, int(dev[3:]))
+    return top + 1
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from schedlab.exec import Executor, check_step, run_steps
-    from schedlab.machine import detect_host
+    from schedlab.exec import DEFAULT_TIMEOUT_S, Executor, check_step, run_ranks, run_steps
+    from schedlab.machine import host_ranks
 
     if args.steps < 1 or args.warmup < 0:
         raise SchedlabError("--steps must be >= 1 and --warmup >= 0")
+    if args.devices is not None and args.devices < 1:
+        raise SchedlabError(f"--devices must be >= 1, got {args.devices}")
+    timeout_s = DEFAULT_TIMEOUT_S if args.timeout_s is None else args.timeout_s
+    if timeout_s <= 0:
+        raise SchedlabError(f"--timeout-s must be > 0, got {args.timeout_s}")
     plan = load_plan_arg(args.plan)
-    machine = detect_host()
+    machine = host_ranks(args.devices if args.devices is not None else plan_devices(plan))
     workload, captured = capture_model(args)
     graph = captured.graph
-    executor = Executor(graph, resolve_plan_arg(graph, plan, machine, args.plan, _order_profile(args, plan)))
-    check = check_step(workload.module, graph, captured.input_values, lambda iv: executor.step(iv)[0])
-    bar = tqdm(total=args.warmup + args.steps, desc=f"trace {args.model}", unit="step", file=sys.stderr, disable=None)
-    try:
-        result = run_steps(
-            graph,
-            captured.input_values,
-            plan,
-            machine,
-            steps=args.steps,
-            warmup=args.warmup,
-            progress=lambda done, total: bar.update(1),
-            workload=args.model,
-            executor=executor,
+    resolved = resolve_plan_arg(graph, plan, machine, args.plan, _order_profile(args, plan))
+    ranks = 1
+    if resolved.multi_device:
+        print(f"trace {args.model}: {len(machine.processes)} ranks ...", file=sys.stderr)
+        dist = run_ranks(
+            graph, resolved, machine, captured.input_values, steps=args.steps, warmup=args.warmup,
+            timeout_s=timeout_s, want_outputs=True, workload=args.model,
         )
-    finally:
-        bar.close()
+        first = dist.outputs or {}
+        check = check_step(workload.module, graph, captured.input_values, lambda iv: first)
+        result: Any = dist
+        ranks = dist.ranks
+        rank_step_times = [list(t) for t in dist.rank_step_times_s]
+        ops = len(resolved.run_graph(graph))
+    else:
+        executor = Executor(graph, resolved)
+        check = check_step(workload.module, graph, captured.input_values, lambda iv: executor.step(iv)[0])
+        bar = tqdm(total=args.warmup + args.steps, desc=f"trace {args.model}", unit="step", file=sys.stderr, disable=None)
+        try:
+            result = run_steps(
+                graph,
+                captured.input_values,
+                plan,
+                machine,
+                steps=args.steps,
+                warmup=args.warmup,
+                progress=lambda done, total: bar.update(1),
+                workload=args.model,
+                executor=executor,
+            )
+        finally:
+            bar.close()
+        rank_step_times = [list(result.step_times_s)]
+        ops = len(graph)
     trace = dataclasses.replace(result.trace, meta={**result.trace.meta, "numeric_check": check.to_json()})
     out = Path(args.out) if args.out else TRACES_DIR / f"{slug(args.model)}-{args.size}-{args.optimizer}-{plan.hash[:8]}.json"
     chrome = out.with_name(out.name.removesuffix(".json") + ".chrome.json")
@@ -95,9 +149,11 @@ def run(args: argparse.Namespace) -> int:
         "size": args.size,
         "optimizer": args.optimizer,
         "plan": plan.to_json(),
-        "ops": len(graph),
+        "ops": ops,
         "step_time_s": result.step_time_s,
         "step_times_s": list(result.step_times_s),
+        "ranks": ranks,
+        "rank_step_times_s": rank_step_times,
         "max_abs_grad_diff": check.max_abs_grad_diff,
         "max_rel_diff": check.max_rel_diff,
         "numerics_ok": check.numerics_ok,
@@ -115,8 +171,11 @@ def run(args: argparse.Namespace) -> int:
         print_json(summary)
     else:
         status = "matches eager PyTorch" if check.ok() else "DIFFERS from eager PyTorch"
-        print(f"{args.model}/{args.size} ({len(graph)} ops), plan {plan.describe()}")
+        print(f"{args.model}/{args.size} ({ops} ops), plan {plan.describe()}")
         print(f"  step time   {result.step_time_s * 1e3:.2f} ms (median of {args.steps})")
+        if ranks > 1:
+            per_rank = ", ".join(f"{statistics.median(t) * 1e3:.2f}" for t in rank_step_times)
+            print(f"  ranks       {ranks} processes; each one's own step time (ms, median): {per_rank}")
         print(f"  numerics    {status}: {check.describe()}")
         print(f"  trace       {out}")
         print(f"  chrome      {chrome}  (open in https://ui.perfetto.dev)")

@@ -226,3 +226,44 @@ def test_a_hung_rank_times_out_with_one_clear_error_and_leaves_no_process(tmp_pa
     assert time.monotonic() - t0 < 30  # start-up + the timeout, far from the collectives' own
     assert rank_processes(tmp_path) == []
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- the CLI and the Backend -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_cli_trace_runs_a_placed_plan_on_its_ranks(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import json
+
+    from schedlab.cli import main
+    from schedlab.trace import Trace
+
+    plan = tmp_path / "p.json"
+    Plan(layer_devices={"head": "cpu1"}).save(plan)
+    rc = main(["trace", "mlp", "--size", "tiny", "--plan", str(plan), "--steps", "2", "--warmup", "1",
+               "--out", str(tmp_path / "t.json"), "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["numerics_ok"] and d["max_abs_grad_diff"] <= 1e-5
+    assert d["ranks"] == 2 and len(d["rank_step_times_s"]) == 2 and len(d["step_times_s"]) == 2
+    trace = Trace.load(d["trace"])
+    assert trace.ranks == (0, 1) and trace.meta["numeric_check"]["numerics_ok"]
+    chrome = json.loads(Path(d["chrome_trace"]).read_text())
+    assert {e["pid"] for e in chrome["traceEvents"] if e.get("name") == "process_name"} == {0, 1}
+
+
+def test_cli_trace_names_a_device_it_cannot_run(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from schedlab.cli import main
+
+    plan = tmp_path / "p.json"
+    Plan(layer_devices={"head": "gpu0"}).save(plan)
+    rc = main(["trace", "mlp", "--size", "tiny", "--plan", str(plan)])
+    assert rc != 0 and "local ranks" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_exec_backend_hands_a_multi_device_plan_to_the_ranks(tmp_path: Path) -> None:
+    from schedlab.exec import ExecBackend
+
+    graph, resolved, machine, inputs = mlp_two_ranks()
+    run = ExecBackend(inputs, warmup=0).run(graph, resolved, machine, steps=2)
+    assert len(run.step_times_s) == 2 and run.trace.ranks == (0, 1) and run.trace.meta["ranks"] == 2
