@@ -1,17 +1,25 @@
-"""`schedlab simulate`: predict a training step of a model under a plan on a machine."""
+"""`schedlab simulate`: predict a training step of a model under a plan on a machine.
+
+A plan that places ops on several devices, or has replicas, is simulated as the executor
+runs it: its expanded graph, one process per rank (`schedlab.sim.model`). Without
+--machine, such a plan runs on this host's local ranks (`host_ranks(N)`), N from the
+cpu0..cpu{K-1} it names times its replicas (or --devices N), with the Profile's fitted
+links when it has them.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from schedlab.cli.common import (
     TRACES_DIR,
     add_cache_arg,
     add_machine_arg,
     add_model_args,
-    capture_model,
+    capture_for_plan,
     load_plan_arg,
     load_profile,
     print_json,
@@ -32,22 +40,60 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_cache_arg(p)
     add_machine_arg(p)
     p.add_argument("--plan", default=None, metavar="PLAN.json", help="plan to simulate (default: PyTorch's own way)")
+    p.add_argument(
+        "--devices", type=int, default=None, metavar="N",
+        help="simulate this host as N local ranks, one CPU device each (cpu0..cpu{N-1}); default: as many as the "
+        "plan needs (the cpuK it names, times its replicas)",
+    )
     p.add_argument("--profile", default=None, metavar="PROFILE", help="cost-model profile (default: traces/profile.json)")
     p.add_argument("--out", default=None, metavar="PATH", help="simulated trace (default: traces/<model>-<size>-<plan>.sim.json)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the results")
     p.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def plan_ranks(plan: Any) -> int:
+    """How many local ranks a plan needs: one more than the highest cpuK it names (1 if it
+    names none), times its replicas (replica r runs on the r-th group of devices)."""
+    named = {plan.device, *plan.layer_devices.values(), *plan.op_devices.values(), *plan.device_slots,
+             *plan.device_threads} - {None}
+    top = 0
+    for dev in named:
+        if not (dev.startswith("cpu") and dev[3:].isdigit()):
+            raise SchedlabError(
+                f"the plan places ops on device {dev!r}, which this host's local ranks (cpu0..cpu{{N-1}}) do not have; "
+                "name the machine that has it with --machine"
+            )
+        top = max(top, int(dev[3:]))
+    return (top + 1) * max(1, plan.replicas)
+
+
+def simulated_machine(args: argparse.Namespace, plan: Any) -> Any:
+    """--machine as given; else this host, as the local ranks the plan needs (or --devices)."""
     from schedlab.machine import load_machine
+
+    if args.devices is not None and args.devices < 1:
+        raise SchedlabError(f"--devices must be >= 1, got {args.devices}")
+    if args.machine not in (None, "host"):
+        if args.devices is not None:
+            raise SchedlabError(f"--devices describes this host's local ranks; machine {args.machine!r} already has its devices")
+        return load_machine(args.machine)
+    n = args.devices if args.devices is not None else plan_ranks(plan)
+    return load_machine(None, devices=n if n > 1 else None)
+
+
+def run(args: argparse.Namespace) -> int:
+    from schedlab.calibrate.links import apply_link_fit
     from schedlab.sim import simulate
 
-    machine = load_machine(args.machine)
-    profile = load_profile(args.profile, machine_is_host=args.machine in (None, "host"))
     plan = load_plan_arg(args.plan)
-    _, captured = capture_model(args, cache=not args.no_cache)
-    graph = captured.graph
+    machine = simulated_machine(args, plan)
+    profile = load_profile(args.profile, machine_is_host=args.machine in (None, "host"))
+    if args.machine in (None, "host"):
+        machine = apply_link_fit(machine, profile)  # measured loopback links between local ranks
+    step = capture_for_plan(args, plan.replicas, cache=not args.no_cache)
+    graph = step.graph
     resolved = resolve_plan_arg(graph, plan, machine, args.plan, profile)
+    run_graph = resolved.run_graph(graph)
     result = simulate(graph, resolved, machine, profile.for_graph(graph).for_slots(plan.slots), record=True)
     coverage = profile.coverage(graph)  # ops whose class calibration never measured
     assert result.trace is not None
@@ -56,18 +102,29 @@ def run(args: argparse.Namespace) -> int:
     trace.save(out)
     chrome = out.with_name(out.name.removesuffix(".json") + ".chrome.json")
     trace.save_chrome(chrome)
+    links = "fit" if getattr(profile, "links", None) is not None else "machine"
+    per_rank: list[dict[str, Any]] = [
+        {"rank": p, "devices": list(r.devices), "ops": r.ops, "end_s": r.end_s, "lock_busy_s": r.lock_busy_s,
+         "busy_core_s": r.busy_core_s, "sent_bytes": r.sent_bytes}
+        for p, r in sorted(result.ranks.items())
+    ]
     summary = {
         "model": args.model,
         "size": args.size,
         "optimizer": args.optimizer,
         "machine": machine.name,
         "plan": plan.to_json(),
-        "ops": len(graph),
+        "ops": len(run_graph),
         "predicted_step_time_s": result.step_time_s,
         "peak_memory_bytes": result.peak_memory_bytes,
         "oom_devices": list(result.oom_devices),
         "sim_wall_s": result.sim_wall_s,
         "engine": result.engine,
+        "ranks": len(result.ranks),
+        "per_rank": per_rank,
+        "transfers": {"count": result.transfer_count, "bytes": result.transfer_bytes},
+        "collectives": result.collective_count,
+        "link_model": links,  # "fit": the Profile's measured links; "machine": the machine description's
         "fallback_ops": {k: coverage[k] for k in ("fallback_ops", "fallback_classes", "fallback_model")},
         "trace": str(out),
         "chrome_trace": str(chrome),
@@ -75,8 +132,17 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary)
     else:
-        print(f"{args.model}/{args.size} ({len(graph)} ops) on {machine.name}, plan {plan.describe()}  [simulated]")
+        comm = f", {len(run_graph) - len(graph) * max(1, plan.replicas)} communication ops" if run_graph is not graph else ""
+        print(f"{args.model}/{args.size} ({len(run_graph)} ops{comm}) on {machine.name}, plan {plan.describe()}  [simulated]")
         print(f"  predicted step  {result.step_time_s * 1e3:.2f} ms")
+        if len(result.ranks) > 1:
+            for r in per_rank:
+                print(f"  {'rank ' + str(r['rank']):<16}{','.join(r['devices'])}: {r['ops']} ops, ends {r['end_s'] * 1e3:.2f} ms, "
+                      f"lock busy {r['lock_busy_s'] * 1e3:.2f} ms, kernels {r['busy_core_s'] * 1e3:.2f} core-ms, "
+                      f"sent {_size(r['sent_bytes'])}")
+            print(f"  transfers       {result.transfer_count} ({_size(result.transfer_bytes)}), "
+                  f"{result.collective_count} all-reduce(s); links: "
+                  f"{'fitted by calibration' if links == 'fit' else 'as the machine describes them'}")
         for dev, b in result.peak_memory_bytes.items():
             print(f"  peak memory     {dev}: {b / 2**20:.1f} MiB")
         print(f"  simulation took {result.sim_wall_s * 1e3:.1f} ms ({result.engine} engine)")
@@ -91,3 +157,9 @@ def run(args: argparse.Namespace) -> int:
             f"(peak {', '.join(f'{d}={b / 2**30:.2f} GiB' for d, b in result.peak_memory_bytes.items())})"
         )
     return 0
+
+
+def _size(nbytes: int) -> str:
+    if nbytes < 2**20:
+        return f"{nbytes / 2**10:.1f} KiB"
+    return f"{nbytes / 2**20:.2f} MiB"
