@@ -42,7 +42,7 @@ import torch
 from schedlab.distribute import input_homes
 from schedlab.errors import SchedlabError
 from schedlab.exec.job import RankResult, prepare_inputs, read_error, read_progress, read_result, write_job
-from schedlab.exec.rank import CPUS_ENV, PARENT_ENV, core_share
+from schedlab.exec.rankenv import CPUS_ENV, PARENT_ENV, core_share
 from schedlab.graph import Graph
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan

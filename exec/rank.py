@@ -25,7 +25,6 @@ timed steps, and writes its result file, or an error file saying why it failed.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import faulthandler
 import os
@@ -33,58 +32,16 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-# Environment variables a rank reads besides torchrun's (the launcher sets them).
-CPUS_ENV = "SCHEDLAB_CPUS"  # cores to pin to, "0,1"
-PARENT_ENV = "SCHEDLAB_PARENT_PID"  # the launcher: die with it
-FAULT_ENV = "SCHEDLAB_TEST_FAULT"  # test hook "RANK:exit|kill|hang:STEP": fail at the start of that step
-
-
-@dataclass(frozen=True)
-class RankEnv:
-    rank: int
-    world: int
-    local_rank: int
-    local_world: int
-
-
-def read_env(environ: dict[str, str] | os._Environ[str]) -> RankEnv:
-    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in environ]
-    if missing:
-        raise SystemExit(
-            f"schedlab.exec.rank: {', '.join(missing)} not set; start ranks with torchrun or schedlab.exec.launch"
-        )
-    rank, world = int(environ["RANK"]), int(environ["WORLD_SIZE"])
-    return RankEnv(
-        rank=rank,
-        world=world,
-        local_rank=int(environ.get("LOCAL_RANK", rank)),
-        local_world=int(environ.get("LOCAL_WORLD_SIZE", world)),
-    )
-
-
-def core_share(cores: list[int], index: int, parts: int) -> list[int]:
-    """The `index`-th of `parts` equal, contiguous shares of `cores` (all of them when
-    there are fewer cores than parts: ranks then share)."""
-    cores = sorted(cores)
-    if parts <= 1 or len(cores) < parts:
-        return cores
-    k = len(cores) // parts
-    return cores[index * k:(index + 1) * k]
-
-
-def pin_process(cpus: list[int]) -> None:
-    """Pin every thread of this process (those to come inherit it) to `cpus`."""
-    for tid in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError):  # a thread that has exited since
-            os.sched_setaffinity(int(tid), cpus)
+from schedlab.exec.rankenv import CPUS_ENV, FAULT_ENV, PARENT_ENV, RankEnv, core_share, pin_process, read_env
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to kill this process when its parent dies: no orphan if the launcher is killed."""
+    """Ask Linux to kill this process when its parent dies: no orphan if the launcher is killed.
+    (Linux means the parent *thread*: a launcher must start ranks from a thread that
+    outlives them, as `launch.run_ranks` does, for it waits for them on the same thread.)"""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG

@@ -267,3 +267,61 @@ def test_exec_backend_hands_a_multi_device_plan_to_the_ranks(tmp_path: Path) -> 
     graph, resolved, machine, inputs = mlp_two_ranks()
     run = ExecBackend(inputs, warmup=0).run(graph, resolved, machine, steps=2)
     assert len(run.step_times_s) == 2 and run.trace.ranks == (0, 1) and run.trace.meta["ranks"] == 2
+
+
+@pytest.mark.slow
+def test_the_rank_entry_point_runs_under_torchrun(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    from schedlab.exec.launch import collect, prepare_job
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed beside this Python")
+    graph, resolved, machine, inputs = mlp_two_ranks()
+    job = tmp_path / "job"
+    run_graph = prepare_job(job, graph, resolved, machine, inputs, steps=2, warmup=0, want_outputs=True)
+    p = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "schedlab.exec.rank", str(job)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = collect(job, run_graph, resolved, machine, workload="mlp", graph_hash=graph.hash, warmup=0)
+    assert len(res.step_times_s) == 2 and res.trace.ranks == (0, 1) and res.outputs
+    shutil.rmtree(job)
+
+
+LAUNCHER = """
+import sys
+from pathlib import Path
+from tests.exec.test_dist import mlp_two_ranks
+from schedlab.exec.launch import run_ranks
+graph, resolved, machine, inputs = mlp_two_ranks()
+run_ranks(graph, resolved, machine, inputs, steps=3, warmup=0, timeout_s=600, job_root=Path(sys.argv[1]),
+          extra_env={"SCHEDLAB_TEST_FAULT": "1:hang:1"})
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGKILL"])
+def test_no_rank_outlives_an_interrupted_or_killed_launcher(sig: str, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)], cwd=Path(__file__).parents[2])
+    try:
+        deadline = time.monotonic() + 60
+        while len(rank_processes(tmp_path)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(rank_processes(tmp_path)) == 2
+        time.sleep(1.0)
+        launcher.send_signal(getattr(signal, sig))
+        launcher.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while rank_processes(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert rank_processes(tmp_path) == []
+    finally:
+        launcher.kill()
+        launcher.wait()
