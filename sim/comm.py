@@ -40,6 +40,11 @@ class Role(IntEnum):
 
 _ROLE_OF_TARGET = {SEND: Role.SEND, RECV: Role.RECV, ALL_REDUCE: Role.ALL_REDUCE}
 
+# Trace tracks of COMM ops, as the executor writes them (`exec.dist`): receives and
+# all-reduces on the communication thread's track, sends on a track of their own.
+RECV_TRACK = -1
+SEND_TRACK = -2
+
 
 @dataclass(frozen=True)
 class CollectiveSpec:
@@ -61,6 +66,7 @@ class CommStructure:
     collectives: tuple[CollectiveSpec, ...]  # ascending (group, bucket)
     collective_of: dict[int, int]  # all_reduce op -> index into `collectives`
     issue_next: dict[int, int]  # all_reduce op -> the next bucket's op on its device (waits for this issue)
+    reads_reduced: dict[int, tuple[int, ...]]  # op -> the all_reduce ops whose results it reads
 
     @property
     def n_sends(self) -> int:
@@ -152,7 +158,13 @@ def comm_structure(graph: Graph, op_device: Sequence[int], device_ids: Sequence[
             last_on[(members, d)] = o
             collective_of[o] = len(collectives)
         collectives.append(CollectiveSpec(bucket, members, ops_in_order, sizes.pop()))
-    return CommStructure(tuple(role), recv_of, send_bytes, tuple(collectives), collective_of, issue_next)
+    reads_reduced: dict[int, tuple[int, ...]] = {}
+    for op in ops:
+        mine = tuple(dict.fromkeys(p for v in op.inputs if (p := graph.producer.get(v)) is not None
+                                   and role[p] is Role.ALL_REDUCE))
+        if mine:
+            reads_reduced[op.id] = mine
+    return CommStructure(tuple(role), recv_of, send_bytes, tuple(collectives), collective_of, issue_next, reads_reduced)
 
 
 def _nbytes(meta: object) -> int:

@@ -30,7 +30,7 @@ from schedlab.sim.fast import run_fast
 from schedlab.sim.flatgraph import flat_single_device
 from schedlab.sim.memory import MemoryTracker
 from schedlab.sim.model import run_simpy
-from schedlab.sim.prepare import Prepared, Structure, build_structure, op_devices, prepare, slowdown_fns
+from schedlab.sim.prepare import Prepared, Structure, build_structure, comm_kernel_us, op_devices, prepare, slowdown_fns
 from schedlab.sim.result import RankStats, SimResult, Timeline, build_trace
 
 __all__ = ["ENGINES", "Simulator", "run_simpy", "simulate"]
@@ -50,8 +50,8 @@ class Simulator:
     copies of the bound graph's (ops 0..n-1 rewired to read received copies; replica r's
     op r*n+i a copy of op i): they are costed as the bound graph's ops they copy
     (`mirror_ops`), so the kept costs serve every placement, and a cost model bound to the
-    graph (`Profile.for_graph`) charges first uses as in a one-device step. COMM ops run no
-    kernel; their dispatch is asked of the cost model.
+    graph (`Profile.for_graph`) charges first uses as in a one-device step. A COMM op's
+    dispatch is asked of the cost model, and its kernel (`sim.prepare.comm_kernel_us`).
     """
 
     def __init__(self, graph: Graph, machine: Machine, cost: CostModel, *, max_placements: int = 16) -> None:
@@ -269,7 +269,8 @@ class Simulator:
 
     def _kernels(self, threads: tuple[int, ...], graph: Graph | None = None, mirror: Sequence[int] | None = None) -> list[float]:
         """Kernel µs of every op of `graph` (default: the bound one) at its thread count; an op
-        that copies one of the bound graph's (`mirror`) is costed as that one, a COMM op is 0."""
+        that copies one of the bound graph's (`mirror`) is costed as that one, a COMM op as
+        `sim.prepare.comm_kernel_us` says."""
         memo, stride, ops, kernel = self._kernel_us, self._stride, self.graph.ops, self.cost.kernel_us
         out: list[float] = []
         for i, k in enumerate(threads):
@@ -280,7 +281,7 @@ class Simulator:
                 assert graph is not None
                 op = ops[m] if m >= 0 else graph.ops[i]
                 if m < 0:
-                    out.append(0.0 if op.kind is OpKind.COMM else float(kernel(op, k)))
+                    out.append(comm_kernel_us(op, k, self.cost))
                     continue
             if not 0 < k < stride:  # resolve() never gives this; do not let keys collide
                 out.append(float(kernel(op, k)))

@@ -15,10 +15,11 @@ The model (time unit: microseconds):
   dispatch part. Nothing ready: it releases the lock and idles. Who queues, in which
   order, and what is popped is decided at the end of each instant (SimPy priorities 2
   and 3, after every normal event at that time), process by process in ascending order:
-  first the COMM completions that arrived, then the workers that ended (ascending), then
-  idle workers of each device (ascending) while fewer of the device's workers seek the
-  lock than it has ready ops. So the outcome never depends on how simultaneous events
-  happen to be ordered; with one process and one device these are `sim.fast`'s rules.
+  the workers that ended (ascending), then idle workers of each device (ascending) while
+  fewer of the device's workers seek the lock than it has ready ops. So the outcome never
+  depends on how simultaneous events happen to be ordered; with one process and one
+  device these are `sim.fast`'s rules. (A one-slot device of an expanded graph walks its
+  ops in sequence instead; see below.)
 - **CPU kernels** run on their device's cores, a processor-sharing server
   (`sim.fluid.FluidShare`): k threads demand k cores; above the core count everyone is
   stretched by total_threads/cores; each kernel is further slowed by
@@ -29,30 +30,37 @@ The model (time unit: microseconds):
   queues FIFO when all are busy; co-running kernels slow each other through
   `corun_slowdown(op, busy streams of the others, streams)`). Successors become ready when
   the kernel ends: the host does not run ahead of the device.
-- **Send and recv** (an expanded graph's COMM ops, `sim.comm`). A worker of the sender's
-  device dispatches the send like any op (`dispatch_us` under the lock), then hands the
-  transfer of `op.bytes_moved` bytes to the link (`sim.interconnect`: latency plus bytes
-  over bandwidth, contended by name) and is free: the send ends there, as an isend does.
-  The send's input stays referenced until the transfer ends. The recv takes no worker
-  (the executor's comm thread waits for it): when its transfer arrives, it queues for its
-  process's lock and holds it for its own `dispatch_us` (handing the copy to the ready
-  heap), then ends, and its consumers become ready on the receiving process. Its trace
-  event spans the transfer and that hand-over, on a communication track (worker
-  -1 - link index) of the receiver.
-- **All-reduce.** A worker issues each all_reduce op (its `dispatch_us` under the lock)
-  and moves on. A device issues a group's buckets in ascending order (bucket b+1 is not
-  ready before bucket b was issued there). When every member of a bucket has been
-  issued, the collective starts: its time alone comes from `sim.collective` (ring model
-  or the cost model's fit); its bandwidth part runs on the ring's wires, shared with
-  transfers. When it ends, each member completes as a recv does (its process's lock for
-  its `dispatch_us`). Trace: from the collective's start, on a communication track.
+- **Send, recv and all-reduce** (an expanded graph's COMM ops, `sim.comm`), as the
+  multi-process executor runs them (`exec.dist`). A send is dispatched like any op
+  (`dispatch_us` under the lock) and hands the transfer of `op.bytes_moved` bytes to the
+  link (`sim.interconnect`: latency plus bytes over bandwidth, contended by name): the
+  send ends there, as an isend does, and its input stays referenced until the transfer
+  ends. A recv waits for its transfer to arrive (not holding the lock), then holds the
+  lock for its `dispatch_us` (taking the buffer) and ends; its consumers become ready on
+  the receiving process. An all-reduce is *issued* (`dispatch_us` under the lock, then
+  its kernel, flattening the bucket: `sim.prepare.comm_kernel_us`; its inputs are
+  released and its output buffer allocated) and later *finished* (once its collective
+  ended: `dispatch_us` under the lock, then its kernel again, averaging). A bucket's
+  collective starts when every member of its group has issued it; its time alone comes
+  from `sim.collective` (ring model or the cost model's fit), its bandwidth part shared
+  on the ring's wires. Devices issue a group's buckets in ascending order.
+  Who does this depends on the device's slots, as in the executor:
+  - *one slot*: its one worker walks the device's ops in the resolved `sequence` (a
+    straight-line program): it waits at a recv until its data is there, issues an
+    all-reduce at its place, and finishes it just before the first op that reads its
+    result (or after its last op);
+  - *several slots*: its workers take compute ops and sends off the ready heap; one
+    communication thread per device walks its recvs and all-reduces in `sequence` order,
+    one at a time (waiting for each recv, issuing and finishing each all-reduce in turn).
+  Trace tracks as the executor's: recvs and all-reduces on worker -1 (from the moment
+  the walker or the thread starts on them), sends on worker -2.
 - **Implicit transfers** (a graph placed on several devices without expansion: tests'
   `sim.testing.place`). A consumer on another device than a value's home waits for one
   transfer of that value to its device, started when the value is ready. The trace shows
   it as kind "COMM", op = the first consumer, name "send <value>", device = the sender,
   worker = -1 - link index, threads 0.
 - **Memory.** Outputs are allocated when the kernel starts (a recv's copy when its
-  transfer starts; an all-reduce's outputs when the collective starts); a storage is
+  transfer starts; an all-reduce's output buffer when it is issued); a storage is
   freed at the end of the instant in which its last reader finishes, unless it holds a
   graph input or output (see `sim.memory`).
 """
@@ -69,11 +77,11 @@ from simpy.resources.resource import Request
 
 from schedlab.errors import SchedlabError
 from schedlab.machine import Machine
-from schedlab.sim.comm import Role
+from schedlab.sim.comm import RECV_TRACK, SEND_TRACK, Role
 from schedlab.sim.fluid import FluidShare
 from schedlab.sim.interconnect import Network
 from schedlab.sim.memory import MemoryTracker
-from schedlab.sim.prepare import PINNED, Prepared
+from schedlab.sim.prepare import PINNED, Prepared, Structure
 from schedlab.sim.result import Timeline
 from schedlab.sim.server import SimServer
 
@@ -92,15 +100,14 @@ class _Later(simpy.Event):
 
 
 class _Process:
-    """One process (rank): its interpreter lock, and who wants the lock at this instant."""
+    """One process (rank): its interpreter lock, and its workers that ended this instant."""
 
-    __slots__ = ("arrived", "devices", "ended", "lock")
+    __slots__ = ("devices", "ended", "lock")
 
     def __init__(self, env: simpy.Environment, devices: list[int]) -> None:
         self.lock = simpy.Resource(env, capacity=1)  # the interpreter lock
-        self.devices = devices  # the devices of this process that have workers, ascending
+        self.devices = devices  # the devices of this process that have heap workers, ascending
         self.ended: list[int] = []  # workers whose kernels ended (or were handed off) this instant
-        self.arrived: list[int] = []  # COMM ops whose data arrived this instant (recv, all-reduce)
 
 
 class _SimpyRun:
@@ -122,20 +129,32 @@ class _SimpyRun:
         n_dev = len(prep.device_ids)
         self.pending = list(st.pending)
         self.refs = list(st.storage_refs)
-        # Workers: slots_of(device) for each device that runs ops, numbered by device then slot.
+        role = self.role
         used = sorted(set(st.op_device))
+        # A one-slot device of an expanded graph walks its ops in sequence (`_walk`); the
+        # others have heap workers (and, with COMM ops, a communication thread: `_comm_thread`).
+        self.walks = [role is not None and prep.device_slots[d] == 1 for d in range(n_dev)]
+        self.in_sequence: list[list[int]] = [[] for _ in range(n_dev)]  # per device: its ops in sequence order
+        if role is not None:
+            order = prep.sequence if len(prep.sequence) == n else range(n)
+            for o in order:
+                self.in_sequence[st.op_device[o]].append(o)
+            _check_bucket_order(self.in_sequence, st, prep.device_ids)
+        # Heap workers: slots_of(device) for each such device, numbered by device then slot.
         self.worker_dev: list[int] = []
         self.worker_slot: list[int] = []
         for d in used:
-            for k in range(prep.device_slots[d]):
-                self.worker_dev.append(d)
-                self.worker_slot.append(k)
+            if not self.walks[d]:
+                for k in range(prep.device_slots[d]):
+                    self.worker_dev.append(d)
+                    self.worker_slot.append(k)
         n_procs = max(prep.device_process, default=0) + 1
-        self.procs = [_Process(env, [d for d in used if prep.device_process[d] == p]) for p in range(n_procs)]
+        self.procs = [
+            _Process(env, [d for d in used if prep.device_process[d] == p and not self.walks[d]]) for p in range(n_procs)
+        ]
         self.ready: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]  # per device: heap of (priority, op)
-        role = self.role
         for o in range(n):
-            if self.pending[o] == 0 and (role is None or role[o] is not Role.RECV):
+            if self.pending[o] == 0 and self._on_heap(o):
                 self.ready[st.op_device[o]].append((prep.priority[o], o))
         for h in self.ready:
             heapify(h)
@@ -145,13 +164,27 @@ class _SimpyRun:
         self.seekers = [0] * n_dev  # per device: workers queued for the lock to look for work
         self.wakeup: list[simpy.Event | None] = [None] * len(self.worker_dev)
         self.issued = [0] * (len(st.comm.collectives) if st.comm is not None else 0)
+        self.when_ready: dict[int, simpy.Event] = {}  # op -> fires when its last token arrives
+        self.arrived = [False] * n  # recv: its transfer arrived; all-reduce: its collective ended
+        self.when_arrived: dict[int, simpy.Event] = {}
         self.settle_pending = False
         self.tl = Timeline([0.0] * n, [0.0] * n, [0] * n, [])
         self.done = 0
 
+    def _on_heap(self, o: int) -> bool:
+        """Whether op `o` is taken off a ready heap by a worker (else walked, or the comm thread's)."""
+        if self.walks[self.st.op_device[o]]:
+            return False
+        return self.role is None or self.role[o] in (Role.COMPUTE, Role.SEND)
+
     def run(self) -> None:
         for w in range(len(self.worker_dev)):
             self.env.process(self._worker(w))
+        for d, ops in enumerate(self.in_sequence):
+            if self.walks[d] and ops:
+                self.env.process(self._walk(d))
+            elif ops and self.role is not None and any(self.role[o] in (Role.RECV, Role.ALL_REDUCE) for o in ops):
+                self.env.process(self._comm_thread(d))
         for x in self.st.initial_sends:
             self.env.process(self._send_implicit(x))
         self._request_settle()
@@ -179,8 +212,10 @@ class _SimpyRun:
                 continue
             yield env.timeout(prep.dispatch_us[o])
             lock.release(req)
-            r = Role.COMPUTE if role is None else role[o]
-            if r is Role.COMPUTE:
+            if role is not None and role[o] is Role.SEND:
+                self.tl.worker[o] = SEND_TRACK
+                self._send(o)
+            else:
                 self.mem.alloc(d, st.alloc_bytes[o])
                 done = server.run(o, prep.demand[o], prep.kernel_us[o])
                 if gpu:
@@ -189,12 +224,103 @@ class _SimpyRun:
                     self._request_settle()  # the lock is free
                     yield done
                     self._complete(o)
-            elif r is Role.SEND:
-                self._send(o)
-            else:
-                self._issue(o)
             proc.ended.append(w)
             self._request_settle()
+
+    def _walk(self, d: int) -> Generator[simpy.Event, Any, None]:
+        """The one worker of a one-slot device: its ops in sequence, as a straight-line program."""
+        env, prep, st = self.env, self.prep, self.st
+        assert self.comm is not None and self.role is not None
+        lock, server, gpu = self.procs[prep.device_process[d]].lock, self.servers[d], prep.device_is_gpu[d]
+        role, reads_reduced = self.role, self.comm.reads_reduced
+        issued: list[int] = []  # all-reduces issued here and not finished yet
+        for o in self.in_sequence[d]:
+            r = role[o]
+            if r is Role.RECV:
+                yield from self._receive(o, lock)
+                continue
+            for a in reads_reduced.get(o, ()):
+                if a in issued:
+                    issued.remove(a)
+                    yield from self._finish_reduce(a, lock)
+            if self.pending[o]:
+                yield self._ready_event(o)  # a GPU kernel it reads is still running
+            if r is Role.ALL_REDUCE:
+                yield from self._issue_reduce(o, lock)
+                issued.append(o)
+                continue
+            req = lock.request()
+            yield req
+            self._begin(o, 0 if r is Role.COMPUTE else SEND_TRACK)
+            yield env.timeout(prep.dispatch_us[o])
+            lock.release(req)
+            if r is Role.SEND:
+                self._send(o)
+                continue
+            self.mem.alloc(d, st.alloc_bytes[o])
+            done = server.run(o, prep.demand[o], prep.kernel_us[o])
+            if gpu:
+                done.callbacks.append(self._on_async_kernel_end)
+            else:
+                yield done
+                self._complete(o)
+        for a in issued:  # all-reduces whose results no op of this device reads
+            yield from self._finish_reduce(a, lock)
+
+    def _comm_thread(self, d: int) -> Generator[simpy.Event, Any, None]:
+        """The communication thread of a device with heap workers: its recvs and all-reduces
+        in sequence order, one at a time."""
+        assert self.role is not None
+        lock = self.procs[self.prep.device_process[d]].lock
+        for o in self.in_sequence[d]:
+            r = self.role[o]
+            if r is Role.RECV:
+                yield from self._receive(o, lock)
+            elif r is Role.ALL_REDUCE:
+                if self.pending[o]:
+                    yield self._ready_event(o)
+                yield from self._issue_reduce(o, lock)
+                yield from self._finish_reduce(o, lock)
+
+    def _receive(self, o: int, lock: simpy.Resource) -> Generator[simpy.Event, Any, None]:
+        """Wait for recv `o`'s data, take it under the lock, and end."""
+        self._begin(o, RECV_TRACK)
+        if not self.arrived[o]:
+            yield self._arrival_event(o)
+        req = lock.request()
+        yield req
+        yield self.env.timeout(self.prep.dispatch_us[o])
+        lock.release(req)
+        self._complete(o)
+
+    def _issue_reduce(self, a: int, lock: simpy.Resource) -> Generator[simpy.Event, Any, None]:
+        """Issue all-reduce `a`: dispatch under the lock, flatten its bucket (a kernel)."""
+        prep, st = self.prep, self.st
+        d = st.op_device[a]
+        req = lock.request()
+        yield req
+        self._begin(a, RECV_TRACK)
+        yield self.env.timeout(prep.dispatch_us[a])
+        lock.release(req)
+        self.mem.alloc(d, st.alloc_bytes[a])  # the flat buffer; its outputs are views of it
+        if prep.kernel_us[a] > 0.0:
+            yield self.servers[d].run(a, prep.demand[a], prep.kernel_us[a])
+        for s in st.issue_release.get(a, ()):
+            self._release(s)
+        self._issue(a)
+
+    def _finish_reduce(self, a: int, lock: simpy.Resource) -> Generator[simpy.Event, Any, None]:
+        """Wait for all-reduce `a`'s collective, then average (under the lock, then a kernel) and end."""
+        prep = self.prep
+        if not self.arrived[a]:
+            yield self._arrival_event(a)
+        req = lock.request()
+        yield req
+        yield self.env.timeout(prep.dispatch_us[a])
+        lock.release(req)
+        if prep.kernel_us[a] > 0.0:
+            yield self.servers[self.st.op_device[a]].run(a, prep.demand[a], prep.kernel_us[a])
+        self._complete(a)
 
     def _on_async_kernel_end(self, event: simpy.Event) -> None:
         self._complete(int(event.value or 0))
@@ -205,11 +331,7 @@ class _SimpyRun:
         self.tl.end_us[o] = self.env.now
         self.done += 1
         r = self.comm.recv_of[o]
-        dst = self.st.op_device[r]
-        self.mem.alloc(dst, self.st.alloc_bytes[r])  # the copy, on the destination
-        tl = self.tl
-        tl.start_us[r] = self.env.now
-        tl.start_order.append(r)
+        self.mem.alloc(self.st.op_device[r], self.st.alloc_bytes[r])  # the copy, on the destination
         self.env.process(self._transfer(o, r))
 
     def _transfer(self, o: int, r: int) -> Generator[simpy.Event, Any, None]:
@@ -218,10 +340,10 @@ class _SimpyRun:
         nbytes = self.comm.send_bytes[o]
         rec = yield self.network.transfer(ids[dev[o]], ids[dev[r]], nbytes)
         self.tl.sends.append((o, rec.link, nbytes, rec.start_us, rec.end_us))
-        self.tl.worker[r] = -1 - rec.link
         for s in self.st.release[o]:  # the send's input was in use until now
             self._release(s)
         self._arrive(r)
+        self._request_settle()
 
     def _issue(self, o: int) -> None:
         """All-reduce op `o` was issued; its collective starts once every member was."""
@@ -237,24 +359,11 @@ class _SimpyRun:
 
     def _collective(self, c: int) -> Generator[simpy.Event, Any, None]:
         assert self.comm is not None
-        spec = self.comm.collectives[c]
         timing = self.prep.collective_time[c]
-        tl, st, now = self.tl, self.st, self.env.now
-        for i, m in enumerate(spec.members):
-            self.mem.alloc(st.op_device[m], st.alloc_bytes[m])
-            tl.start_us[m] = now
-            tl.worker[m] = -1 - timing.links[i] if timing.links else -1
         start, end = yield self.network.collective(timing.links, timing.bw_us, timing.latency_us)
-        tl.collectives.append((c, start, end))
-        for m in spec.members:
+        self.tl.collectives.append((c, start, end))
+        for m in self.comm.collectives[c].members:
             self._arrive(m)
-
-    def _comm_done(self, o: int, lock: simpy.Resource, req: Request) -> Generator[simpy.Event, Any, None]:
-        """The comm thread hands a recv's copy (an all-reduce's result) over, under the lock."""
-        yield req
-        yield self.env.timeout(self.prep.dispatch_us[o])
-        lock.release(req)
-        self._complete(o)
 
     def _send_implicit(self, x: int) -> Generator[simpy.Event, Any, None]:
         prep = self.prep
@@ -277,16 +386,33 @@ class _SimpyRun:
             heappush(self.idle[d], w)
             return None
         o = heappop(ready)[1]
-        tl = self.tl
-        tl.start_us[o] = self.env.now
-        tl.worker[o] = self.worker_slot[w]
-        tl.start_order.append(o)
+        self._begin(o, self.worker_slot[w])
         return o
 
+    def _begin(self, o: int, track: int) -> None:
+        tl = self.tl
+        tl.start_us[o] = self.env.now
+        tl.worker[o] = track
+        tl.start_order.append(o)
+
+    def _ready_event(self, o: int) -> simpy.Event:
+        ev = self.when_ready.get(o)
+        if ev is None:
+            ev = self.when_ready[o] = self.env.event()
+        return ev
+
+    def _arrival_event(self, o: int) -> simpy.Event:
+        ev = self.when_arrived.get(o)
+        if ev is None:
+            ev = self.when_arrived[o] = self.env.event()
+        return ev
+
     def _arrive(self, o: int) -> None:
-        """COMM op `o`'s data is there: it queues for its process's lock at the end of the instant."""
-        self.procs[self.prep.device_process[self.st.op_device[o]]].arrived.append(o)
-        self._request_settle()
+        """COMM op `o`'s data is there (a recv's transfer, an all-reduce's collective)."""
+        self.arrived[o] = True
+        ev = self.when_arrived.pop(o, None)
+        if ev is not None:
+            ev.succeed()
 
     def _complete(self, o: int) -> None:
         st = self.st
@@ -311,7 +437,12 @@ class _SimpyRun:
         p = self.pending[o] - 1
         self.pending[o] = p
         if p == 0:
-            heappush(self.ready[self.st.op_device[o]], (self.prep.priority[o], o))
+            if self._on_heap(o):
+                heappush(self.ready[self.st.op_device[o]], (self.prep.priority[o], o))
+            else:
+                ev = self.when_ready.pop(o, None)
+                if ev is not None:
+                    ev.succeed()
 
     def _request_settle(self) -> None:
         if not self.settle_pending:
@@ -319,16 +450,11 @@ class _SimpyRun:
             _Later(self.env, _SETTLE).callbacks.append(self._settle)
 
     def _settle(self, _event: simpy.Event) -> None:
-        """End of an instant: apply frees; per process, queue for the lock in a fixed order."""
+        """End of an instant: apply frees; per process, queue workers for the lock in a fixed order."""
         self.settle_pending = False
         self.mem.settle()
         worker_dev, seekers = self.worker_dev, self.seekers
         for proc in self.procs:
-            lock = proc.lock
-            if proc.arrived:
-                for o in sorted(proc.arrived):
-                    self.env.process(self._comm_done(o, lock, lock.request()))
-                proc.arrived.clear()
             queue: list[int] = []
             if proc.ended:
                 queue = sorted(proc.ended)
@@ -341,12 +467,36 @@ class _SimpyRun:
                 while idle and seekers[d] + queued < len(ready):
                     queue.append(heappop(idle))
                     queued += 1
-            for w in queue:
-                wake = self.wakeup[w]
-                assert wake is not None
-                self.wakeup[w] = None
-                seekers[worker_dev[w]] += 1
-                wake.succeed(lock.request())
+            if queue:
+                lock = proc.lock
+                for w in queue:
+                    wake = self.wakeup[w]
+                    assert wake is not None
+                    self.wakeup[w] = None
+                    seekers[worker_dev[w]] += 1
+                    wake.succeed(lock.request())
+
+
+def _check_bucket_order(in_sequence: list[list[int]], st: Structure, device_ids: tuple[str, ...]) -> None:
+    """Every device must issue each group's all-reduces in ascending bucket order (as the
+    executor requires): otherwise two ranks could wait on each other's buckets forever."""
+    comm = st.comm
+    if comm is None or not comm.collectives:
+        return
+    for d, ops in enumerate(in_sequence):
+        last: dict[tuple[int, ...], int] = {}
+        for o in ops:
+            c = comm.collective_of.get(o)
+            if c is None:
+                continue
+            spec = comm.collectives[c]
+            if spec.bucket < last.get(spec.group, -1):
+                raise SchedlabError(
+                    f"device {device_ids[d]} would issue gradient bucket {spec.bucket} after bucket "
+                    f"{last[spec.group]}: every rank must issue its all-reduces in ascending bucket order "
+                    "(the resolved sequence must put them so)"
+                )
+            last[spec.group] = spec.bucket
 
 
 def run_simpy(prep: Prepared, machine: Machine) -> tuple[Timeline, MemoryTracker, list[float]]:

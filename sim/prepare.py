@@ -32,10 +32,11 @@ Two kinds of graphs:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from schedlab.distribute import ALL_REDUCE
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph, OpKind, alias_roots
+from schedlab.graph import Graph, Op, OpKind, alias_roots
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
 from schedlab.sim.collective import CollectiveTime, allreduce_time
@@ -75,6 +76,7 @@ class Structure:
     storage_refs: tuple[int, ...]  # reference counts at the start of the step
     initial_live: tuple[int, ...]  # per device: bytes of graph inputs
     comm: CommStructure | None = None  # the COMM ops of an expanded graph (None: none)
+    issue_release: dict[int, tuple[int, ...]] = field(default_factory=dict)  # all_reduce op -> its inputs' storages
 
     def role(self, op: int) -> Role:
         return Role.COMPUTE if self.comm is None else self.comm.role[op]
@@ -98,6 +100,7 @@ class Prepared:
     priority: list[int]
     slots: int
     slowdown: tuple[Callable[[int, int], float], ...]  # per device, for FluidShare
+    sequence: tuple[int, ...] = ()  # the resolved list schedule (a one-slot rank runs its ops in this order)
     collective_time: tuple[CollectiveTime, ...] = ()  # per collective of structure.comm, alone
 
     @property
@@ -147,8 +150,8 @@ def prepare(
     demand = [1 if is_gpu[op_device[i]] else threads[i] for i in range(n)]
     if dispatch_us is None:
         dispatch_us = [float(cost.dispatch_us(op)) for op in ops]
-    if kernel_us is None:  # a COMM op runs no kernel: a link or the comm thread carries it
-        kernel_us = [0.0 if op.kind is OpKind.COMM else float(cost.kernel_us(op, threads[op.id])) for op in ops]
+    if kernel_us is None:
+        kernel_us = [comm_kernel_us(op, threads[op.id], cost) for op in ops]
     return Prepared(
         device_ids=tuple(d.id for d in machine.devices),
         device_is_gpu=is_gpu,
@@ -163,9 +166,20 @@ def prepare(
         kernel_us=kernel_us,
         priority=list(resolved.priority),
         slots=resolved.slots,
+        sequence=tuple(resolved.sequence),
         slowdown=slowdown if slowdown is not None else slowdown_fns(graph, machine, cost),
         collective_time=collective_times(structure, machine, cost),
     )
+
+
+def comm_kernel_us(op: Op, threads: int, cost: CostModel) -> float:
+    """Kernel µs of `op`; a COMM op's is what runs on its device's cores around the link:
+    nothing for a send or a recv (the link carries them); for an all-reduce, one pass over
+    its bucket, paid when it is issued (flattening the gradients into one buffer) and
+    again when it ends (averaging), as `kernel_us` of the all_reduce op."""
+    if op.kind is not OpKind.COMM:
+        return float(cost.kernel_us(op, threads))
+    return float(cost.kernel_us(op, threads)) if op.target == ALL_REDUCE else 0.0
 
 
 def collective_times(structure: Structure, machine: Machine, cost: CostModel) -> tuple[CollectiveTime, ...]:
@@ -250,6 +264,7 @@ def build_structure(
     waits: list[list[int]] = [[] for _ in range(n)]  # op -> local producer ops
     xwaits: list[list[int]] = [[] for _ in range(n)]  # op -> transfers
     release: list[tuple[int, ...]] = []
+    issue_release: dict[int, tuple[int, ...]] = {}
     alloc_bytes = [0] * n
     for op in ops:
         o, d = op.id, op_device[op.id]
@@ -294,6 +309,10 @@ def build_structure(
         for s in rel:
             if storage_refs[s] != PINNED:
                 storage_refs[s] += 1
+        if comm is not None and comm.role[o] is Role.ALL_REDUCE:  # it reads its inputs when issued
+            n_in = len({sid_of[(roots[v], d)] for v in op.inputs})
+            issue_release[o] = tuple(rel[:n_in])
+            rel = rel[n_in:]
         release.append(tuple(rel))
 
     transfers: list[TransferSpec] = []
@@ -338,6 +357,7 @@ def build_structure(
         storage_refs=tuple(storage_refs),
         initial_live=tuple(initial_live),
         comm=comm,
+        issue_release=issue_release,
     )
 
 

@@ -118,12 +118,14 @@ def test_send_recv_costs_latency_plus_bytes_over_bandwidth() -> None:
     recv = next(op for op in G.ops if op.target == RECV)
     cost = TableCost(default_kernel_us=10.0, dispatch={send.name: 2.0, recv.name: 3.0})
     res = simulate(g, resolved, m, cost)
-    # p 0-10; the send is dispatched 10-12 by a's worker and hands 1 MB to the link: it
-    # arrives at 12 + 1000 + 5; the recv hands it over under b's lock (3): 1020; q 1020-1030.
+    # p 0-10; the send is dispatched 10-12 and hands 1 MB to the link: it arrives at
+    # 12 + 1000 + 5. b's one worker waits at the recv from the start (its first op in
+    # sequence), takes the data under b's lock (3): 1020; q 1020-1030. Tracks as the
+    # executor's: recvs -1, sends -2.
     assert spans(res.trace) == [
+        (recv.name, 0, 1020, -1),
         ("p", 0, 10, 0),
-        (send.name, 10, 12, 0),
-        (recv.name, 12, 1020, -1),
+        (send.name, 10, 12, -2),
         ("q", 1020, 1030, 0),
     ]
     ev = by_name(res)
@@ -148,7 +150,7 @@ def test_transfers_on_one_named_link_contend(names: tuple[str, str], arrive_us: 
     assert [us(ev[n].start_ns) for n in ("q", "r")] == pytest.approx([arrive_us, arrive_us])
     recvs = sorted((e.rank, us(e.start_ns), us(e.end_ns)) for e in ev.values() if e.name.startswith("recv"))
     assert [r[0] for r in recvs] == [1, 2]
-    assert [t for r in recvs for t in r[1:]] == pytest.approx([10, arrive_us, 10, arrive_us])
+    assert [t for r in recvs for t in r[1:]] == pytest.approx([0, arrive_us, 0, arrive_us])  # waiting from the start
 
 
 def test_an_expanded_graph_must_not_read_across_devices() -> None:
@@ -208,13 +210,14 @@ def all_reduce_graph(buckets: int, nbytes: int = MB) -> tuple[Graph, list[str]]:
 def test_all_reduce_starts_when_every_member_is_ready_and_lasts_the_ring_time() -> None:
     g, devices = all_reduce_graph(1)
     m = machine((0, 1))
-    cost = TableCost(kernel={"g0a": 100.0, "g0b": 500.0})
+    cost = TableCost(kernel={"g0a": 100.0, "g0b": 500.0, "ar0a": 0.0, "ar0b": 0.0})
     res = simulate(g, hand_resolved(g, devices), m, cost)
     ev = by_name(res)
-    # b's gradient is ready at 500; ring over 2 ranks: 2(n-1)/n * 1 MB / W + 2(n-1) * 5 µs = 1010.
-    for r, rank in (("a", 0), ("b", 1)):
+    # a issues at 100, b at 500; ring over 2 ranks: 2(n-1)/n * 1 MB / W + 2(n-1) * 5 µs = 1010.
+    # Each event runs from its issue to its end, on the communication track (-1).
+    for r, rank, issued in (("a", 0, 100), ("b", 1, 500)):
         e = ev[f"ar0{r}"]
-        assert (us(e.start_ns), us(e.end_ns), e.kind, e.rank, e.worker < 0) == (500, 1510, "COMM", rank, True)
+        assert (us(e.start_ns), us(e.end_ns), e.kind, e.rank, e.worker) == (issued, 1510, "COMM", rank, -1)
         assert us(ev[f"u0{r}"].start_ns) == 1510
     assert res.collective_count == 1 and res.transfer_count == 0
     assert res.step_time_s == pytest.approx(1520e-6)
@@ -232,21 +235,29 @@ def test_all_reduce_takes_the_cost_models_fit_when_it_has_one() -> None:
     g, devices = all_reduce_graph(1)
     res = simulate(g, hand_resolved(g, devices), machine((0, 1)), FittedCost())
     e = by_name(res)["ar0a"]
-    assert (us(e.start_ns), us(e.end_ns)) == (10, 10 + 40 + 1000)
+    # Every kernel 10, the all-reduce's too: issued at 10, its bucket flattened 10-20, the
+    # fit's 40 + 1000 µs, averaged in 10 more.
+    assert (us(e.start_ns), us(e.end_ns)) == (10, 20 + 40 + 1000 + 10)
 
 
 def test_buckets_are_issued_in_order() -> None:
-    # On a, bucket 1's gradient is ready first (at 10), bucket 0's at 310; on b both by 110.
-    # Bucket 1 may not be issued on a before bucket 0, so both collectives start at 310, and
-    # share the wire: 2 x 1000 + 10 -> 2320. (Issued out of order, bucket 1 would start at 110.)
+    # On a, bucket 1's gradient is ready first (at 10), bucket 0's at 310; b issues both at
+    # 110. Bucket 1 is not issued on a before bucket 0, so both collectives start at 310,
+    # and share the wire: 2 x 1000 + 10 -> 2320. (Out of order, bucket 1 would start at 110.)
     g, devices = all_reduce_graph(2)
     prio = {"g1a": 0, "g0a": 1, "g0b": 0, "g1b": 1}
     priority = {op.name: prio.get(op.name, 2 + op.id) for op in g.ops}
-    cost = TableCost(kernel={"g1a": 10.0, "g0a": 300.0, "g0b": 50.0, "g1b": 60.0})
+    cost = TableCost(kernel={"g1a": 10.0, "g0a": 300.0, "g0b": 50.0, "g1b": 60.0}, default_kernel_us=0.0)
     res = simulate(g, hand_resolved(g, devices, priority), machine((0, 1)), cost)
     ev = by_name(res)
-    assert [(us(ev[n].start_ns), us(ev[n].end_ns)) for n in ("ar0a", "ar0b", "ar1a", "ar1b")] == [(310, 2320)] * 4
+    assert [(us(ev[n].start_ns), us(ev[n].end_ns)) for n in ("ar0a", "ar1a", "ar0b", "ar1b")] == (
+        [(310, 2320)] * 2 + [(110, 2320)] * 2
+    )
     assert res.collective_count == 2
+    # A sequence that issues bucket 1 before bucket 0 on a device is refused, as the executor does.
+    backwards = {**priority, "ar1a": 0, "ar0a": 5}
+    with pytest.raises(SchedlabError, match="would issue gradient bucket 0 after bucket 1"):
+        simulate(g, hand_resolved(g, devices, backwards), machine((0, 1)), cost)
 
 
 def test_a_bucket_missing_a_member_is_an_expansion_bug() -> None:
@@ -329,21 +340,28 @@ def test_data_parallel_workload_simulates_on_two_ranks() -> None:
     from schedlab.data_parallel import replica_graph
 
     g = replica_graph(captured_workload("mlp")[1].graph, 2)  # type: ignore[attr-defined]
-    resolved = resolve(g, Plan(replicas=2, bucket_mb=0.002), HOST2)
+    # (order w-last: the other orders' sequences issue buckets out of order, which the
+    # executor and the simulator refuse)
+    resolved = resolve(g, Plan(replicas=2, bucket_mb=0.002, order="w-last"), HOST2)
     sim = Simulator(g, HOST2, random_cost(2))
     res = sim.run(resolved)
     G = check_expanded(g, resolved, HOST2, res)
     reduces = [op for op in G.ops if op.target == ALL_REDUCE]
     assert res.collective_count == len(reduces) // 2 > 1
     assert res.trace is not None
-    start = {}
+    spans_of: dict[int, list[tuple[int, int, int]]] = {}  # bucket -> (rank, start, end)
     for e in res.trace.events:
         if G.ops[e.op].target == ALL_REDUCE:
-            start.setdefault(G.ops[e.op].kwargs["bucket"], set()).add(e.start_ns)
-    assert all(len(s) == 1 for s in start.values())  # each bucket starts at once on both ranks
-    firsts = [min(s) for _, s in sorted(start.items())]
-    assert firsts == sorted(firsts)  # in bucket order
-    # Replica 1's ops cost what replica 0's do: the two ranks are mirror images.
-    assert res.ranks[0].busy_core_s == pytest.approx(res.ranks[1].busy_core_s)
+            spans_of.setdefault(G.ops[e.op].kwargs["bucket"], []).append((e.rank, e.start_ns, e.end_ns))
+    for ends in spans_of.values():
+        (r0, s0, e0), (r1, s1, e1) = sorted(ends)
+        assert (r0, r1) == (0, 1) and max(s0, s1) < min(e0, e1)  # the two ranks' halves overlap
+    for rank in (0, 1):  # each rank issues its buckets in order
+        starts = [next(s for r, s, _ in spans_of[b] if r == rank) for b in sorted(spans_of)]
+        assert starts == sorted(starts)
+    # Replica 1's op n+i is costed as op i (one op at a time on each rank: the same span).
+    n = len(g.ops)
+    dur = {e.op: e.dur_ns for e in res.trace.events}
+    assert all(abs(dur[n + i] - dur[i]) <= 1 for i in range(n))
     again = sim.run(resolved, record=False)
     assert again.step_time_s == res.step_time_s

@@ -44,7 +44,7 @@ def test_a_placed_plan_runs_on_as_many_local_ranks_as_it_names(capsys, tmp_path:
 
 
 def test_a_data_parallel_plan_runs_on_one_rank_per_replica(capsys, tmp_path: Path, profile_file: Path) -> None:  # type: ignore[no-untyped-def]
-    d = simulate_json(capsys, tmp_path, profile_file, Plan(replicas=2, bucket_mb=0.002))
+    d = simulate_json(capsys, tmp_path, profile_file, Plan(replicas=2, bucket_mb=0.002, order="w-last"))
     assert d["machine"] == "host-2ranks" and d["ranks"] == 2
     assert d["collectives"] > 1 and d["transfers"]["count"] == 0
 
