@@ -4,10 +4,16 @@ communication through torch.distributed (gloo on CPU).
 A rank runs the ops of the resolved (expanded) graph whose device it drives, and the
 communication ops of that device (`schedlab.distribute`):
 
-- ``schedlab.send``: `dist.isend` of the value; it never blocks. Its handle and tensor
-  are kept until the end of the step, when every send of the step is waited on.
-- ``schedlab.recv``: posted as `dist.irecv` into a fresh tensor at the start of the
-  step (shape and dtype from the graph); the op completes when the data is there.
+- ``schedlab.send``: an asynchronous send of the value (`ProcessGroup.send`, what
+  `dist.isend` calls); it never blocks. The tensor and handle are kept, and waited on at
+  the end of the next step, so a step that ends with a send does not wait for its
+  receiver to take it.
+- ``schedlab.recv``: an asynchronous receive into a fresh tensor (shape and dtype from
+  the graph), completed when its data is there. gloo moves data only once the receiver
+  has posted (about 50 us after it, here), and posting costs the receiver tens of
+  microseconds, so with one slot a rank posts a receive at its place in the sequence at
+  the latest, and earlier while it idles waiting on an earlier receive; with several
+  slots the communication thread posts them all when the step starts.
 - ``schedlab.all_reduce``: its inputs are flattened into one buffer, all-reduced
   (`async_op=True`) in the bucket's group, divided by the group's size and unflattened
   into its outputs. Every rank issues its buckets in ascending order.
@@ -26,7 +32,9 @@ send, and everything the send depends on, come earlier in `sequence`, so every r
 among them has already completed (each rank waits in sequence order) and no worker is
 blocked; the send is issued and the receive completes. So no rank waits forever. (For
 all-reduces this needs each bucket's ops to be issued in the same relative order on
-every rank, which ascending bucket order gives; a rank checks its own order.)
+every rank, which ascending bucket order gives; a rank checks its own order.) A rank
+waits on the sends of step k only at the end of step k+1; their receives belong to step k
+of their ranks, which depends on steps up to k only, so the same argument posts them.
 """
 
 from __future__ import annotations
@@ -74,6 +82,53 @@ class _Pending:
     flat: torch.Tensor
     work: Any
     start_ns: int
+
+
+class _Transfers:
+    """The point-to-point traffic of one step on one rank: receives posted in sequence
+    order (`post_through`), and the sends issued, kept until they are waited on."""
+
+    def __init__(self, ex: RankExecutor) -> None:
+        self.ex = ex
+        self.bufs: dict[int, torch.Tensor] = {}
+        self.works: dict[int, Any] = {}
+        self.posted = 0  # how many of ex.recvs are posted
+        self.sends: list[tuple[torch.Tensor, Any, int]] = []  # (tensor, work, op id)
+
+    def post_through(self, j: int) -> None:
+        """Post the receives ex.recvs[..j] not posted yet."""
+        ex = self.ex
+        while self.posted <= j:
+            i = ex.recvs[self.posted]
+            op = ex.graph.ops[i]
+            meta = ex.graph.values[op.outputs[0]]
+            assert meta is not None  # checked by RankExecutor
+            buf = torch.empty(meta.shape, dtype=getattr(torch, meta.dtype))
+            self.bufs[i] = buf
+            self.works[i] = ex._pg.recv([buf], ex._peer[i], int(op.kwargs["tag"]))
+            self.posted += 1
+
+    def send(self, i: int, V: list[Any]) -> None:
+        ex = self.ex
+        op = ex.graph.ops[i]
+        t = V[op.inputs[0]].contiguous()
+        self.sends.append((t, ex._pg.send([t], ex._peer[i], int(op.kwargs["tag"])), i))
+
+    def wait_recv(self, i: int, V: list[Any]) -> None:
+        """Wait for receive `i`, posting it first if need be, and while its data is not
+        there yet (the rank idles) the step's other receives too."""
+        ex = self.ex
+        j = ex.recv_index[i]
+        self.post_through(j)
+        work = self.works[i]
+        if not work.is_completed():
+            self.post_through(len(ex.recvs) - 1)
+        op = ex.graph.ops[i]
+        try:
+            work.wait()
+        except Exception as e:
+            raise CommFailed(f"rank {ex.rank}: op {i} ({op.name}) failed waiting for rank {ex._peer[i]}: {e}") from e
+        V[op.outputs[0]] = self.bufs[i]
 
 
 def rank_device(resolved: ResolvedPlan, machine: Machine, rank: int) -> str:
@@ -145,6 +200,9 @@ class RankExecutor:
                 if meta is None:
                     raise SchedlabError(f"op {i} ({op.name}) receives a value with no tensor shape: cannot preallocate it")
         self.recvs = tuple(i for i in self.ops if self.kind[i] == RECV)
+        self.recv_index = {i: j for j, i in enumerate(self.recvs)}
+        self._pg: Any = dist.group.WORLD  # called directly: skips dist.isend's checks (~10-20 us a call here)
+        self._unsent: list[tuple[torch.Tensor, Any, int]] = []  # the last step's sends
         # All-reduce groups: every rank creates every group, in one order (dist.new_group's rule).
         self._groups: dict[tuple[int, ...], Any] = {}
         world = dist.get_world_size()
@@ -212,50 +270,38 @@ class RankExecutor:
 
     def step(self, inputs: dict[int, torch.Tensor]) -> tuple[dict[int, torch.Tensor], RankStepRecord]:
         """Run one step from this rank's inputs (graph input value id -> tensor, those homed
-        on its device); the graph outputs written on its device and the record."""
+        on its device); the graph outputs written on its device and the record.
+
+        The sends of a step are waited on at the end of the next step (or by `finish`), so
+        a rank whose last op sends starts its next step at once.
+        """
         V: list[Any] = [None] * len(self.graph.values)
         for v in self.input_ids:
             V[v] = inputs[v]
         start_ns = time.perf_counter_ns()
-        bufs, works = self._post_recvs()
-        sends: list[tuple[torch.Tensor, Any]] = []
+        tr = _Transfers(self)
         if self.slots == 1:
-            spans = self._step_one(V, bufs, works, sends, start_ns)
+            spans = self._step_one(V, tr, start_ns)
         else:
-            spans = self._step_corun(V, bufs, works, sends, start_ns)
-        for i_send, (_, work) in enumerate(sends):
-            try:
-                work.wait()
-            except Exception as e:
-                raise CommFailed(f"rank {self.rank}: send {i_send} of the step failed: {e}") from e
+            spans = self._step_corun(V, tr, start_ns)
+        self._wait_sends(self._unsent)
+        self._unsent = tr.sends
         end_ns = time.perf_counter_ns()
         record = RankStepRecord(start_ns=start_ns, wall_ns=end_ns - start_ns, spans=tuple(spans[i] for i in self.ops))
         return {v: V[v] for v in self.keep}, record
 
-    def _post_recvs(self) -> tuple[dict[int, torch.Tensor], dict[int, Any]]:
-        bufs: dict[int, torch.Tensor] = {}
-        works: dict[int, Any] = {}
-        for i in self.recvs:
-            op = self.graph.ops[i]
-            meta = self.graph.values[op.outputs[0]]
-            assert meta is not None  # checked in __init__
-            buf = torch.empty(meta.shape, dtype=getattr(torch, meta.dtype))
-            bufs[i] = buf
-            works[i] = dist.irecv(buf, self._peer[i], tag=int(op.kwargs["tag"]))
-        return bufs, works
+    def finish(self) -> None:
+        """Wait for the sends of the last step."""
+        self._wait_sends(self._unsent)
+        self._unsent = []
 
-    def _send(self, i: int, V: list[Any], sends: list[tuple[torch.Tensor, Any]]) -> None:
-        op = self.graph.ops[i]
-        t = V[op.inputs[0]].contiguous()
-        sends.append((t, dist.isend(t, self._peer[i], tag=int(op.kwargs["tag"]))))
-
-    def _wait_recv(self, i: int, V: list[Any], bufs: dict[int, torch.Tensor], works: dict[int, Any]) -> None:
-        op = self.graph.ops[i]
-        try:
-            works[i].wait()
-        except Exception as e:
-            raise CommFailed(f"rank {self.rank}: op {i} ({op.name}) failed waiting for rank {self._peer[i]}: {e}") from e
-        V[op.outputs[0]] = bufs[i]
+    def _wait_sends(self, sends: list[tuple[torch.Tensor, Any, int]]) -> None:
+        for _, work, i in sends:
+            try:
+                work.wait()
+            except Exception as e:
+                op = self.graph.ops[i]
+                raise CommFailed(f"rank {self.rank}: op {i} ({op.name}) failed sending to rank {self._peer[i]}: {e}") from e
 
     def _issue_all_reduce(self, i: int, V: list[Any]) -> _Pending:
         op = self.graph.ops[i]
@@ -290,14 +336,7 @@ class RankExecutor:
         op = self.graph.ops[i]
         return OpFailed(f"rank {self.rank}: op {op.id} ({op.name}, {op.target}) failed: {type(e).__name__}: {e}")
 
-    def _step_one(
-        self,
-        V: list[Any],
-        bufs: dict[int, torch.Tensor],
-        works: dict[int, Any],
-        sends: list[tuple[torch.Tensor, Any]],
-        start_ns: int,
-    ) -> list[Span]:
+    def _step_one(self, V: list[Any], tr: _Transfers, start_ns: int) -> list[Span]:
         ns = time.perf_counter_ns
         spans: list[Span] = [(0, 0, 0)] * len(self.graph.ops)
         kind = self.kind
@@ -322,11 +361,11 @@ class RankExecutor:
                         spans[i] = (t0 - start_ns, ns() - start_ns, 0)
                     elif k == SEND:
                         t0 = ns()
-                        self._send(i, V, sends)
+                        tr.send(i, V)
                         spans[i] = (t0 - start_ns, ns() - start_ns, SEND_WORKER)
                     elif k == RECV:
                         t0 = ns()
-                        self._wait_recv(i, V, bufs, works)
+                        tr.wait_recv(i, V)
                         spans[i] = (t0 - start_ns, ns() - start_ns, RECV_WORKER)
                     else:
                         pending[i] = self._issue_all_reduce(i, V)
@@ -341,14 +380,7 @@ class RankExecutor:
             torch.set_num_threads(prev)
         return spans
 
-    def _step_corun(
-        self,
-        V: list[Any],
-        bufs: dict[int, torch.Tensor],
-        works: dict[int, Any],
-        sends: list[tuple[torch.Tensor, Any]],
-        start_ns: int,
-    ) -> list[Span]:
+    def _step_corun(self, V: list[Any], tr: _Transfers, start_ns: int) -> list[Span]:
         uses = dict(self._uses)
         inputs_of = self._local_inputs
         keep = self.keep
@@ -359,7 +391,7 @@ class RankExecutor:
             if kind[i] == "compute":
                 fn[i](V)
             else:
-                self._send(i, V, sends)
+                tr.send(i, V)
 
         def release(i: int) -> None:
             for v in inputs_of[i]:
@@ -386,10 +418,12 @@ class RankExecutor:
             # Receives and all-reduces in sequence order: the deadlock-free order (module doc).
             i = -1
             try:
+                if self.recvs:
+                    tr.post_through(len(self.recvs) - 1)
                 for i in self.externals:
                     if kind[i] == RECV:
                         t0 = ns()
-                        self._wait_recv(i, V, bufs, works)
+                        tr.wait_recv(i, V)
                     else:
                         if not loop.wait_ready(i):
                             return

@@ -6,7 +6,7 @@ all of a file or none of it.
     graph.json        the graph the ranks run (the expanded one, with its COMM ops)
     machine.json      the machine (which device each rank drives)
     inputs.<rank>.pt  graph input value id -> tensor: the inputs homed on that rank's device
-    progress.<rank>   what the rank last began ("start", "rendezvous", "step 3", "done")
+    progress.bin      what each rank last began ("start", "rendezvous", "step 3", "done"), and when
     result.<rank>.pt  the rank's step records (and outputs), when it has finished
     error.<rank>.json why the rank failed, when it has: {"kind", "message", "step"}
 """
@@ -14,7 +14,9 @@ all of a file or none of it.
 from __future__ import annotations
 
 import json
-import os
+import mmap
+import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,7 @@ def write_job(
     for rank, inputs in inputs_of_rank.items():
         with atomic_file(job_dir / f"inputs.{rank}.pt", "wb") as f:
             torch.save(inputs, f)
+    make_progress_file(job_dir, len(machine.processes))
     write_json_atomic(job_dir / "job.json", {
         "schema": "schedlab.job",
         "version": JOB_SCHEMA_VERSION,
@@ -146,19 +149,51 @@ def load_inputs(job_dir: Path, rank: int) -> dict[int, torch.Tensor]:
     return inputs
 
 
-def mark_progress(job_dir: Path, rank: int, what: str) -> None:
-    """Say what the rank begins now; the launcher reads the file's time to tell a hung rank."""
-    with open(job_dir / f"progress.{rank}", "w") as f:
-        f.write(what)
+PROGRESS_FILE = "progress.bin"
+_SLOT = struct.Struct("<qq")  # (what, when: time.time_ns()) per rank
+_LABELS = {-3: "start", -2: "rendezvous", -1: "done"}
+START, RENDEZVOUS, DONE = -3, -2, -1  # what a rank begins; a step is its index (>= 0)
+
+
+def label(what: int) -> str:
+    return _LABELS.get(what, f"step {what}")
+
+
+class Progress:
+    """What each rank last began, and when: a small shared file each rank writes its slot of
+    in place (a memory write per step: no file is opened or renamed on the step path)."""
+
+    def __init__(self, job_dir: Path, rank: int) -> None:
+        self.rank = rank
+        path = job_dir / PROGRESS_FILE
+        with open(path, "r+b") as f:
+            self._mm = mmap.mmap(f.fileno(), 0)
+
+    def mark(self, what: int) -> None:
+        _SLOT.pack_into(self._mm, _SLOT.size * self.rank, what, time.time_ns())
+
+
+def make_progress_file(job_dir: Path, world: int) -> None:
+    write_bytes_atomic(job_dir / PROGRESS_FILE, bytes(_SLOT.size * world))
 
 
 def read_progress(job_dir: Path, rank: int) -> tuple[str, float] | None:
-    """(what the rank last began, when: file time in s since the epoch), or None."""
-    path = job_dir / f"progress.{rank}"
+    """(what the rank last began, when in s since the epoch), or None before it began anything."""
     try:
-        return path.read_text(), os.stat(path).st_mtime
+        with open(job_dir / PROGRESS_FILE, "rb") as f:
+            f.seek(_SLOT.size * rank)
+            raw = f.read(_SLOT.size)
     except OSError:
         return None
+    if len(raw) < _SLOT.size:
+        return None
+    what, when_ns = _SLOT.unpack(raw)
+    return (label(what), when_ns / 1e9) if when_ns else None
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    with atomic_file(path, "wb") as f:
+        f.write(data)
 
 
 def write_result(job_dir: Path, result: RankResult) -> None:

@@ -35,7 +35,22 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+import torch.distributed as dist
+
+from schedlab.exec.dist import CommFailed, RankExecutor, clock_offset_ns, rank_device
+from schedlab.exec.job import (
+    DONE,
+    RENDEZVOUS,
+    START,
+    Progress,
+    RankResult,
+    load_inputs,
+    load_job,
+    write_error,
+    write_result,
+)
 from schedlab.exec.rankenv import CPUS_ENV, FAULT_ENV, PARENT_ENV, RankEnv, core_share, pin_process, read_env
+from schedlab.exec.runner import OpFailed, next_inputs
 
 
 def _die_with_parent() -> None:
@@ -84,16 +99,12 @@ def main(argv: list[str]) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the launcher asks where a hung rank is
     job_dir = Path(argv[0])
 
-    from schedlab.exec.job import mark_progress, write_error
-
-    mark_progress(job_dir, env.rank, "start")
+    progress = Progress(job_dir, env.rank)
+    progress.mark(START)
     state: dict[str, int | None] = {"step": None}
     try:
-        _run(job_dir, env, state)
+        _run(job_dir, env, state, progress)
     except BaseException as e:  # every failure becomes the error file
-        from schedlab.exec.dist import CommFailed
-        from schedlab.exec.runner import OpFailed
-
         comm = isinstance(e, CommFailed) or type(e).__module__.startswith("torch.distributed") or (
             "gloo" in str(e).lower() or "connection" in str(e).lower()
         )
@@ -106,13 +117,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _run(job_dir: Path, env: RankEnv, state: dict[str, int | None]) -> None:
-    import torch.distributed as dist
-
-    from schedlab.exec.dist import CommFailed, RankExecutor, clock_offset_ns, rank_device
-    from schedlab.exec.job import RankResult, load_inputs, load_job, mark_progress, write_result
-    from schedlab.exec.runner import next_inputs
-
+def _run(job_dir: Path, env: RankEnv, state: dict[str, int | None], progress: Progress) -> None:
     job = load_job(job_dir)
     if env.world != len(job.machine.processes):
         raise SystemExit(
@@ -125,7 +130,7 @@ def _run(job_dir: Path, env: RankEnv, state: dict[str, int | None]) -> None:
         dist.init_process_group("gloo", rank=env.rank, world_size=env.world, timeout=timeout)
     except Exception as e:
         raise CommFailed(f"rank {env.rank}: rendezvous failed: {e}") from e
-    mark_progress(job_dir, env.rank, "rendezvous")
+    progress.mark(RENDEZVOUS)
     try:
         offset_ns, rtt_ns = clock_offset_ns()
     except Exception as e:
@@ -139,7 +144,7 @@ def _run(job_dir: Path, env: RankEnv, state: dict[str, int | None]) -> None:
     outputs = None
     for s in range(job.warmup + job.steps):
         state["step"] = s
-        mark_progress(job_dir, env.rank, f"step {s}")
+        progress.mark(s)
         if fault is not None and fault[1] == s:
             _inject(fault[0])
         if s == job.warmup:
@@ -154,6 +159,7 @@ def _run(job_dir: Path, env: RankEnv, state: dict[str, int | None]) -> None:
         if s >= job.warmup:
             records.append(rec)
     state["step"] = None
+    ex.finish()
     write_result(job_dir, RankResult(
         rank=env.rank,
         device=rank_device(job.resolved, job.machine, env.rank),
@@ -163,7 +169,7 @@ def _run(job_dir: Path, env: RankEnv, state: dict[str, int | None]) -> None:
         clock_rtt_ns=rtt_ns,
         outputs=outputs,
     ))
-    mark_progress(job_dir, env.rank, "done")
+    progress.mark(DONE)
     try:
         dist.barrier()  # no rank leaves while a peer may still read from it
         dist.destroy_process_group()
