@@ -229,9 +229,15 @@ class _SimpyRun:
 
     def _walk(self, d: int) -> Generator[simpy.Event, Any, None]:
         """The one worker of a one-slot device: its ops in sequence, as a straight-line program."""
-        env, prep, st = self.env, self.prep, self.st
+        prep, st = self.prep, self.st
         assert self.comm is not None and self.role is not None
-        lock, server, gpu = self.procs[prep.device_process[d]].lock, self.servers[d], prep.device_is_gpu[d]
+        p = prep.device_process[d]
+        # Alone on its process (no other device, no heap workers), nothing contends for its
+        # lock: skip the Resource (the same times, fewer events).
+        alone = not self.procs[p].devices and sum(1 for e in range(len(self.walks)) if self.walks[e]
+                                                  and self.in_sequence[e] and prep.device_process[e] == p) == 1
+        lock = None if alone else self.procs[p].lock
+        server, gpu = self.servers[d], prep.device_is_gpu[d]
         role, reads_reduced = self.role, self.comm.reads_reduced
         issued: list[int] = []  # all-reduces issued here and not finished yet
         for o in self.in_sequence[d]:
@@ -249,11 +255,7 @@ class _SimpyRun:
                 yield from self._issue_reduce(o, lock)
                 issued.append(o)
                 continue
-            req = lock.request()
-            yield req
-            self._begin(o, 0 if r is Role.COMPUTE else SEND_TRACK)
-            yield env.timeout(prep.dispatch_us[o])
-            lock.release(req)
+            yield from self._hold(lock, prep.dispatch_us[o], o, 0 if r is Role.COMPUTE else SEND_TRACK)
             if r is Role.SEND:
                 self._send(o)
                 continue
@@ -282,26 +284,35 @@ class _SimpyRun:
                 yield from self._issue_reduce(o, lock)
                 yield from self._finish_reduce(o, lock)
 
-    def _receive(self, o: int, lock: simpy.Resource) -> Generator[simpy.Event, Any, None]:
+    def _hold(
+        self, lock: simpy.Resource | None, dur_us: float, begin: int = -1, track: int = 0
+    ) -> Generator[simpy.Event, Any, None]:
+        """Hold `lock` (None: uncontended) for `dur_us`; op `begin` (if any) starts once it is held."""
+        if lock is None:
+            if begin >= 0:
+                self._begin(begin, track)
+            yield self.env.timeout(dur_us)
+            return
+        req = lock.request()
+        yield req
+        if begin >= 0:
+            self._begin(begin, track)
+        yield self.env.timeout(dur_us)
+        lock.release(req)
+
+    def _receive(self, o: int, lock: simpy.Resource | None) -> Generator[simpy.Event, Any, None]:
         """Wait for recv `o`'s data, take it under the lock, and end."""
         self._begin(o, RECV_TRACK)
         if not self.arrived[o]:
             yield self._arrival_event(o)
-        req = lock.request()
-        yield req
-        yield self.env.timeout(self.prep.dispatch_us[o])
-        lock.release(req)
+        yield from self._hold(lock, self.prep.dispatch_us[o])
         self._complete(o)
 
-    def _issue_reduce(self, a: int, lock: simpy.Resource) -> Generator[simpy.Event, Any, None]:
+    def _issue_reduce(self, a: int, lock: simpy.Resource | None) -> Generator[simpy.Event, Any, None]:
         """Issue all-reduce `a`: dispatch under the lock, flatten its bucket (a kernel)."""
         prep, st = self.prep, self.st
         d = st.op_device[a]
-        req = lock.request()
-        yield req
-        self._begin(a, RECV_TRACK)
-        yield self.env.timeout(prep.dispatch_us[a])
-        lock.release(req)
+        yield from self._hold(lock, prep.dispatch_us[a], a, RECV_TRACK)
         self.mem.alloc(d, st.alloc_bytes[a])  # the flat buffer; its outputs are views of it
         if prep.kernel_us[a] > 0.0:
             yield self.servers[d].run(a, prep.demand[a], prep.kernel_us[a])
@@ -309,15 +320,12 @@ class _SimpyRun:
             self._release(s)
         self._issue(a)
 
-    def _finish_reduce(self, a: int, lock: simpy.Resource) -> Generator[simpy.Event, Any, None]:
+    def _finish_reduce(self, a: int, lock: simpy.Resource | None) -> Generator[simpy.Event, Any, None]:
         """Wait for all-reduce `a`'s collective, then average (under the lock, then a kernel) and end."""
         prep = self.prep
         if not self.arrived[a]:
             yield self._arrival_event(a)
-        req = lock.request()
-        yield req
-        yield self.env.timeout(prep.dispatch_us[a])
-        lock.release(req)
+        yield from self._hold(lock, prep.dispatch_us[a])
         if prep.kernel_us[a] > 0.0:
             yield self.servers[self.st.op_device[a]].run(a, prep.demand[a], prep.kernel_us[a])
         self._complete(a)

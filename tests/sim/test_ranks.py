@@ -123,8 +123,8 @@ def test_send_recv_costs_latency_plus_bytes_over_bandwidth() -> None:
     # sequence), takes the data under b's lock (3): 1020; q 1020-1030. Tracks as the
     # executor's: recvs -1, sends -2.
     assert spans(res.trace) == [
-        (recv.name, 0, 1020, -1),
         ("p", 0, 10, 0),
+        (recv.name, 0, 1020, -1),
         (send.name, 10, 12, -2),
         ("q", 1020, 1030, 0),
     ]
