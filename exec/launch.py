@@ -202,7 +202,7 @@ def wait_ranks(procs: list[subprocess.Popen[bytes]], job_dir: Path, timeout_s: f
             codes = [p.poll() for p in procs]
             if any(c not in (None, 0) for c in codes):
                 time.sleep(0.3)  # let the peers of a dead rank fail too, to tell cause from effect
-                raise _death_error(procs, [p.poll() for p in procs], codes, job_dir)
+                raise _death_error([p.poll() for p in procs], codes, job_dir)
             if all(c == 0 for c in codes):
                 return
             unfinished = [r for r, c in enumerate(codes) if c is None]
@@ -254,9 +254,7 @@ def _how(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _death_error(
-    procs: list[subprocess.Popen[bytes]], codes: list[int | None], first_seen: list[int | None], job_dir: Path
-) -> SchedlabError:
+def _death_error(codes: list[int | None], first_seen: list[int | None], job_dir: Path) -> SchedlabError:
     failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
     errors = {r: read_error(job_dir, r) for r in failed}
 
