@@ -23,10 +23,14 @@ W = 1e9  # bytes/s: 1 MB takes 1000 µs
 LAT = 5e-6  # 5 µs
 
 
-def machine(processes: Sequence[int], links: Sequence[tuple[str, str, str]] = (("a", "b", "wire"),)) -> Machine:
-    """CPU devices "a", "b", ... (1 core each) driven by `processes`, joined by `links` (src, dst, name)."""
+def machine(
+    processes: Sequence[int], links: Sequence[tuple[str, str, str]] = (("a", "b", "wire"),), cores: int = 1
+) -> Machine:
+    """CPU devices "a", "b", ... driven by `processes`, joined by `links` (src, dst, name)."""
     names = "abcd"[: len(processes)]
-    devs = tuple(Device(id=n, kind="cpu", cores=1, memory_bytes=2**40, process=p) for n, p in zip(names, processes, strict=True))
+    devs = tuple(
+        Device(id=n, kind="cpu", cores=cores, memory_bytes=2**40, process=p) for n, p in zip(names, processes, strict=True)
+    )
     return Machine("test-ranks", devs, tuple(Link(s, d, W, LAT, name) for s, d, name in links))
 
 
@@ -266,6 +270,30 @@ def test_a_bucket_missing_a_member_is_an_expansion_bug() -> None:
     bad = dataclasses.replace(g, ops=ops)
     with pytest.raises(SchedlabError, match=r"malformed expanded graph.*has no all_reduce op on"):
         simulate(bad, hand_resolved(bad, devices), machine((0, 1)), TableCost())
+
+
+def test_a_corun_rank_receives_and_reduces_on_its_communication_thread() -> None:
+    # Two slots per device: workers run compute ops and sends off the heap, a communication
+    # thread per device waits for the recv and runs the all-reduce. With nothing else to
+    # do, the times are those of the one-slot walk (tests above).
+    g, plan = producer_consumers({"q": "b"})
+    m = machine((0, 1), cores=2)
+    resolved = resolve(g, dataclasses.replace(plan, slots=2, threads=1), m)
+    G = resolved.run_graph(g)
+    send = next(op for op in G.ops if op.target == SEND)
+    recv = next(op for op in G.ops if op.target == RECV)
+    cost = TableCost(default_kernel_us=10.0, dispatch={send.name: 2.0, recv.name: 3.0})
+    ev = by_name(simulate(g, resolved, m, cost))
+    assert [(n, us(ev[n].start_ns), us(ev[n].end_ns), ev[n].worker) for n in ("p", send.name, recv.name, "q")] == [
+        ("p", 0, 10, 0), (send.name, 10, 12, -2), (recv.name, 0, 1020, -1), ("q", 1020, 1030, 0)
+    ]
+    g2, devices = all_reduce_graph(1)
+    hand = dataclasses.replace(hand_resolved(g2, devices), slots=2, device_slots={"a": 2, "b": 2})
+    cost2 = TableCost(kernel={"g0a": 100.0, "g0b": 500.0, "ar0a": 0.0, "ar0b": 0.0})
+    ev2 = by_name(simulate(g2, hand, machine((0, 1), cores=2), cost2))
+    assert [(us(ev2[n].start_ns), us(ev2[n].end_ns), ev2[n].worker) for n in ("ar0a", "ar0b", "u0a")] == [
+        (100, 1510, -1), (500, 1510, -1), (1510, 1520, 0)
+    ]
 
 
 # ---- one process: the model of before ---------------------------------------------------------
