@@ -35,9 +35,10 @@ The model (time unit: microseconds):
   (`dispatch_us` under the lock) and hands the transfer of `op.bytes_moved` bytes to the
   link (`sim.interconnect`: latency plus bytes over bandwidth, contended by name): the
   send ends there, as an isend does, and its input stays referenced until the transfer
-  ends. A recv waits for its transfer to arrive (not holding the lock), then holds the
-  lock for its `dispatch_us` (taking the buffer) and ends; its consumers become ready on
-  the receiving process. An all-reduce is *issued* (`dispatch_us` under the lock, then
+  ends. A recv is *posted* (`dispatch_us` under the lock; its buffer is allocated then),
+  and its transfer starts when both the send was handed off and the recv was posted
+  (gloo moves data only to a posted receive); it ends when the data is there, and its
+  consumers become ready on the receiving process. An all-reduce is *issued* (`dispatch_us` under the lock, then
   its kernel, flattening the bucket: `sim.prepare.comm_kernel_us`; its inputs are
   released and its output buffer allocated) and later *finished* (once its collective
   ended: `dispatch_us` under the lock, then its kernel again, averaging). A bucket's
@@ -46,12 +47,14 @@ The model (time unit: microseconds):
   on the ring's wires. Devices issue a group's buckets in ascending order.
   Who does this depends on the device's slots, as in the executor:
   - *one slot*: its one worker walks the device's ops in the resolved `sequence` (a
-    straight-line program): it waits at a recv until its data is there, issues an
-    all-reduce at its place, and finishes it just before the first op that reads its
-    result (or after its last op);
+    straight-line program): at a recv it posts the receives up to it not posted yet and,
+    if the data is not there, all the others too, then waits; it issues an all-reduce
+    at its place, and finishes it just before the first op that reads its result (or
+    after its last op);
   - *several slots*: its workers take compute ops and sends off the ready heap; one
-    communication thread per device walks its recvs and all-reduces in `sequence` order,
-    one at a time (waiting for each recv, issuing and finishing each all-reduce in turn).
+    communication thread per device posts all its receives as the step starts, then
+    walks its recvs and all-reduces in `sequence` order, one at a time (waiting for
+    each recv, issuing and finishing each all-reduce in turn).
   Trace tracks as the executor's: recvs and all-reduces on worker -1 (from the moment
   the walker or the thread starts on them), sends on worker -2.
 - **Implicit transfers** (a graph placed on several devices without expansion: tests'
@@ -59,8 +62,8 @@ The model (time unit: microseconds):
   transfer of that value to its device, started when the value is ready. The trace shows
   it as kind "COMM", op = the first consumer, name "send <value>", device = the sender,
   worker = -1 - link index, threads 0.
-- **Memory.** Outputs are allocated when the kernel starts (a recv's copy when its
-  transfer starts; an all-reduce's output buffer when it is issued); a storage is
+- **Memory.** Outputs are allocated when the kernel starts (a recv's buffer when it is
+  posted; an all-reduce's output buffer when it is issued); a storage is
   freed at the end of the instant in which its last reader finishes, unless it holds a
   graph input or output (see `sim.memory`).
 """
@@ -166,6 +169,13 @@ class _SimpyRun:
         self.issued = [0] * (len(st.comm.collectives) if st.comm is not None else 0)
         self.when_ready: dict[int, simpy.Event] = {}  # op -> fires when its last token arrives
         self.arrived = [False] * n  # recv: its transfer arrived; all-reduce: its collective ended
+        self.posted = [False] * n  # recv: posted (its buffer allocated; its transfer may move)
+        self.when_posted: dict[int, simpy.Event] = {}
+        self.recvs_of: list[list[int]] = [
+            [o for o in ops if role is not None and role[o] is Role.RECV] for ops in self.in_sequence
+        ]
+        self.recv_index = {o: j for rs in self.recvs_of for j, o in enumerate(rs)}  # recv -> its place in recvs_of
+        self.n_posted = [0] * n_dev  # per device: how many of recvs_of[d] are posted (in order)
         self.when_arrived: dict[int, simpy.Event] = {}
         self.settle_pending = False
         self.tl = Timeline([0.0] * n, [0.0] * n, [0] * n, [])
@@ -243,7 +253,13 @@ class _SimpyRun:
         for o in self.in_sequence[d]:
             r = role[o]
             if r is Role.RECV:
-                yield from self._receive(o, lock)
+                self._begin(o, RECV_TRACK)
+                yield from self._post_through(d, self.recv_index[o], lock)
+                if not self.arrived[o]:  # it idles: post the step's other receives meanwhile
+                    yield from self._post_through(d, len(self.recvs_of[d]) - 1, lock)
+                    if not self.arrived[o]:
+                        yield self._arrival_event(o)
+                self._complete(o)
                 continue
             for a in reads_reduced.get(o, ()):
                 if a in issued:
@@ -274,10 +290,14 @@ class _SimpyRun:
         in sequence order, one at a time."""
         assert self.role is not None
         lock = self.procs[self.prep.device_process[d]].lock
+        yield from self._post_through(d, len(self.recvs_of[d]) - 1, lock)  # all of them, as the step starts
         for o in self.in_sequence[d]:
             r = self.role[o]
             if r is Role.RECV:
-                yield from self._receive(o, lock)
+                self._begin(o, RECV_TRACK)
+                if not self.arrived[o]:
+                    yield self._arrival_event(o)
+                self._complete(o)
             elif r is Role.ALL_REDUCE:
                 if self.pending[o]:
                     yield self._ready_event(o)
@@ -300,13 +320,19 @@ class _SimpyRun:
         yield self.env.timeout(dur_us)
         lock.release(req)
 
-    def _receive(self, o: int, lock: simpy.Resource | None) -> Generator[simpy.Event, Any, None]:
-        """Wait for recv `o`'s data, take it under the lock, and end."""
-        self._begin(o, RECV_TRACK)
-        if not self.arrived[o]:
-            yield self._arrival_event(o)
-        yield from self._hold(lock, self.prep.dispatch_us[o])
-        self._complete(o)
+    def _post_through(self, d: int, j: int, lock: simpy.Resource | None) -> Generator[simpy.Event, Any, None]:
+        """Post device `d`'s receives recvs_of[d][..j] not posted yet, in order: each holds the
+        lock for its `dispatch_us` and allocates its buffer; its transfer may then move."""
+        recvs = self.recvs_of[d]
+        while self.n_posted[d] <= j:
+            r = recvs[self.n_posted[d]]
+            self.n_posted[d] += 1
+            yield from self._hold(lock, self.prep.dispatch_us[r])
+            self.mem.alloc(d, self.st.alloc_bytes[r])
+            self.posted[r] = True
+            ev = self.when_posted.pop(r, None)
+            if ev is not None:
+                ev.succeed()
 
     def _issue_reduce(self, a: int, lock: simpy.Resource | None) -> Generator[simpy.Event, Any, None]:
         """Issue all-reduce `a`: dispatch under the lock, flatten its bucket (a kernel)."""
@@ -338,12 +364,15 @@ class _SimpyRun:
         assert self.comm is not None
         self.tl.end_us[o] = self.env.now
         self.done += 1
-        r = self.comm.recv_of[o]
-        self.mem.alloc(self.st.op_device[r], self.st.alloc_bytes[r])  # the copy, on the destination
-        self.env.process(self._transfer(o, r))
+        self.env.process(self._transfer(o, self.comm.recv_of[o]))
 
     def _transfer(self, o: int, r: int) -> Generator[simpy.Event, Any, None]:
         assert self.comm is not None
+        if not self.posted[r]:  # gloo moves the data once the receiver has posted
+            ev = self.when_posted.get(r)
+            if ev is None:
+                ev = self.when_posted[r] = self.env.event()
+            yield ev
         ids, dev = self.prep.device_ids, self.st.op_device
         nbytes = self.comm.send_bytes[o]
         rec = yield self.network.transfer(ids[dev[o]], ids[dev[r]], nbytes)

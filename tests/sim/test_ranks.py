@@ -122,25 +122,46 @@ def test_send_recv_costs_latency_plus_bytes_over_bandwidth() -> None:
     recv = next(op for op in G.ops if op.target == RECV)
     cost = TableCost(default_kernel_us=10.0, dispatch={send.name: 2.0, recv.name: 3.0})
     res = simulate(g, resolved, m, cost)
-    # p 0-10; the send is dispatched 10-12 and hands 1 MB to the link: it arrives at
-    # 12 + 1000 + 5. b's one worker waits at the recv from the start (its first op in
-    # sequence), takes the data under b's lock (3): 1020; q 1020-1030. Tracks as the
-    # executor's: recvs -1, sends -2.
+    # b's one worker reaches the recv first (its first op in sequence): it posts it (3,
+    # under b's lock) and waits. a: p 0-10; the send is dispatched 10-12 and hands 1 MB to
+    # the link: it arrives at 12 + 1000 + 5 = 1017; q 1017-1027. Tracks as the executor's:
+    # recvs -1, sends -2.
     assert spans(res.trace) == [
         ("p", 0, 10, 0),
-        (recv.name, 0, 1020, -1),
+        (recv.name, 0, 1017, -1),
         (send.name, 10, 12, -2),
-        ("q", 1020, 1030, 0),
+        ("q", 1017, 1027, 0),
     ]
     ev = by_name(res)
     assert (ev[send.name].kind, ev[send.name].rank, ev[send.name].threads) == ("COMM", 0, 0)
     assert (ev[recv.name].kind, ev[recv.name].rank, ev[recv.name].device) == ("COMM", 1, "b")
-    assert res.step_time_s == pytest.approx(1030e-6)
+    assert res.step_time_s == pytest.approx(1027e-6)
     assert (res.transfer_count, res.transfer_bytes) == (1, MB)
     assert (res.ranks[0].sent_bytes, res.ranks[1].sent_bytes) == (MB, 0)
-    # b holds the copy (allocated as the transfer starts) and q's output; a holds x and p.
+    # b holds the copy (allocated when the recv is posted) and q's output; a holds x and p.
     assert res.peak_memory_bytes == {"a": 100 + MB, "b": MB + 10}
     assert res.ranks[1].lock_busy_s == pytest.approx(3e-6)
+
+
+def test_a_transfer_waits_until_its_recv_is_posted() -> None:
+    # b is busy with w (2000) before it reaches the recv and posts it (2000-2003): the data
+    # the send handed off at 12 moves only then: 2003 + 1000 + 5 = 3008.
+    b = GraphBuilder("late-post")
+    x, y = b.input("x", 100), b.input("y", 100)
+    p = b.op("p", [x], nbytes=MB)
+    b.output(b.op("w", [y], nbytes=10), "w")
+    b.output(b.op("q", [p], nbytes=10), "q")
+    g = b.build()
+    m = machine((0, 1))
+    resolved = resolve(g, Plan(device="a", op_devices={1: "b", 2: "b"}), m)
+    G = resolved.run_graph(g)
+    send = next(op for op in G.ops if op.target == SEND)
+    recv = next(op for op in G.ops if op.target == RECV)
+    cost = TableCost(kernel={"p": 10.0, "w": 2000.0, "q": 10.0}, dispatch={send.name: 2.0, recv.name: 3.0})
+    ev = by_name(simulate(g, resolved, m, cost))
+    assert [(n, us(ev[n].start_ns), us(ev[n].end_ns)) for n in ("w", recv.name, "q")] == [
+        ("w", 0, 2000), (recv.name, 2000, 3008), ("q", 3008, 3018)
+    ]
 
 
 @pytest.mark.parametrize(("names", "arrive_us"), [(("bus", "bus"), 10 + 2000 + 5), (("", ""), 10 + 1000 + 5)])
@@ -274,8 +295,8 @@ def test_a_bucket_missing_a_member_is_an_expansion_bug() -> None:
 
 def test_a_corun_rank_receives_and_reduces_on_its_communication_thread() -> None:
     # Two slots per device: workers run compute ops and sends off the heap, a communication
-    # thread per device waits for the recv and runs the all-reduce. With nothing else to
-    # do, the times are those of the one-slot walk (tests above).
+    # thread per device posts the recv as the step starts (0-3), then waits for it and runs
+    # the all-reduce. With nothing else to do, the times are the one-slot walk's (above).
     g, plan = producer_consumers({"q": "b"})
     m = machine((0, 1), cores=2)
     resolved = resolve(g, dataclasses.replace(plan, slots=2, threads=1), m)
@@ -285,7 +306,7 @@ def test_a_corun_rank_receives_and_reduces_on_its_communication_thread() -> None
     cost = TableCost(default_kernel_us=10.0, dispatch={send.name: 2.0, recv.name: 3.0})
     ev = by_name(simulate(g, resolved, m, cost))
     assert [(n, us(ev[n].start_ns), us(ev[n].end_ns), ev[n].worker) for n in ("p", send.name, recv.name, "q")] == [
-        ("p", 0, 10, 0), (send.name, 10, 12, -2), (recv.name, 0, 1020, -1), ("q", 1020, 1030, 0)
+        ("p", 0, 10, 0), (send.name, 10, 12, -2), (recv.name, 3, 1017, -1), ("q", 1017, 1027, 0)
     ]
     g2, devices = all_reduce_graph(1)
     hand = dataclasses.replace(hand_resolved(g2, devices), slots=2, device_slots={"a": 2, "b": 2})
