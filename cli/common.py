@@ -85,6 +85,24 @@ def capture_for_plan(args: argparse.Namespace, replicas: int, cache: bool = True
         return plan_step(workload, replicas, lambda w: capture_cached(w, args.optimizer, args.seed, root))
 
 
+def plan_ranks(plan: Any) -> int:
+    """How many local ranks a plan needs: one more than the highest cpuK it names (1 if it
+    names none), times its replicas (replica r runs on the r-th group of devices)."""
+    from schedlab.errors import SchedlabError
+
+    named = {plan.device, *plan.layer_devices.values(), *plan.op_devices.values(), *plan.device_slots,
+             *plan.device_threads} - {None}
+    top = 0
+    for dev in named:
+        if not (dev.startswith("cpu") and dev[3:].isdigit()):
+            raise SchedlabError(
+                f"the plan places ops on device {dev!r}, which this host's local ranks (cpu0..cpu{{N-1}}) do not have; "
+                "name the machine that has it with --machine (simulate), or place it on cpuK"
+            )
+        top = max(top, int(dev[3:]))
+    return (top + 1) * max(1, plan.replicas)
+
+
 def load_profile(path: str | None, machine_is_host: bool = True):  # type: ignore[no-untyped-def]
     """The Profile, with a machine mismatch printed as one warning line on stderr."""
     from schedlab.calibrate.profile import Profile, ProfileMachineWarning

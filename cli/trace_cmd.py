@@ -18,8 +18,9 @@ from typing import Any
 from schedlab.cli.common import (
     TRACES_DIR,
     add_model_args,
-    capture_model,
+    capture_for_plan,
     load_plan_arg,
+    plan_ranks,
     print_json,
     resolve_plan_arg,
     slug,
@@ -73,21 +74,6 @@ def _order_profile(args: argparse.Namespace, plan: Any) -> Any:
     return load_profile(args.profile)
 
 
-def plan_devices(plan: Any) -> int:
-    """How many local ranks a plan needs: one more than the highest cpuK it names (1 if none)."""
-    named = {plan.device, *plan.layer_devices.values(), *plan.op_devices.values(), *plan.device_slots,
-             *plan.device_threads} - {None}
-    top = 0
-    for dev in named:
-        if not (dev.startswith("cpu") and dev[3:].isdigit()):
-            raise SchedlabError(
-                f"the plan places ops on device {dev!r}; schedlab trace runs plans on this host's local ranks "
-                "cpu0..cpu{N-1} (see --devices)"
-            )
-        top = max(top, int(dev[3:]))
-    return top + 1
-
-
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -102,24 +88,27 @@ def run(args: argparse.Namespace) -> int:
     if timeout_s <= 0:
         raise SchedlabError(f"--timeout-s must be > 0, got {args.timeout_s}")
     plan = load_plan_arg(args.plan)
-    machine = host_ranks(args.devices if args.devices is not None else plan_devices(plan))
-    workload, captured = capture_model(args)
-    graph = captured.graph
+    machine = host_ranks(args.devices if args.devices is not None else plan_ranks(plan))
+    step = capture_for_plan(args, plan.replicas)
+    workload, captured = step.workload, step.full
+    graph = step.graph  # with replicas: the per-replica step
     resolved = resolve_plan_arg(graph, plan, machine, args.plan, _order_profile(args, plan))
     ranks = 1
     if resolved.multi_device:
         print(f"trace {args.model}: {len(machine.processes)} ranks ...", file=sys.stderr)
+        run_graph = resolved.run_graph(graph)
         dist = run_ranks(
-            graph, resolved, machine, captured.input_values, steps=args.steps, warmup=args.warmup,
+            graph, resolved, machine, step.inputs_for(run_graph), steps=args.steps, warmup=args.warmup,
             timeout_s=timeout_s, want_outputs=True, workload=args.model,
         )
-        first = dist.outputs or {}
-        check = check_step(workload.module, graph, captured.input_values, lambda iv: first)
+        first = step.as_full(run_graph, dist.outputs or {})
+        check = check_step(workload.module, captured.graph, captured.input_values, lambda iv: first)
         result: Any = dist
         ranks = dist.ranks
         rank_step_times = [list(t) for t in dist.rank_step_times_s]
         ops = len(resolved.run_graph(graph))
     else:
+        graph = captured.graph
         executor = Executor(graph, resolved)
         check = check_step(workload.module, graph, captured.input_values, lambda iv: executor.step(iv)[0])
         bar = tqdm(total=args.warmup + args.steps, desc=f"trace {args.model}", unit="step", file=sys.stderr, disable=None)

@@ -250,16 +250,25 @@ class ResolvedPlan:
         return self.graph
 
 
-def list_schedule(graph: Graph, priority: tuple[int, ...] | list[int]) -> tuple[int, ...]:
-    """Topological order picking the ready op of lowest priority first (ties: op id)."""
+def list_schedule(
+    graph: Graph, priority: tuple[int, ...] | list[int], after: dict[int, int] | None = None
+) -> tuple[int, ...]:
+    """Topological order picking the ready op of lowest priority first (ties: op id).
+
+    `after[b] = a`: op b also waits for op a (an order the values do not impose, such as
+    a rank's all-reduce buckets, which every rank must issue in the same order)."""
     indeg = [len(p) for p in graph.preds]
+    then: dict[int, list[int]] = {}
+    for b, a in (after or {}).items():
+        indeg[b] += 1
+        then.setdefault(a, []).append(b)
     heap = [(priority[i], i) for i, d in enumerate(indeg) if d == 0]
     heapq.heapify(heap)
     out: list[int] = []
     while heap:
         _, i = heapq.heappop(heap)
         out.append(i)
-        for s in graph.succs[i]:
+        for s in (*graph.succs[i], *then.get(i, ())):
             indeg[s] -= 1
             if indeg[s] == 0:
                 heapq.heappush(heap, (priority[s], s))
@@ -366,9 +375,25 @@ def resolve(graph: Graph, plan: Plan, machine: Machine, op_cost_us: OpCostUs | N
     full_prio = tuple(prio) * copies + tuple(comm_prio)
     return ResolvedPlan(
         plan=plan, slots=slots_of.get(first, plan.slots), threads=threads * copies + (1,) * (len(g.ops) - body),
-        priority=full_prio, device=ex.device, sequence=list_schedule(g, full_prio), graph=g,
+        priority=full_prio, device=ex.device, sequence=list_schedule(g, full_prio, _bucket_order(g, ex.device)), graph=g,
         device_slots=slots_of, base_ops=n,
     )
+
+
+def _bucket_order(graph: Graph, device: tuple[str, ...]) -> dict[int, int]:
+    """Each device's all-reduce of bucket b+1 waits for its bucket b: collectives are issued
+    in one order on every rank, as DDP issues its buckets."""
+    from schedlab.distribute import ALL_REDUCE
+
+    last: dict[str, int] = {}
+    after: dict[int, int] = {}
+    ops = sorted((op for op in graph.ops if op.target == ALL_REDUCE), key=lambda op: int(op.kwargs["bucket"]))
+    for op in ops:
+        dev = device[op.id]
+        if dev in last:
+            after[op.id] = last[dev]
+        last[dev] = op.id
+    return after
 
 
 def _replica_devices(
