@@ -22,6 +22,7 @@ from schedlab.cli.common import (
     capture_for_plan,
     load_plan_arg,
     load_profile,
+    plan_ranks,
     print_json,
     resolve_plan_arg,
     slug,
@@ -49,22 +50,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--out", default=None, metavar="PATH", help="simulated trace (default: traces/<model>-<size>-<plan>.sim.json)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the results")
     p.set_defaults(handler=run)
-
-
-def plan_ranks(plan: Any) -> int:
-    """How many local ranks a plan needs: one more than the highest cpuK it names (1 if it
-    names none), times its replicas (replica r runs on the r-th group of devices)."""
-    named = {plan.device, *plan.layer_devices.values(), *plan.op_devices.values(), *plan.device_slots,
-             *plan.device_threads} - {None}
-    top = 0
-    for dev in named:
-        if not (dev.startswith("cpu") and dev[3:].isdigit()):
-            raise SchedlabError(
-                f"the plan places ops on device {dev!r}, which this host's local ranks (cpu0..cpu{{N-1}}) do not have; "
-                "name the machine that has it with --machine"
-            )
-        top = max(top, int(dev[3:]))
-    return (top + 1) * max(1, plan.replicas)
 
 
 def simulated_machine(args: argparse.Namespace, plan: Any) -> Any:

@@ -140,7 +140,8 @@ def replicate(graph: Graph, op_device: Sequence[Sequence[str]], bucket_bytes: in
         meta={**graph.meta, "expanded_from": graph.hash, "base_ops": n, "replicas": R},
     )
     ex = expand(joined, device)
-    return Expanded(graph=ex.graph, device=ex.device, base_ops=n)
+    out = replace(ex.graph, meta={**ex.graph.meta, "expanded_from": graph.hash, "base_ops": n, "replicas": R})
+    return Expanded(graph=out, device=ex.device, base_ops=n)
 
 
 def _shifted(op: Op, id_off: int, value_off: int, r: int) -> Op:

@@ -180,3 +180,22 @@ def test_layer_split_places_contiguous_blocks_on_each_device() -> None:
     assert devs == sorted(devs) and set(devs) == {"cpu0", "cpu1"}
     r = resolve(g, Plan(threads=1, layer_devices=split), HOST2)
     assert r.multi_device
+
+
+def test_replicas_with_a_placement_inside_each() -> None:
+    from schedlab.capture import capture
+    from schedlab.data_parallel import plan_step
+    from schedlab.exec.check import check_step
+    from tests.tools.one_process import run_one_process
+
+    w, _ = captured_workload("mlp")
+    step = plan_step(w, 2, lambda part: capture(part, "sgd"))  # type: ignore[arg-type]
+    four = host_ranks(4, Machine("h", (Device("cpu0", "cpu", 4, 8 * 2**30),)))
+    r = resolve(step.graph, Plan(threads=1, device="cpu0", layer_devices={"head": "cpu1"}, replicas=2), four)
+    run_graph = r.run_graph(step.graph)
+    assert set(r.devices) == {"cpu0", "cpu1", "cpu2", "cpu3"}
+    heads = {r.device[op.id] for op in run_graph.ops if op.layer == "head"}
+    assert heads == {"cpu1", "cpu3"}  # replica 1 runs its head on the second device of its group
+    outputs = step.as_full(run_graph, run_one_process(run_graph, step.inputs_for(run_graph)))
+    check = check_step(w.module, step.full.graph, step.full.input_values, lambda iv: outputs)  # type: ignore[attr-defined]
+    assert check.ok(), check.describe()

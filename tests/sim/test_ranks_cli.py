@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from schedlab.cli import main
-from schedlab.cli.simulate_cmd import plan_ranks
+from schedlab.cli.common import plan_ranks
 from schedlab.errors import SchedlabError
 from schedlab.machine import detect_host
 from schedlab.plan import Plan
