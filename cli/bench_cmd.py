@@ -1,4 +1,7 @@
-"""`schedlab bench`: the executor's step time against plain eager PyTorch, same run."""
+"""`schedlab bench`: the executor's step time against plain eager PyTorch, same run; with
+`--ddp`, a data-parallel plan's step on its ranks against DistributedDataParallel's on the
+same ranks (the same model, batch split, initial values, optimizer, bucket size and
+threads), the two alternating step by step."""
 
 from __future__ import annotations
 
@@ -21,6 +24,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     p.add_argument("--plan", default=None, metavar="PLAN.json")
     p.add_argument("--repeats", type=int, default=10, help="timed step pairs (default 10)")
+    p.add_argument(
+        "--ddp", action="store_true",
+        help="compare a data-parallel plan (--plan with replicas > 1) with torch DistributedDataParallel on the "
+        "same ranks, steps alternating; prints the median per-step ratio schedlab/DDP (ratio_vs_ddp) and its IQR",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=run)
 
@@ -33,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.repeats < 1:
         raise SchedlabError("--repeats must be >= 1")
+    if args.ddp:
+        return run_ddp(args)
     machine = detect_host()
     plan = load_plan_arg(args.plan)
     rows: dict[str, dict[str, object]] = {}
@@ -58,5 +68,39 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"{model:<14}{r.ops:>6}{r.eager_step_s * 1e3:>10.2f}{r.exec_step_s * 1e3:>10.2f}"
             f"{r.ratio:>8.3f}  {lo:.3f}-{hi:.3f}  {r.per_op_overhead_us:>9.1f} us"
+        )
+    return 0
+
+
+def run_ddp(args: argparse.Namespace) -> int:
+    from schedlab.cli.common import capture_for_plan, plan_ranks
+    from schedlab.exec.bench import compare_with_ddp
+    from schedlab.machine import host_ranks
+
+    plan = load_plan_arg(args.plan)
+    if args.plan is None or plan.replicas < 2:
+        raise SchedlabError(
+            "--ddp compares a data-parallel plan with DistributedDataParallel: give --plan PLAN.json with replicas > 1 "
+            "(e.g. `schedlab plan MODEL --devices 2 --replicas 2 --threads 1 -o dp.json`)"
+        )
+    machine = host_ranks(plan_ranks(plan))
+    results = {}
+    for model in args.models:
+        ns = argparse.Namespace(model=model, size=args.size, optimizer=args.optimizer, seed=0)
+        step = capture_for_plan(ns, plan.replicas)
+        resolved = resolve_plan_arg(step.graph, plan, machine, args.plan)
+        print(f"bench {model}: {len(machine.processes)} ranks, {args.repeats} step pairs ...", file=sys.stderr)
+        res, _ = compare_with_ddp(step, resolved, machine, spec=model, size=args.size, seed=0, repeats=args.repeats)
+        results[model] = res
+    if args.json:
+        print_json({"plan": plan.to_json(), "size": args.size, "results": {m: r.to_json() for m, r in results.items()}})
+        return 0
+    print(f"plan {plan.describe()}; {len(machine.processes)} ranks; step time: first rank's start to last rank's end")
+    print(f"{'model':<14}{'schedlab ms':>12}{'DDP ms':>10}{'ratio':>8}  {'IQR':<14}")
+    for model, r in results.items():
+        lo, hi = r.ratio_spread
+        print(
+            f"{model:<14}{r.schedlab_step_s * 1e3:>12.2f}{r.ddp_step_s * 1e3:>10.2f}"
+            f"{r.ratio_vs_ddp:>8.3f}  {lo:.3f}-{hi:.3f}"
         )
     return 0

@@ -8,6 +8,7 @@ all of a file or none of it.
     inputs.<rank>.pt  graph input value id -> tensor: the inputs homed on that rank's device
     progress.bin      what each rank last began ("start", "rendezvous", "step 3", "done"), and when
     result.<rank>.pt  the rank's step records (and outputs), when it has finished
+                      (with a `ddp` job: also its DDP step times, and DDP's parameters after step 0)
     error.<rank>.json why the rank failed, when it has: {"kind", "message", "step"}
 """
 
@@ -43,6 +44,20 @@ class Job:
     want_outputs: bool  # return the outputs of the first step (for the numerics check)
     collective_timeout_s: float  # passed to init_process_group: every collective and receive
     workload: str = ""
+    ddp: dict[str, Any] | None = None  # run a DDP step after each step: `DdpSpec` fields (`rank.py`)
+
+
+DDP_KEYS = ("spec", "size", "seed", "optimizer", "lr", "bucket_mb", "threads", "replicas")
+
+
+def check_ddp_spec(ddp: dict[str, Any]) -> dict[str, Any]:
+    """The job's DDP side-by-side spec: the workload (spec, size, seed: the same module,
+    initial values and batch as the captured step), optimizer, lr, bucket_mb, threads and
+    replicas (one rank each); `want_params` (optional) returns DDP's parameters after step 0."""
+    missing = [k for k in DDP_KEYS if k not in ddp]
+    if missing:
+        raise SchedlabError(f"the job's ddp spec lacks {', '.join(missing)}")
+    return {**{k: ddp[k] for k in DDP_KEYS}, "want_params": bool(ddp.get("want_params", False))}
 
 
 @dataclass(frozen=True)
@@ -56,6 +71,8 @@ class RankResult:
     clock_offset_ns: int  # add to this rank's clock to read rank 0's
     clock_rtt_ns: int  # the round trip the offset was measured with (its error is about half)
     outputs: dict[int, torch.Tensor] | None  # graph outputs of the first step written on its device
+    ddp_steps: tuple[tuple[int, int], ...] = ()  # a ddp job: per timed step (start_ns, wall_ns), own clock
+    ddp_params: dict[str, torch.Tensor] | None = None  # a ddp job with want_params: after DDP's step 0
 
 
 def prepare_inputs(
@@ -82,6 +99,7 @@ def write_job(
     want_outputs: bool,
     collective_timeout_s: float,
     workload: str = "",
+    ddp: dict[str, Any] | None = None,
 ) -> None:
     """Write everything the ranks read. `graph` is the graph the ranks run (the expanded one)."""
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -99,6 +117,7 @@ def write_job(
         "want_outputs": want_outputs,
         "collective_timeout_s": collective_timeout_s,
         "workload": workload,
+        "ddp": None if ddp is None else check_ddp_spec(ddp),
         "plan": resolved.plan.to_json(),
         "resolved": {
             "slots": resolved.slots,
@@ -138,6 +157,7 @@ def load_job(job_dir: Path) -> Job:
         want_outputs=bool(d["want_outputs"]),
         collective_timeout_s=float(d["collective_timeout_s"]),
         workload=str(d.get("workload", "")),
+        ddp=None if d.get("ddp") is None else check_ddp_spec(d["ddp"]),
     )
 
 
@@ -206,6 +226,8 @@ def write_result(job_dir: Path, result: RankResult) -> None:
             "clock_offset_ns": result.clock_offset_ns,
             "clock_rtt_ns": result.clock_rtt_ns,
             "outputs": result.outputs,
+            "ddp_steps": [list(x) for x in result.ddp_steps],
+            "ddp_params": result.ddp_params,
         }, f)
 
 
@@ -222,6 +244,8 @@ def read_result(job_dir: Path, rank: int) -> RankResult:
         clock_offset_ns=int(d["clock_offset_ns"]),
         clock_rtt_ns=int(d["clock_rtt_ns"]),
         outputs=d["outputs"],
+        ddp_steps=tuple((int(a), int(w)) for a, w in d.get("ddp_steps", [])),
+        ddp_params=d.get("ddp_params"),
     )
 
 

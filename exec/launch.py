@@ -55,6 +55,23 @@ STEP_TIME_DEFINITION = (
     "last rank finished step k; the step times add up to the timed window"
 )
 
+SPAN_STEP_TIME_DEFINITION = (
+    "one clock (ranks aligned to rank 0): step k lasts from the moment the first rank began it to the moment "
+    "the last rank finished it (used for both sides of the DDP side-by-side, whose steps alternate)"
+)
+
+
+def span_step_times_s(steps: list[list[tuple[int, int]]], offsets_ns: list[int]) -> tuple[float, ...]:
+    """Per step (see SPAN_STEP_TIME_DEFINITION): `steps[rank][k]` = (start_ns, wall_ns) on
+    that rank's clock, `offsets_ns[rank]` added to read rank 0's."""
+    n = len(steps[0])
+    out = []
+    for k in range(n):
+        starts = [st[k][0] + off for st, off in zip(steps, offsets_ns, strict=True)]
+        ends = [a + st[k][1] for a, st in zip(starts, steps, strict=True)]
+        out.append((max(ends) - min(starts)) / 1e9)
+    return tuple(out)
+
 
 @dataclass(frozen=True)
 class DistResult:
@@ -63,6 +80,12 @@ class DistResult:
     trace: Trace
     outputs: dict[int, torch.Tensor] | None  # graph outputs of the first step (want_outputs), all ranks'
     clock_offsets_ns: tuple[int, ...]  # per rank: added to its clock to read rank 0's
+    # With a `ddp` job (the side by side with DistributedDataParallel, steps alternating):
+    # per timed step, both under SPAN_STEP_TIME_DEFINITION (step_times_s would count the
+    # DDP step between two schedlab steps).
+    span_step_times_s: tuple[float, ...] = ()  # schedlab's steps
+    ddp_step_times_s: tuple[float, ...] = ()  # DDP's steps
+    ddp_params: dict[str, torch.Tensor] | None = None  # rank 0's DDP parameters after step 0 (want_params)
 
     @property
     def step_time_s(self) -> float:
@@ -96,6 +119,7 @@ def prepare_job(
     want_outputs: bool = False,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     workload: str = "",
+    ddp: dict[str, object] | None = None,
 ) -> Graph:
     """Write the job folder the ranks read; the graph they run (the expanded one)."""
     if steps < 1 or warmup < 0:
@@ -106,7 +130,7 @@ def prepare_job(
     inputs_of_rank = prepare_inputs(run_graph, input_values, {v: rank_of[d] for v, d in homes.items()}, world_of(machine))
     write_job(
         job_dir, run_graph, resolved, machine, inputs_of_rank, steps=steps, warmup=warmup,
-        want_outputs=want_outputs, collective_timeout_s=2 * timeout_s, workload=workload,
+        want_outputs=want_outputs, collective_timeout_s=2 * timeout_s, workload=workload, ddp=ddp,
     )
     return run_graph
 
@@ -124,17 +148,20 @@ def run_ranks(
     workload: str = "",
     job_root: Path | None = None,
     extra_env: dict[str, str] | None = None,
+    ddp: dict[str, object] | None = None,
 ) -> DistResult:
     """Run `warmup` + `steps` steps of `graph` under `resolved`, one process per rank of
     `machine`, and merge their records. `timeout_s`: the longest the ranks may go without
     one of them beginning something new (a step, say). `job_root`: where the temporary job
-    folder goes (removed at the end). `extra_env`: added to every rank's environment."""
+    folder goes (removed at the end). `extra_env`: added to every rank's environment.
+    `ddp`: also run a DistributedDataParallel step after each step, in the same ranks
+    (`schedlab.exec.job.check_ddp_spec` says what it holds; `schedlab.exec.ddp` how it runs)."""
     world = world_of(machine)
     job_dir = Path(tempfile.mkdtemp(prefix="schedlab-job-", dir=job_root))
     try:
         run_graph = prepare_job(
             job_dir, graph, resolved, machine, input_values, steps=steps, warmup=warmup,
-            want_outputs=want_outputs, timeout_s=timeout_s, workload=workload,
+            want_outputs=want_outputs, timeout_s=timeout_s, workload=workload, ddp=ddp,
         )
         procs = spawn_ranks(job_dir, world, extra_env or {})
         try:
@@ -379,10 +406,23 @@ def merge(
         clock_rtt_ns=[r.clock_rtt_ns for r in results],
         step_time=STEP_TIME_DEFINITION,
     )
+    offsets = [r.clock_offset_ns for r in results]
+    span_times: tuple[float, ...] = ()
+    ddp_times: tuple[float, ...] = ()
+    if any(r.ddp_steps for r in results):
+        if any(len(r.ddp_steps) != n_steps for r in results):
+            raise SchedlabError(f"ranks ran different numbers of DDP steps: {[len(r.ddp_steps) for r in results]}")
+        span_times = span_step_times_s([[(s.start_ns, s.wall_ns) for s in r.steps] for r in results], offsets)
+        ddp_times = span_step_times_s([list(r.ddp_steps) for r in results], offsets)
+        meta.update(span_step_times_s=list(span_times), ddp_step_times_s=list(ddp_times),
+                    span_step_time=SPAN_STEP_TIME_DEFINITION)
     return DistResult(
         step_times_s=tuple(step_times),
         rank_step_times_s=rank_times,
         trace=Trace(events=tuple(events), meta=meta),
         outputs=outputs,
-        clock_offsets_ns=tuple(r.clock_offset_ns for r in results),
+        clock_offsets_ns=tuple(offsets),
+        span_step_times_s=span_times,
+        ddp_step_times_s=ddp_times,
+        ddp_params=results[0].ddp_params,
     )

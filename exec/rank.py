@@ -21,6 +21,11 @@ Trace. Rank r drives the devices whose `process` is r in the job's machine.
 A rank pins itself to its share of the host's usable cores (``SCHEDLAB_CPUS``, a list
 like "0,1", else the LOCAL_RANK-th of LOCAL_WORLD_SIZE equal shares), runs the warmup and
 timed steps, and writes its result file, or an error file saying why it failed.
+
+A job with a `ddp` spec (`schedlab bench --ddp`) also runs torch's DistributedDataParallel
+on the rank's part of the batch (`schedlab.exec.ddp`): after each schedlab step (warmup
+ones too) the rank drains that step's sends and runs one DDP step, so both are timed in
+the same processes, alternately, and see the same noise.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from schedlab.exec.ddp import stepper_for_job
 from schedlab.exec.dist import CommFailed, RankExecutor, clock_offset_ns, rank_device
 from schedlab.exec.job import (
     DONE,
@@ -140,6 +146,9 @@ def _run(job_dir: Path, env: RankEnv, state: dict[str, int | None], progress: Pr
     missing = [v for v in ex.input_ids if v not in inputs]
     if missing:
         raise SystemExit(f"rank {env.rank}: the job has no tensors for graph inputs {missing[:5]}")
+    ddp = stepper_for_job(job.ddp, env.rank, env.world) if job.ddp is not None else None
+    ddp_steps: list[tuple[int, int]] = []
+    ddp_params = None
     records = []
     outputs = None
     for s in range(job.warmup + job.steps):
@@ -158,6 +167,13 @@ def _run(job_dir: Path, env: RankEnv, state: dict[str, int | None], progress: Pr
         inputs = next_inputs(job.graph, inputs, out)
         if s >= job.warmup:
             records.append(rec)
+        if ddp is not None:
+            ex.finish()  # this step's sends are done before DDP's step starts (see exec/ddp.py)
+            ddp_rec = ddp.timed_step()
+            if s == 0 and job.ddp is not None and job.ddp["want_params"]:
+                ddp_params = {n: t.clone() for n, t in ddp.parameters().items()}
+            if s >= job.warmup:
+                ddp_steps.append(ddp_rec)
     state["step"] = None
     ex.finish()
     write_result(job_dir, RankResult(
@@ -168,6 +184,8 @@ def _run(job_dir: Path, env: RankEnv, state: dict[str, int | None], progress: Pr
         clock_offset_ns=offset_ns,
         clock_rtt_ns=rtt_ns,
         outputs=outputs,
+        ddp_steps=tuple(ddp_steps),
+        ddp_params=ddp_params,
     ))
     progress.mark(DONE)
     try:
