@@ -41,3 +41,18 @@ def test_data_parallel_on_two_ranks_matches_eager_on_the_full_batch() -> None:
 def test_data_parallel_matches_eager_slow(model: str, slots: int) -> None:
     _, check = run_dp(model, bucket_mb=25.0, slots=slots)
     assert check.ok(), check.describe()  # type: ignore[attr-defined]
+
+
+USER = "tests.fixtures.user_model:make"
+
+
+def test_a_user_model_placed_and_replicated_on_real_ranks() -> None:
+    """A model nobody here wrote: its second layer on rank 1, then two replicas of it."""
+    w, c = captured_workload(USER)
+    g = c.graph  # type: ignore[attr-defined]
+    r = resolve(g, Plan(threads=1, device="cpu0", layer_devices={"fc2": "cpu1"}), HOST2)
+    res = run_ranks(g, r, HOST2, c.input_values, steps=1, warmup=0, timeout_s=60, want_outputs=True)  # type: ignore[attr-defined]
+    check = check_step(w.module, g, c.input_values, lambda iv: res.outputs or {})  # type: ignore[attr-defined]
+    assert check.ok(), check.describe()
+    res, check = run_dp(USER, bucket_mb=25.0)
+    assert check.ok(), check.describe()  # type: ignore[attr-defined]
