@@ -363,11 +363,14 @@ def resolve(graph: Graph, plan: Plan, machine: Machine, op_cost_us: OpCostUs | N
                 _check_threads(threads[i], machine.device(d).cores, d, "threads (of a replica)")
     g = ex.graph
     body = n * copies  # replica r's copy of op i is op r*n + i
-    # A send ranks with the op that produced its value; a recv or an all-reduce with the
-    # first op that waits for it.
+    # A send ranks with the op that produced its value; a recv with the first op that
+    # waits for it; an all-reduce before everything else ready, so that each bucket is
+    # issued as soon as its last gradient is (DDP overlaps buckets with backward alike).
     comm_prio: list[int] = []
     for op in g.ops[body:]:
-        if op.target.endswith("send"):
+        if op.target.endswith("all_reduce"):
+            comm_prio.append(-1)
+        elif op.target.endswith("send"):
             src = g.producer.get(op.inputs[0])
             comm_prio.append(prio[src % n] if src is not None and src < body else -1)
         else:
