@@ -29,12 +29,12 @@ DEVICE_KINDS = ("cpu", "cuda")
 _KIND_ALIASES = {"gpu": "cuda"}
 
 # Loopback link between local ranks before `schedlab calibrate --links` has measured one:
-# gloo send/recv ping-pong over TCP between two one-thread ranks on this project's 2-core
-# CI VM (torch 2.13, 2026-11-23): half the round trip of 4-byte messages (99 us) and the
-# slope between 16 and 64 MiB (2.1 GB/s). A calibrated Profile's link fit replaces it
-# (`Machine.with_link_fit`).
-LOOPBACK_LATENCY_S = 100e-6
-LOOPBACK_BW_BYTES_PER_S = 2.1e9
+# that command's fit on this project's 2-core CI VM, quiet (torch 2.13, gloo, one thread
+# and one core per rank, 2026-11-23): send/recv ping-pong over 4 B - 64 MiB, one-way time
+# = 52.5 us + bytes / 2.76 GB/s (fit MAPE 7.2%). A calibrated Profile's link fit replaces
+# it (`calibrate.links.apply_link_fit`).
+LOOPBACK_LATENCY_S = 52.5e-6
+LOOPBACK_BW_BYTES_PER_S = 2.76e9
 
 
 @dataclass(frozen=True)
