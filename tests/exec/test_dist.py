@@ -292,7 +292,11 @@ def test_the_rank_entry_point_runs_under_torchrun(tmp_path: Path) -> None:
 
 
 LAUNCHER = """
+import signal
 import sys
+# Ctrl-C as in a terminal: a shell that starts jobs in the background (CI under nohup or
+# `&`) hands them SIGINT ignored, and Python then keeps it ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from pathlib import Path
 from tests.exec.test_dist import mlp_two_ranks
 from schedlab.exec.launch import run_ranks

@@ -12,6 +12,7 @@ from schedlab.exec.launch import run_ranks
 from schedlab.machine import Device, Machine, host_ranks
 from schedlab.plan import Plan, resolve
 from tests.conftest import captured_workload
+from tests.exec.test_dist import four_core_ranks
 
 HOST2 = host_ranks(2, Machine("h", (Device("cpu0", "cpu", 2, 8 * 2**30),)))
 
@@ -19,9 +20,10 @@ HOST2 = host_ranks(2, Machine("h", (Device("cpu0", "cpu", 2, 8 * 2**30),)))
 def run_dp(model: str, bucket_mb: float, slots: int = 1) -> tuple[object, object]:
     w, _ = captured_workload(model)
     step = plan_step(w, 2, lambda part: capture(part, "sgd"))  # type: ignore[arg-type]
-    r = resolve(step.graph, Plan(threads=1, slots=slots, replicas=2, bucket_mb=bucket_mb), HOST2)
+    machine = HOST2 if slots == 1 else four_core_ranks(2)  # co-run slots need cores to resolve
+    r = resolve(step.graph, Plan(threads=1, slots=slots, replicas=2, bucket_mb=bucket_mb), machine)
     run_graph = r.run_graph(step.graph)
-    res = run_ranks(step.graph, r, HOST2, step.inputs_for(run_graph), steps=2, warmup=1, timeout_s=60,
+    res = run_ranks(step.graph, r, machine, step.inputs_for(run_graph), steps=2, warmup=1, timeout_s=60,
                     want_outputs=True, workload=model)
     outputs = step.as_full(run_graph, res.outputs or {})
     check = check_step(w.module, step.full.graph, step.full.input_values, lambda iv: outputs)  # type: ignore[attr-defined]
