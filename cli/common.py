@@ -63,26 +63,27 @@ def capture_model(args: argparse.Namespace, cache: bool = False) -> Any:
 
 def capture_spec(spec: str, size: str, optimizer: str, seed: int = 0, *, cache: bool = True) -> Any:
     """(workload, captured step) of a model spec, through the graph cache unless `cache` is False."""
-    from schedlab.graph_cache import GraphCacheWarning, capture_cached
-    from schedlab.workloads import load_workload
-
-    workload = load_workload(spec, size, seed=seed)
-    with warnings_on_stderr(GraphCacheWarning):
-        captured = capture_cached(workload, optimizer, seed, graph_cache_dir() if cache else None)
-    return workload, captured
+    step = plan_step_of(spec, size, optimizer, seed, replicas=1, cache=cache)
+    return step.workload, step.full
 
 
 def capture_for_plan(args: argparse.Namespace, replicas: int, cache: bool = True) -> Any:
     """The `schedlab.data_parallel.PlanStep` of the command line's model for a plan with
     `replicas`: the full-batch step, and with replicas the per-replica steps (graph cache)."""
+    return plan_step_of(args.model, args.size, args.optimizer, args.seed, replicas=replicas, cache=cache)
+
+
+def plan_step_of(spec: str, size: str, optimizer: str, seed: int, *, replicas: int, cache: bool) -> Any:
+    """Capture a model spec for a plan with `replicas` (`schedlab.data_parallel.plan_step`),
+    through the graph cache unless `cache` is False."""
     from schedlab.data_parallel import plan_step
     from schedlab.graph_cache import GraphCacheWarning, capture_cached
     from schedlab.workloads import load_workload
 
-    workload = load_workload(args.model, args.size, seed=args.seed)
+    workload = load_workload(spec, size, seed=seed)
     root = graph_cache_dir() if cache else None
     with warnings_on_stderr(GraphCacheWarning):
-        return plan_step(workload, replicas, lambda w: capture_cached(w, args.optimizer, args.seed, root))
+        return plan_step(workload, replicas, lambda w: capture_cached(w, optimizer, seed, root))
 
 
 def plan_ranks(plan: Any) -> int:

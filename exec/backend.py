@@ -61,13 +61,12 @@ class ExecBackend:
         self.input_values = input_values
         self.warmup = warmup
         self.workload = workload
-        self.timeout_s = timeout_s
+        self._ranks = DistBackend(input_values, warmup=warmup, workload=workload, timeout_s=timeout_s)
         self._programs: dict[str, Program] = {}
 
     def run(self, graph: Graph, resolved: ResolvedPlan, machine: Machine, *, steps: int = 1) -> BackendRun:
         if resolved.multi_device:
-            dist = DistBackend(self.input_values, warmup=self.warmup, workload=self.workload, timeout_s=self.timeout_s)
-            return dist.run(graph, resolved, machine, steps=steps)
+            return self._ranks.run(graph, resolved, machine, steps=steps)
         program = self._programs.get(graph.hash)
         if program is None:
             program = self._programs[graph.hash] = compile_graph(graph)

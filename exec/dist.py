@@ -52,7 +52,7 @@ from schedlab.distribute import ALL_REDUCE, RECV, SEND, input_homes, outputs_on
 from schedlab.errors import SchedlabError
 from schedlab.exec.program import compile_graph
 from schedlab.exec.runner import OpFailed
-from schedlab.exec.workers import ReadyLoop, Span
+from schedlab.exec.workers import ReadyLoop, Span, freeing
 from schedlab.graph import Graph, OpKind
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
@@ -393,11 +393,7 @@ class RankExecutor:
             else:
                 tr.send(i, V)
 
-        def release(i: int) -> None:
-            for v in inputs_of[i]:
-                uses[v] -= 1
-                if uses[v] == 0 and v not in keep:
-                    V[v] = None
+        release = freeing(inputs_of, uses, keep, V)
 
         loop = ReadyLoop(
             ops=self.ops,

@@ -18,7 +18,7 @@ import torch
 
 from schedlab.errors import SchedlabError
 from schedlab.exec.program import Program, compile_graph
-from schedlab.exec.workers import ReadyLoop
+from schedlab.exec.workers import ReadyLoop, freeing
 from schedlab.graph import Graph, InputRole, OutputRole
 from schedlab.machine import Machine, detect_host
 from schedlab.plan import Plan, ResolvedPlan, resolve
@@ -108,11 +108,7 @@ class Executor:
         uses = list(self._uses)
         op_fns = self.program.op_fns
 
-        def release(i: int) -> None:
-            for v in inputs_of[i]:
-                uses[v] -= 1
-                if uses[v] == 0 and v not in keep:
-                    V[v] = None
+        release = freeing(inputs_of, uses, keep, V)
 
         loop = ReadyLoop(
             ops=range(len(g.ops)),

@@ -12,11 +12,30 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, MutableMapping, Sequence
+from typing import Any
 
 import torch
 
 Span = tuple[int, int, int]  # (start_ns, end_ns, worker); start and end from the step start
+
+
+def freeing(
+    inputs_of: Sequence[Sequence[int]] | Mapping[int, Sequence[int]],
+    uses: list[int] | MutableMapping[int, int],
+    keep: Collection[int],
+    V: list[Any],
+) -> Callable[[int], None]:
+    """A `ReadyLoop` release: drop op i's reference to each input, and free a value
+    (`V[v] = None`) after its last use unless it is kept. `uses` is consumed."""
+
+    def release(i: int) -> None:
+        for v in inputs_of[i]:
+            uses[v] -= 1
+            if uses[v] == 0 and v not in keep:
+                V[v] = None
+
+    return release
 
 
 class ReadyLoop:

@@ -156,23 +156,16 @@ def _shifted(op: Op, id_off: int, value_off: int, r: int) -> Op:
     )
 
 
-@dataclass(frozen=True)
-class ReplicaInputs:
-    """Input tensors of the replicated graph, built from each replica's captured inputs."""
-
-    values: dict[int, torch.Tensor]
-
-    @staticmethod
-    def of(joined: Graph, per_replica: Sequence[dict[int, torch.Tensor]], base: Graph) -> ReplicaInputs:
-        V = len(base.values)
-        out: dict[int, torch.Tensor] = {}
-        for r, vals in enumerate(per_replica):
-            for i in base.inputs:
-                out[i.value + r * V] = vals[i.value]
-        missing = [i.name for i in joined.inputs if i.value not in out]
-        if missing:
-            raise SchedlabError(f"replicated graph inputs without values: {missing[:3]}")
-        return ReplicaInputs(out)
+def replica_inputs(
+    joined: Graph, per_replica: Sequence[dict[int, torch.Tensor]], base: Graph
+) -> dict[int, torch.Tensor]:
+    """Input tensors of the replicated graph `joined`, from each replica's captured inputs."""
+    V = len(base.values)
+    out = {i.value + r * V: vals[i.value] for r, vals in enumerate(per_replica) for i in base.inputs}
+    missing = [i.name for i in joined.inputs if i.value not in out]
+    if missing:
+        raise SchedlabError(f"replicated graph inputs without values: {missing[:3]}")
+    return out
 
 
 def full_batch_outputs(joined: Graph, full: Graph, outputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
@@ -211,7 +204,7 @@ class PlanStep:
     def inputs_for(self, run_graph: Graph) -> dict[int, torch.Tensor]:
         if not self.parts:
             return self.full.input_values
-        return ReplicaInputs.of(run_graph, [p.input_values for p in self.parts], self.parts[0].graph).values
+        return replica_inputs(run_graph, [p.input_values for p in self.parts], self.parts[0].graph)
 
     def as_full(self, run_graph: Graph, outputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         return full_batch_outputs(run_graph, self.full.graph, outputs) if self.parts else outputs

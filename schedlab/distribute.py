@@ -149,10 +149,6 @@ def rewire(op: Op, remap: dict[int, int]) -> Op:
     )
 
 
-def is_comm(op: Op) -> bool:
-    return op.target in COMM_TARGETS
-
-
 def outputs_on(graph: Graph, device: Sequence[str], dev: str) -> tuple[GraphOutput, ...]:
     """The graph outputs whose values are written on device `dev` (graph inputs by their home)."""
     homes = input_homes(graph, device)

@@ -104,13 +104,6 @@ class Machine:
     def devices_of(self, process: int) -> tuple[Device, ...]:
         return tuple(d for d in self.devices if d.process == process)
 
-    def link(self, src: str, dst: str) -> Link | None:
-        """The direct link from `src` to `dst`, if any."""
-        for lk in self.links:
-            if lk.src == src and lk.dst == dst:
-                return lk
-        return None
-
     def with_link_fit(self, latency_s: float, bw_bytes_per_s: float, *, name: str = "loopback") -> Machine:
         """This machine with every link named `name` given a calibrated latency and bandwidth."""
         links = tuple(

@@ -356,11 +356,13 @@ def resolve(graph: Graph, plan: Plan, machine: Machine, op_cost_us: OpCostUs | N
 
         ex = replicate(graph, replica_devices, int(plan.bucket_mb * 2**20))
         copies = len(replica_devices)
+        most_threads: dict[str, int] = {}
+        for d0, k in zip(op_device, threads, strict=True):
+            most_threads[d0] = max(k, most_threads.get(d0, 0))
         for devs in replica_devices[1:]:
-            for i, d in enumerate(devs):
-                d0 = op_device[i]
+            for d0, d in dict(zip(op_device, devs, strict=True)).items():  # replica 0's device -> this replica's
                 slots_of.setdefault(d, slots_of[d0])
-                _check_threads(threads[i], machine.device(d).cores, d, "threads (of a replica)")
+                _check_threads(most_threads[d0], machine.device(d).cores, d, "threads (of a replica)")
     g = ex.graph
     body = n * copies  # replica r's copy of op i is op r*n + i
     # A send ranks with the op that produced its value; a recv with the first op that

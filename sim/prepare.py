@@ -145,7 +145,7 @@ def prepare(
                                     tuple(d.id for d in machine.devices))
     op_device = structure.op_device
     is_gpu = tuple(d.is_gpu for d in machine.devices)
-    capacity = tuple(d.streams if d.is_gpu else d.cores for d in machine.devices)
+    capacity = tuple(d.capacity for d in machine.devices)
     threads = list(resolved.threads)
     demand = [1 if is_gpu[op_device[i]] else threads[i] for i in range(n)]
     if dispatch_us is None:
@@ -369,7 +369,7 @@ def slowdown_fns(
     A FluidShare memoises within one run; `memo` keeps the values across runs too, for a
     Simulator that simulates many plans with one cost model.
     """
-    return tuple(_slowdown_fn(graph, cost, d.streams if d.is_gpu else d.cores, memo) for d in machine.devices)
+    return tuple(_slowdown_fn(graph, cost, d.capacity, memo) for d in machine.devices)
 
 
 def _slowdown_fn(graph: Graph, cost: CostModel, total: int, memo: bool) -> Callable[[int, int], float]:

@@ -122,7 +122,7 @@ def test_placed_step_matches_eager(model: str) -> None:
 @pytest.mark.parametrize("model", ["mlp", "transformer", "nmt"])
 def test_data_parallel_step_matches_eager_on_the_full_batch(model: str) -> None:
     from schedlab.capture import capture
-    from schedlab.data_parallel import ReplicaInputs, full_batch_outputs, replica_graph, split_workload
+    from schedlab.data_parallel import full_batch_outputs, replica_graph, replica_inputs, split_workload
     from schedlab.exec.check import check_step
     from tests.tools.one_process import run_one_process
 
@@ -132,7 +132,7 @@ def test_data_parallel_step_matches_eager_on_the_full_batch(model: str) -> None:
     r = resolve(local, Plan(threads=1, replicas=2, bucket_mb=0.01), HOST2)
     joined = r.run_graph(local)
     assert sum(op.target == "schedlab.all_reduce" for op in joined.ops) >= 4  # small buckets: several
-    inputs = ReplicaInputs.of(joined, [p.input_values for p in parts], local).values
+    inputs = replica_inputs(joined, [p.input_values for p in parts], local)
 
     def step(_: dict) -> dict:  # type: ignore[type-arg]
         return full_batch_outputs(joined, full.graph, run_one_process(joined, inputs))  # type: ignore[attr-defined]
