@@ -44,12 +44,16 @@ JSON layout (version 2; version 1 files, without "views" and "roofline", still l
                        "bw_bytes_per_s", "mape_pct"}},
                "allreduce": {"2": {sweep..., "fit": {"alpha_s", "bw_bytes_per_s", "mape_pct"}}, "3": ...},
                "allreduce_joint": {"alpha_s", "bw_bytes_per_s", "mape_pct"}},
+     "cuda": null | {"device", "torch", "launch_us", "flops_per_s", "bw_bytes_per_s",   # calibrate.cuda_costs
+              "signatures": {signature: kernel_us}, ...},
      "meta": {...}}
 
 "links" (link and collective fits between local ranks, `schedlab calibrate --links`) is
 optional and was added within version 2: files without it read as a Profile without link
 fits (`links` None); older readers ignore it. `allreduce_us` gives the fitted all-reduce
 time for the simulator; `calibrate.links.apply_link_fit` gives a Machine the fitted links.
+"cuda" (op costs measured on a CUDA device, `calibrate.cuda_costs`) is optional too, added
+within version 2: without it a cuda device is costed by its roofline (`sim.device_cost`).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from typing import Any
 
 from schedlab.calibrate.context import NO_CONTEXT, ContextCosts, first_uses
 from schedlab.calibrate.corun import CorunFigures
+from schedlab.calibrate.cuda_costs import CudaCosts
 from schedlab.calibrate.dispatch import DispatchFigures
 from schedlab.calibrate.fit import ClassFit
 from schedlab.calibrate.links import LinkFits
@@ -79,6 +84,7 @@ from schedlab.paths import default_profile_path
 from schedlab.trace import Trace
 
 PROFILE_SCHEMA = "schedlab.profile"
+CPU_COST_SOURCE = "calibrated cpu profile"  # what the simulator says costed a cpu device (sim.device_cost)
 PROFILE_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1: no view costs, no roofline (the fitted fallback stands in)
 DEFAULT_PROFILE_PATH = default_profile_path()
@@ -104,6 +110,7 @@ class Profile:
     roofline: Roofline | None = None  # the cost of classes never measured (calibrate.roofline)
     context: ContextCosts = NO_CONTEXT  # what ops cost in a step beyond a benchmark (calibrate.context)
     links: LinkFits | None = None  # links and collectives between local ranks (calibrate.links)
+    cuda: CudaCosts | None = None  # op costs calibrated on a CUDA device (calibrate.cuda_costs)
     # the graph this Profile predicts (`for_graph`) and the Python ids of its first-use ops
     bound: tuple[Graph, frozenset[int]] | None = field(default=None, compare=False, repr=False)
     # executor slots the dispatch cost is for (`for_slots`); a use, not part of the JSON
@@ -191,6 +198,23 @@ class Profile:
         if self.links is None:
             return None
         return self.links.allreduce_s(nbytes, n_ranks) * 1e6
+
+    # ---- costs per device kind (sim.device_cost.KindCosts) ------------------------------
+
+    def calibrated_kinds(self) -> dict[str, str]:
+        """The device kinds this Profile calibrated: its CPU costs, and a GPU's if it has a
+        cuda section (a cuda device without one is costed by its roofline, `sim.device_cost`)."""
+        kinds = {"cpu": CPU_COST_SOURCE}
+        if self.cuda is not None:
+            kinds["cuda"] = self.cuda.label
+        return kinds
+
+    def kind_kernel_us(self, op: Op, kind: str) -> float | None:
+        """Kernel µs of `op` on one device of `kind` other than "cpu", from the cuda section."""
+        return self.cuda.kernel_us(op) if kind == "cuda" and self.cuda is not None else None
+
+    def kind_launch_us(self, kind: str) -> float:
+        return self.cuda.launch_us if kind == "cuda" and self.cuda is not None else 0.0
 
     def for_slots(self, slots: int) -> Profile:
         """This Profile with the dispatch cost of the executor running `slots` workers."""
@@ -350,6 +374,7 @@ class Profile:
             "roofline": None if self.roofline is None else self.roofline.to_json(),
             "context": self.context.to_json(),
             "links": None if self.links is None else self.links.to_json(),
+            "cuda": None if self.cuda is None else self.cuda.to_json(),
             "meta": self.meta,
         }
 
@@ -393,6 +418,8 @@ class Profile:
             context = ContextCosts.from_json(d["context"]) if d.get("context") is not None else NO_CONTEXT
             where = "links"
             links = LinkFits.from_json(d["links"]) if d.get("links") is not None else None
+            where = "cuda"
+            cuda = CudaCosts.from_json(d["cuda"]) if d.get("cuda") is not None else None
             where = "meta"
             meta = dict(d.get("meta", {}))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -401,7 +428,7 @@ class Profile:
             raise SchedlabError(f"corrupt {source}: bad {where}: {detail}{hint}") from None
         return Profile(
             machine, created, quick, dispatch, classes, fallback, signatures, corun, meta, views, roofline, context,
-            links=links,
+            links=links, cuda=cuda,
         )
 
     def save(self, path: str | Path) -> Path:

@@ -336,9 +336,13 @@ def _manycore_68() -> Machine:
 
 
 def _dgx_8gpu() -> Machine:
-    # 8 GPUs of 80 GiB each on NVLink through NVSwitch (one DGX-style node): each GPU
+    # 8 GPUs of 80 GiB each on NVLink through NVSwitch (one DGX A100-style node): each GPU
     # reaches each other at ~300 GB/s per direction with ~5 us latency, and every
     # transfer out of a GPU shares that GPU's NVLink port (link name = port).
+    # The GPU is an A100-SXM4-80GB: 19.5 TFLOP/s fp32 without tensor cores (what the fp32
+    # graphs run at: PyTorch's default fp32 matmul uses no TF32; 16-bit tensor cores would
+    # give 312 TFLOP/s) and 2.039 TB/s of HBM2e (NVIDIA A100 datasheet). These feed the
+    # simulator's roofline of an uncalibrated GPU (`sim.device_cost`).
     gpus = tuple(
         Device(
             id=f"gpu{i}",
@@ -346,8 +350,8 @@ def _dgx_8gpu() -> Machine:
             cores=1,
             memory_bytes=80 * 2**30,
             streams=4,
-            peak_flops=312e12,
-            mem_bw_bytes_per_s=2.0e12,
+            peak_flops=19.5e12,
+            mem_bw_bytes_per_s=2.039e12,
             process=i,  # one rank per GPU, as torchrun starts them
         )
         for i in range(8)
@@ -372,12 +376,13 @@ def _cpu_gpus(n_gpus: int) -> Machine:
     # The placement paper's kind of heterogeneous node (Liu et al., HP3C 2019; one
     # TensorFlow process driving a multi-core CPU and its GPUs): a 2-socket, 24-core Xeon
     # (2 x 12 cores, AVX2 FMA at 2.5 GHz: 24 * 2.5e9 * 32 ~ 1.9 TFLOP/s fp32, ~120 GB/s)
-    # and V100-class GPUs (15.7 TFLOP/s fp32, 900 GB/s, 16 GiB) on PCIe 3.0 x16
-    # (~12 GB/s per direction, ~10 us). One process: every device shares its lock.
+    # and V100-class GPUs (V100-PCIe-16GB: 14 TFLOP/s fp32, 900 GB/s HBM2, 16 GiB; NVIDIA
+    # V100 datasheet) on PCIe 3.0 x16 (~12 GB/s per direction, ~10 us). One process: every
+    # device shares its lock. The GPU figures feed the roofline of `sim.device_cost`.
     cpu = Device(id="cpu0", kind="cpu", cores=24, memory_bytes=256 * 2**30, peak_flops=1.92e12,
                  mem_bw_bytes_per_s=120e9, process=0)
     gpus = tuple(
-        Device(id=f"gpu{i}", kind="cuda", cores=1, memory_bytes=16 * 2**30, streams=2, peak_flops=15.7e12,
+        Device(id=f"gpu{i}", kind="cuda", cores=1, memory_bytes=16 * 2**30, streams=2, peak_flops=14.0e12,
                mem_bw_bytes_per_s=900e9, process=0)
         for i in range(n_gpus)
     )

@@ -26,6 +26,7 @@ from schedlab.plan import ResolvedPlan
 from schedlab.sim.comm import Role
 from schedlab.sim.compiled import FlatStructure, LoopResult, run_compiled
 from schedlab.sim.cost import CostModel
+from schedlab.sim.device_cost import cost_source
 from schedlab.sim.fast import run_fast
 from schedlab.sim.flatgraph import flat_single_device
 from schedlab.sim.memory import MemoryTracker
@@ -126,6 +127,7 @@ class Simulator:
             transfer_count=len(tl.transfers) + len(tl.sends),
             transfer_bytes=sum(prep.structure.transfers[t[0]].nbytes for t in tl.transfers) + sum(t[2] for t in tl.sends),
             collective_count=len(tl.collectives),
+            cost_sources={d: s for d, s in zip(dev_ids, prep.cost_sources, strict=True) if s},
         )
 
     # ---- the compiled engine (sim.compiled) ----------------------------------------------
@@ -184,6 +186,7 @@ class Simulator:
             oom_devices=oom,
             engine="compiled",
             ranks=ranks,
+            cost_sources={device.id: cost_source(self.cost, device)},
         )
 
     def _compiled_timeline(

@@ -4,7 +4,8 @@ Everything the event loop needs is looked up by integer index here, so the loop 
 never touches a Graph, an Op or a dict keyed by strings:
 
 - per op: device, threads (the demand on the device), dispatch and kernel time from the
-  cost model, priority, how many *tokens* it waits for, and what it releases when done;
+  cost model (a kernel's by its device's kind: `sim.device_cost`), priority, how many
+  *tokens* it waits for, and what it releases when done;
 - tokens: an op waits for each local producer op and for each transfer that brings a
   remote value to its device (one transfer per value and destination device);
 - storages: one per (alias root, device) with its bytes and reference count (see
@@ -42,6 +43,7 @@ from schedlab.plan import ResolvedPlan
 from schedlab.sim.collective import CollectiveTime, allreduce_time
 from schedlab.sim.comm import CommStructure, Role, comm_structure, has_comm
 from schedlab.sim.cost import CostModel
+from schedlab.sim.device_cost import cost_source, device_corun, device_kernels_us
 
 PINNED = 1 << 60  # reference count of a storage that is never freed (graph inputs and outputs)
 
@@ -102,6 +104,7 @@ class Prepared:
     slowdown: tuple[Callable[[int, int], float], ...]  # per device, for FluidShare
     sequence: tuple[int, ...] = ()  # the resolved list schedule (a one-slot rank runs its ops in this order)
     collective_time: tuple[CollectiveTime, ...] = ()  # per collective of structure.comm, alone
+    cost_sources: tuple[str, ...] = ()  # per device that runs ops: which model costs its kernels (sim.device_cost)
 
     @property
     def n_ops(self) -> int:
@@ -152,6 +155,8 @@ def prepare(
         dispatch_us = [float(cost.dispatch_us(op)) for op in ops]
     if kernel_us is None:
         kernel_us = [comm_kernel_us(op, threads[op.id], cost) for op in ops]
+    kernel_us = device_kernels_us(ops, op_device, machine.devices, cost, threads, kernel_us)  # by device kind
+    used = set(op_device)
     return Prepared(
         device_ids=tuple(d.id for d in machine.devices),
         device_is_gpu=is_gpu,
@@ -169,6 +174,7 @@ def prepare(
         sequence=tuple(resolved.sequence),
         slowdown=slowdown if slowdown is not None else slowdown_fns(graph, machine, cost),
         collective_time=collective_times(structure, machine, cost),
+        cost_sources=tuple(cost_source(cost, d) if i in used else "" for i, d in enumerate(machine.devices)),
     )
 
 
@@ -369,12 +375,13 @@ def slowdown_fns(
     A FluidShare memoises within one run; `memo` keeps the values across runs too, for a
     Simulator that simulates many plans with one cost model.
     """
-    return tuple(_slowdown_fn(graph, cost, d.capacity, memo) for d in machine.devices)
+    return tuple(_slowdown_fn(graph, device_corun(cost, d), d.capacity, memo) for d in machine.devices)
 
 
-def _slowdown_fn(graph: Graph, cost: CostModel, total: int, memo: bool) -> Callable[[int, int], float]:
+def _slowdown_fn(
+    graph: Graph, corun: Callable[[Op, int, int], float], total: int, memo: bool
+) -> Callable[[int, int], float]:
     ops = graph.ops
-    corun = cost.corun_slowdown
     if not memo:
         return lambda op_id, busy_others: float(corun(ops[op_id], busy_others, total))
     seen: dict[tuple[int, int], float] = {}

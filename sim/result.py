@@ -39,6 +39,7 @@ class SimResult:
     transfer_count: int = 0  # point-to-point transfers on links (explicit sends and implicit ones)
     transfer_bytes: int = 0
     collective_count: int = 0  # all-reduces (one per bucket and group)
+    cost_sources: dict[str, str] = field(default_factory=dict)  # device id -> which model costs its kernels (sim.device_cost)
 
     @property
     def ok(self) -> bool:
@@ -121,6 +122,7 @@ def build_trace(
         plan=resolved.plan.to_json(),
         slots=resolved.slots,
         time_unit="ns",
+        cost_sources={d: s for d, s in zip(dev_ids, prep.cost_sources, strict=True) if s},
         **extra_meta,
     )
     return Trace(events=tuple(events), meta=meta)
