@@ -14,6 +14,10 @@ that graph and indexes its COMM ops:
   order) and ``reduce``. All members of one (group, bucket) form one `CollectiveSpec`;
   each device issues a group's buckets in ascending order (`issue_next`).
 
+What a COMM op costs the rank that runs it (beyond its link or collective) comes from the
+cost model when it measured it (`CommHostCost`, e.g. a Profile whose link benchmark timed
+the executor's calls: `calibrate.comm_host`); otherwise the op's dispatch cost stands in.
+
 An anomaly here is a bug of the expansion, not of the user's plan: it raises a
 SchedlabError that says so.
 """
@@ -23,10 +27,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Protocol, runtime_checkable
 
 from schedlab.distribute import ALL_REDUCE, COMM_TARGETS, RECV, SEND
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph, OpKind
+from schedlab.graph import Graph, Op, OpKind
 
 
 class Role(IntEnum):
@@ -67,10 +72,33 @@ class CommStructure:
     collective_of: dict[int, int]  # all_reduce op -> index into `collectives`
     issue_next: dict[int, int]  # all_reduce op -> the next bucket's op on its device (waits for this issue)
     reads_reduced: dict[int, tuple[int, ...]]  # op -> the all_reduce ops whose results it reads
+    comm_ops: tuple[int, ...] = ()  # the ops whose role is not COMPUTE, ascending
 
     @property
     def n_sends(self) -> int:
         return len(self.recv_of)
+
+
+@dataclass(frozen=True)
+class CommOpCost:
+    """What one COMM op costs its rank (µs), beyond its link or collective. The parts "under
+    the lock" hold the rank's interpreter lock; the kernels run on its device's cores."""
+
+    post_us: float  # under the lock: a send's call, a recv's post, an all-reduce's issue (flatten's Python, post)
+    post_kernel_us: float = 0.0  # an all-reduce's flatten (a copy of its bucket), after its post part
+    done_us: float = 0.0  # under the lock once its data is there: a recv's wait; an all-reduce's wait and average
+    done_kernel_us: float = 0.0  # an all-reduce's average (a pass over its bucket), after its done part
+
+
+@runtime_checkable
+class CommHostCost(Protocol):
+    """Optional part of a cost model: the measured cost of a COMM op on its rank."""
+
+    def comm_host_us(self, op: Op) -> CommOpCost | None:
+        """What COMM op `op` costs its rank; None when the model never measured it (the
+        simulator then charges the op's dispatch cost, and an all-reduce's kernel, as for
+        any op: once to post or issue it and, for an all-reduce, again to finish it)."""
+        ...
 
 
 def has_comm(graph: Graph) -> bool:
@@ -164,7 +192,9 @@ def comm_structure(graph: Graph, op_device: Sequence[int], device_ids: Sequence[
                                    and role[p] is Role.ALL_REDUCE))
         if mine:
             reads_reduced[op.id] = mine
-    return CommStructure(tuple(role), recv_of, send_bytes, tuple(collectives), collective_of, issue_next, reads_reduced)
+    comm_ops = tuple(o for o, r in enumerate(role) if r is not Role.COMPUTE)
+    return CommStructure(tuple(role), recv_of, send_bytes, tuple(collectives), collective_of, issue_next, reads_reduced,
+                         comm_ops)
 
 
 def _nbytes(meta: object) -> int:

@@ -23,7 +23,6 @@ from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, OpKind
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
-from schedlab.sim.comm import Role
 from schedlab.sim.compiled import FlatStructure, LoopResult, run_compiled
 from schedlab.sim.cost import CostModel
 from schedlab.sim.device_cost import cost_source
@@ -52,7 +51,8 @@ class Simulator:
     op r*n+i a copy of op i): they are costed as the bound graph's ops they copy
     (`mirror_ops`), so the kept costs serve every placement, and a cost model bound to the
     graph (`Profile.for_graph`) charges first uses as in a one-device step. A COMM op's
-    dispatch is asked of the cost model, and its kernel (`sim.prepare.comm_kernel_us`).
+    dispatch is asked of the cost model, and its kernel (`sim.prepare.comm_kernel_us`), unless
+    the cost model measured what it costs its rank (`sim.prepare.comm_host_costs`).
     """
 
     def __init__(self, graph: Graph, machine: Machine, cost: CostModel, *, max_placements: int = 16) -> None:
@@ -335,11 +335,10 @@ def _mirrored(
 def rank_stats(prep: Prepared, tl: Timeline, busy_unit_us: Sequence[float]) -> dict[int, RankStats]:
     """Per process that ran ops: its devices, ops, last end, lock and core time, bytes sent.
 
-    The lock is held exactly for each op's dispatch part, and once more for the hand-over
-    of each COMM op that completes asynchronously (a recv; an all-reduce after its issue).
+    The lock is held exactly for each op's dispatch part, and for the done part of each
+    COMM op that completes asynchronously (a recv's wait; an all-reduce's finish).
     """
     st = prep.structure
-    comm = st.comm
     ops: dict[int, int] = {}
     end: dict[int, float] = {}
     lock: dict[int, float] = {}
@@ -354,7 +353,7 @@ def rank_stats(prep: Prepared, tl: Timeline, busy_unit_us: Sequence[float]) -> d
             devices[p].append(d)
         if tl.end_us[o] > end[p]:
             end[p] = tl.end_us[o]
-        lock[p] += prep.dispatch_us[o] * (2 if comm is not None and comm.role[o] is Role.ALL_REDUCE else 1)
+        lock[p] += prep.dispatch_us[o] + (prep.done_us[o] if prep.done_us else 0.0)
     for o, _link, nbytes, _start, _end in tl.sends:
         sent[prep.device_process[st.op_device[o]]] += nbytes
     for x, _link, _start, t_end in tl.transfers:

@@ -38,10 +38,13 @@ The model (time unit: microseconds):
   ends. A recv is *posted* (`dispatch_us` under the lock; its buffer is allocated then),
   and its transfer starts when both the send was handed off and the recv was posted
   (gloo moves data only to a posted receive); it ends when the data is there, and its
-  consumers become ready on the receiving process. An all-reduce is *issued* (`dispatch_us` under the lock, then
+  consumers become ready on the receiving process (after its done part under the lock, the
+  wait, when the cost model measured one). An all-reduce is *issued* (`dispatch_us` under the lock, then
   its kernel, flattening the bucket: `sim.prepare.comm_kernel_us`; its inputs are
   released and its output buffer allocated) and later *finished* (once its collective
-  ended: `dispatch_us` under the lock, then its kernel again, averaging). A bucket's
+  ended: its done part under the lock, then its done kernel, averaging; by default its
+  dispatch and kernel again). Where the cost model measured what COMM ops cost their
+  rank (`sim.comm.CommHostCost`), those parts come from it (`sim.prepare.comm_host_costs`). A bucket's
   collective starts when every member of its group has issued it; its time alone comes
   from `sim.collective` (ring model or the cost model's fit), its bandwidth part shared
   on the ring's wires. Devices issue a group's buckets in ascending order.
@@ -259,6 +262,8 @@ class _SimpyRun:
                     yield from self._post_through(d, len(self.recvs_of[d]) - 1, lock)
                     if not self.arrived[o]:
                         yield self._arrival_event(o)
+                if prep.done_us[o] > 0.0:  # its wait, once the data is there
+                    yield from self._hold(lock, prep.done_us[o])
                 self._complete(o)
                 continue
             for a in reads_reduced.get(o, ()):
@@ -297,6 +302,8 @@ class _SimpyRun:
                 self._begin(o, RECV_TRACK)
                 if not self.arrived[o]:
                     yield self._arrival_event(o)
+                if self.prep.done_us[o] > 0.0:  # its wait, once the data is there
+                    yield from self._hold(lock, self.prep.done_us[o])
                 self._complete(o)
             elif r is Role.ALL_REDUCE:
                 if self.pending[o]:
@@ -351,9 +358,9 @@ class _SimpyRun:
         prep = self.prep
         if not self.arrived[a]:
             yield self._arrival_event(a)
-        yield from self._hold(lock, prep.dispatch_us[a])
-        if prep.kernel_us[a] > 0.0:
-            yield self.servers[self.st.op_device[a]].run(a, prep.demand[a], prep.kernel_us[a])
+        yield from self._hold(lock, prep.done_us[a])
+        if prep.done_kernel_us[a] > 0.0:
+            yield self.servers[self.st.op_device[a]].run(a, prep.demand[a], prep.done_kernel_us[a])
         self._complete(a)
 
     def _on_async_kernel_end(self, event: simpy.Event) -> None:

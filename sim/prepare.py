@@ -41,7 +41,7 @@ from schedlab.graph import Graph, Op, OpKind, alias_roots
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
 from schedlab.sim.collective import CollectiveTime, allreduce_time
-from schedlab.sim.comm import CommStructure, Role, comm_structure, has_comm
+from schedlab.sim.comm import CommHostCost, CommStructure, Role, comm_structure, has_comm
 from schedlab.sim.cost import CostModel
 from schedlab.sim.device_cost import cost_source, device_corun, device_kernels_us
 
@@ -104,6 +104,10 @@ class Prepared:
     slowdown: tuple[Callable[[int, int], float], ...]  # per device, for FluidShare
     sequence: tuple[int, ...] = ()  # the resolved list schedule (a one-slot rank runs its ops in this order)
     collective_time: tuple[CollectiveTime, ...] = ()  # per collective of structure.comm, alone
+    # per op of an expanded graph (else empty): what a COMM op costs when it completes, under
+    # the lock then on the cores (a recv's wait; an all-reduce's finish); `sim.comm.CommOpCost`
+    done_us: tuple[float, ...] = ()
+    done_kernel_us: tuple[float, ...] = ()
     cost_sources: tuple[str, ...] = ()  # per device that runs ops: which model costs its kernels (sim.device_cost)
 
     @property
@@ -157,6 +161,11 @@ def prepare(
         kernel_us = [comm_kernel_us(op, threads[op.id], cost) for op in ops]
     kernel_us = device_kernels_us(ops, op_device, machine.devices, cost, threads, kernel_us)  # by device kind
     used = set(op_device)
+    done_us: tuple[float, ...] = ()
+    done_kernel_us: tuple[float, ...] = ()
+    if structure.comm is not None:
+        dispatch_us, kernel_us, done_us, done_kernel_us = comm_host_costs(graph, structure.comm, cost, dispatch_us,
+                                                                          kernel_us)
     return Prepared(
         device_ids=tuple(d.id for d in machine.devices),
         device_is_gpu=is_gpu,
@@ -174,8 +183,30 @@ def prepare(
         sequence=tuple(resolved.sequence),
         slowdown=slowdown if slowdown is not None else slowdown_fns(graph, machine, cost),
         collective_time=collective_times(structure, machine, cost),
+        done_us=done_us,
+        done_kernel_us=done_kernel_us,
         cost_sources=tuple(cost_source(cost, d) if i in used else "" for i, d in enumerate(machine.devices)),
     )
+
+
+def comm_host_costs(
+    graph: Graph, comm: CommStructure, cost: CostModel, dispatch_us: list[float], kernel_us: list[float]
+) -> tuple[list[float], list[float], tuple[float, ...], tuple[float, ...]]:
+    """(dispatch, kernel, done, done kernel) µs of every op, the COMM ops' from the cost model
+    when it measured them (`sim.comm.CommHostCost`). Otherwise a COMM op keeps its dispatch
+    and kernel, and an all-reduce pays them again when it finishes (done = dispatch, done
+    kernel = kernel); a recv's done part is then 0. The lists given are not changed."""
+    n = len(graph.ops)
+    done, done_kernel = [0.0] * n, [0.0] * n
+    dispatch, kernel = list(dispatch_us), list(kernel_us)
+    host = cost if isinstance(cost, CommHostCost) else None
+    for o in comm.comm_ops:
+        c = host.comm_host_us(graph.ops[o]) if host is not None else None
+        if c is not None:
+            dispatch[o], kernel[o], done[o], done_kernel[o] = c.post_us, c.post_kernel_us, c.done_us, c.done_kernel_us
+        elif comm.role[o] is Role.ALL_REDUCE:
+            done[o], done_kernel[o] = dispatch[o], kernel[o]
+    return dispatch, kernel, tuple(done), tuple(done_kernel)
 
 
 def comm_kernel_us(op: Op, threads: int, cost: CostModel) -> float:

@@ -1,0 +1,77 @@
+"""A cost model that measured what COMM ops cost their rank (`sim.comm.CommHostCost`):
+the simulator charges those parts instead of the ops' dispatch (times in µs)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from schedlab.distribute import ALL_REDUCE, RECV, SEND
+from schedlab.graph import Op
+from schedlab.plan import resolve
+from schedlab.sim import simulate
+from schedlab.sim.comm import CommHostCost, CommOpCost
+from schedlab.sim.testing import TableCost
+from tests.sim.test_ranks import all_reduce_graph, by_name, hand_resolved, machine, producer_consumers, us
+
+
+@dataclasses.dataclass
+class HostCost(TableCost):
+    """Send 7 to post; recv 4 to post and 6 once its data is there; an all-reduce 5 + 20
+    (flatten) to issue and 7 + 30 (average) to finish, its collective 40 + 1 µs per kB."""
+
+    measured: bool = True
+
+    def comm_host_us(self, op: Op) -> CommOpCost | None:
+        if not self.measured:
+            return None
+        if op.target == SEND:
+            return CommOpCost(7.0)
+        if op.target == RECV:
+            return CommOpCost(4.0, 0.0, 6.0)
+        if op.target == ALL_REDUCE:
+            return CommOpCost(5.0, 20.0, 7.0, 30.0)
+        return None
+
+    def allreduce_us(self, nbytes: float, n_ranks: int) -> float | None:
+        return 40.0 + nbytes / 1000.0
+
+
+def test_the_protocol_is_optional() -> None:
+    assert isinstance(HostCost(), CommHostCost)
+    assert not isinstance(TableCost(), CommHostCost)
+
+
+def test_send_and_recv_cost_what_the_model_measured() -> None:
+    g, plan = producer_consumers({"q": "b"})
+    m = machine((0, 1))
+    resolved = resolve(g, plan, m)
+    G = resolved.run_graph(g)
+    send = next(op for op in G.ops if op.target == SEND)
+    recv = next(op for op in G.ops if op.target == RECV)
+    # Dispatch 2 and 3 would be the ops' dispatch; the measured parts replace them. b posts
+    # the recv 0-4; a: p 0-10, the send's call 10-17; the data arrives at 17 + 1000 + 5 =
+    # 1022; b's wait 1022-1028 under its lock; q 1028-1038.
+    cost = HostCost(default_kernel_us=10.0, dispatch={send.name: 2.0, recv.name: 3.0})
+    res = simulate(g, resolved, m, cost)
+    ev = by_name(res)
+    assert [(n, us(ev[n].start_ns), us(ev[n].end_ns)) for n in ("p", send.name, recv.name, "q")] == [
+        ("p", 0, 10), (send.name, 10, 17), (recv.name, 0, 1028), ("q", 1028, 1038),
+    ]
+    assert res.ranks[1].lock_busy_s == pytest.approx((4 + 6) * 1e-6)  # the recv's post and wait (q's dispatch: 0)
+    # Without measurements: the dispatch costs, no wait (the older model).
+    old = by_name(simulate(g, resolved, m, dataclasses.replace(cost, measured=False)))
+    assert (us(old[send.name].end_ns), us(old[recv.name].end_ns), us(old["q"].end_ns)) == (12, 1017, 1027)
+
+
+def test_an_all_reduce_issues_and_finishes_at_its_measured_costs() -> None:
+    g, devices = all_reduce_graph(1)
+    res = simulate(g, hand_resolved(g, devices), machine((0, 1)), HostCost(default_kernel_us=10.0, dispatch=0.0))
+    e = by_name(res)["ar0a"]
+    # The gradient 0-10; issue: 5 under the lock, the flatten 20 (10-35); the fit's 40 +
+    # 1000; finish: 7 under the lock, the average 30: 1075 + 37 = 1112.
+    assert (us(e.start_ns), us(e.end_ns)) == (10, 1112)
+    old = by_name(simulate(g, hand_resolved(g, devices), machine((0, 1)),
+                           HostCost(default_kernel_us=10.0, dispatch=0.0, measured=False)))["ar0a"]
+    assert (us(old.start_ns), us(old.end_ns)) == (10, 20 + 40 + 1000 + 10)  # dispatch 0, kernel 10 twice
