@@ -220,10 +220,14 @@ def eager_reference(
 
 
 def _updated_by_eager_optimizer(
-    module: nn.Module, graph: Graph, input_values: dict[int, torch.Tensor], grads: dict[str, torch.Tensor]
+    module: nn.Module, graph: Graph, input_values: dict[int, torch.Tensor], grads: dict[str, torch.Tensor],
+    steps_before: int = 0,
 ) -> dict[str, torch.Tensor]:
-    """Each parameter after eager PyTorch's optimizer step from the graph's initial values with `grads`."""
-    ref, _, opt = eager_reference(module, graph, input_values)
+    """Each parameter after eager PyTorch's optimizer step with `grads`, from the graph's
+    initial values advanced by `steps_before` eager steps."""
+    ref, user, opt = eager_reference(module, graph, input_values)
+    for _ in range(steps_before):
+        eager_step(ref, user, opt)
     for n, p in ref.named_parameters():
         g = grads.get(n)
         p.grad = None if g is None else g.detach().clone()
@@ -237,8 +241,13 @@ def output_diffs(
     input_values: dict[int, torch.Tensor],
     outputs: dict[int, torch.Tensor],
     tolerances: Mapping[torch.dtype, Tolerance] = TOLERANCES,
+    steps: int = 1,
 ) -> list[tuple[OutputRole, TensorDiff]]:
     """Every checked output of one executor step against eager PyTorch from the same values.
+
+    `steps` > 1: `outputs` are the last of that many steps run back to back from
+    `input_values` (an unrolled graph, `schedlab.steps`), compared with eager PyTorch's
+    last of as many steps.
 
     The loss, the gradients and the buffers are compared with one eager step
     (`eager_step`). The updated parameters are compared with eager PyTorch's optimizer
@@ -248,7 +257,11 @@ def output_diffs(
     bounds that noise; the update comparison asks whether the plan ran the optimizer right
     on the gradients it computed. Together they still cover the whole step.
     """
+    if steps < 1:
+        raise SchedlabError(f"steps must be >= 1, got {steps}")
     ref, user, opt = eager_reference(module, graph, input_values)
+    for _ in range(steps - 1):
+        eager_step(ref, user, opt)
     loss = eager_step(ref, user, opt).detach()
     grads = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
     buffers = dict(ref.named_buffers())
@@ -269,7 +282,7 @@ def output_diffs(
         else:
             continue  # updated parameters: below; optimizer state: covered through them
         out.append((o.role, compare(f"{o.role.value} {o.name}", outputs[o.value], want, tolerances)))
-    updated = _updated_by_eager_optimizer(module, graph, input_values, own_grads)
+    updated = _updated_by_eager_optimizer(module, graph, input_values, own_grads, steps - 1)
     for o in graph.outputs:
         if o.role is OutputRole.PARAM:
             out.append((o.role, compare(f"{o.role.value} {o.name}", outputs[o.value], updated[o.name], tolerances)))
@@ -282,7 +295,9 @@ def check_step(
     input_values: dict[int, torch.Tensor],
     run_one_step: Callable[[dict[int, torch.Tensor]], dict[int, torch.Tensor]],
     tolerances: Mapping[torch.dtype, Tolerance] = TOLERANCES,
+    steps: int = 1,
 ) -> NumericCheck:
-    """Run one executor step and one eager step from the same values and compare them."""
+    """Run one executor step (a sequence of `steps` steps back to back, for an unrolled
+    graph) and as many eager steps from the same values, and compare the last ones."""
     outputs = run_one_step({v: t.clone() for v, t in input_values.items()})
-    return NumericCheck.of(output_diffs(module, graph, input_values, outputs, tolerances))
+    return NumericCheck.of(output_diffs(module, graph, input_values, outputs, tolerances, steps))

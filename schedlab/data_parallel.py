@@ -8,8 +8,9 @@ of R copies:
 - replica r's ops are ops ``r*n .. r*n+n-1`` (replica 0 keeps the captured ids), its values
   are offset by ``r * len(values)``, and its inputs and outputs are named ``NAME@rR`` (plain
   names for replica 0), so each rank feeds its own next step;
-- gradients are grouped into buckets in reverse parameter order, as DDP does (the last
-  layer's gradients are ready first): the first bucket holds at most 1 MiB
+- gradients are grouped into buckets in the order the plan's op order makes them ready
+  (DDP rebuilds its buckets in ready order after the first iteration; its first guess,
+  reverse parameter order, breaks ties): the first bucket holds at most 1 MiB
   (`FIRST_BUCKET_BYTES`, DDP's first-bucket cap), the others at most `bucket_mb`;
 - per bucket and replica one ``schedlab.all_reduce`` op (kind COMM) reads that replica's
   gradients of the bucket and writes their average over the replicas (kwargs ``bucket``
@@ -68,14 +69,24 @@ def uses_batch_stats(graph: Graph) -> bool:
     return any(op.op_class in BATCH_NORM_CLASSES for op in graph.ops)
 
 
-def buckets(graph: Graph, bucket_bytes: int) -> list[list[GraphOutput]]:
-    """GRAD outputs grouped into all-reduce buckets in reverse parameter order (DDP's)."""
-    grads = [o for o in graph.outputs if o.role is OutputRole.GRAD]
+def buckets(
+    graph: Graph, bucket_bytes: int, ready_rank: Callable[[int], int] | None = None
+) -> list[list[GraphOutput]]:
+    """GRAD outputs grouped into all-reduce buckets in the order they become ready.
+
+    `ready_rank(op_id)` is where the plan's op order runs each op: gradients are taken in
+    the order their producers run, as DDP rebuilds its buckets after the first iteration
+    from the order it saw them ready. Without it, reverse parameter order (DDP's first
+    guess)."""
+    grads = list(reversed([o for o in graph.outputs if o.role is OutputRole.GRAD]))
+    if ready_rank is not None:
+        order = {o.value: k for k, o in enumerate(grads)}
+        grads.sort(key=lambda o: (ready_rank(graph.producer[o.value]) if o.value in graph.producer else -1, order[o.value]))
     out: list[list[GraphOutput]] = []
     cur: list[GraphOutput] = []
     cur_bytes = 0
     cap = min(FIRST_BUCKET_BYTES, bucket_bytes)
-    for o in reversed(grads):
+    for o in grads:
         meta = graph.values[o.value]
         nbytes = 0 if meta is None else meta.nbytes
         if cur and cur_bytes + nbytes > cap:
@@ -92,7 +103,9 @@ def replica_name(name: str, r: int) -> str:
     return name if r == 0 else f"{name}@r{r}"
 
 
-def replicate(graph: Graph, op_device: Sequence[Sequence[str]], bucket_bytes: int) -> Expanded:
+def replicate(
+    graph: Graph, op_device: Sequence[Sequence[str]], bucket_bytes: int, ready_rank: Callable[[int], int] | None = None
+) -> Expanded:
     """R copies of `graph` (replica r's ops on `op_device[r]`), joined by gradient all-reduces;
     values crossing devices inside a replica then get send/recv ops (`distribute.expand`)."""
     R = len(op_device)
@@ -110,7 +123,7 @@ def replicate(graph: Graph, op_device: Sequence[Sequence[str]], bucket_bytes: in
             ops.append(_shifted(op, r * n, off, r))
             device.append(op_device[r][op.id])
     averaged: dict[int, int] = {}  # replica grad value -> its averaged value
-    for b, bucket in enumerate(buckets(graph, bucket_bytes)):
+    for b, bucket in enumerate(buckets(graph, bucket_bytes, ready_rank)):
         group = [op_device[r][graph.producer[bucket[0].value]] for r in range(R)]
         for r in range(R):
             ins = tuple(o.value + r * V for o in bucket)

@@ -8,6 +8,11 @@ explicit order must itself respect the dependencies and is checked.
                      calibrated cost model's times when the caller has one
 - ``w-last``         weight-gradient (W) work deferred until nothing else is ready, as in
                      out-of-order backprop (Oh et al., EuroSys 2022)
+- ``reverse-first-k:K``  out-of-order backprop's data-parallel policy: the weight-gradient
+                     work of the model's first K layers is deferred and done last, in
+                     ascending layer order, so layer 0's gradient is ready (and all-reduced,
+                     and applied) first and overlaps the next step's forward; pair it with
+                     steady-state steps (`schedlab.steps`)
 - ``random:SEED``    a seeded random topological order
 - a list of op ids   an explicit total order
 """
@@ -22,8 +27,10 @@ from schedlab.graph import Graph, Op, OpKind, topo_order_ok
 
 ORDER_HELP = (
     "op order: topo (program order, default), critical-path (longest remaining path first), "
-    "w-last (weight-gradient work deferred), random:SEED"
+    "w-last (weight-gradient work deferred), reverse-first-k:K (the first K layers' weight gradients last, "
+    "in ascending layer order; runs steps back to back), random:SEED"
 )
+REVERSE_FIRST_K = "reverse-first-k:"
 
 # An op's time in µs with the given intra-op threads: the weight critical-path ranks by.
 # Commands with a calibrated Profile pass its times (`schedlab.sim.cost.op_cost_us`) to
@@ -101,14 +108,46 @@ def priorities(
         return ranks([-u for u in up])
     if order == "w-last":
         return ranks([float(op.id + (n if op.kind is OpKind.W else 0)) for op in graph.ops])
+    if order.startswith(REVERSE_FIRST_K):
+        return _reverse_first_k(graph, _policy_int(order, REVERSE_FIRST_K, "K", minimum=1))
     if order.startswith("random:"):
-        try:
-            seed = int(order.split(":", 1)[1])
-        except ValueError:
-            raise SchedlabError(f"order {order!r}: the seed after 'random:' must be an integer") from None
-        return _positions(random_topo_order(graph, seed))
+        return _positions(random_topo_order(graph, _policy_int(order, "random:", "the seed", minimum=-(2**63))))
     raise SchedlabError(
-        f"unknown order policy {order!r}; use topo, critical-path, w-last, random:SEED or a list of op ids"
+        f"unknown order policy {order!r}; use topo, critical-path, w-last, reverse-first-k:K, random:SEED "
+        "or a list of op ids"
     )
+
+
+def _policy_int(order: str, prefix: str, what: str, minimum: int) -> int:
+    try:
+        k = int(order[len(prefix):])
+    except ValueError:
+        raise SchedlabError(f"order {order!r}: {what} after {prefix!r} must be an integer") from None
+    if k < minimum:
+        raise SchedlabError(f"order {order!r}: {what} must be >= {minimum}")
+    return k
+
+
+def weight_layers(graph: Graph) -> list[str]:
+    """Layers with weight-gradient (W) ops, in the order their forward ops first run."""
+    from schedlab.layer_split import layers_in_order
+
+    has_w = {op.layer for op in graph.ops if op.kind is OpKind.W and op.layer}
+    return [layer for layer in layers_in_order(graph) if layer in has_w]
+
+
+def _reverse_first_k(graph: Graph, k: int) -> tuple[int, ...]:
+    """Program order, except that the W ops of the first `k` weight layers come after
+    everything else, layer 0's first (Oh et al.'s reverse first-k)."""
+    layers = weight_layers(graph)
+    if not layers:
+        raise SchedlabError("order reverse-first-k: the graph has no layer with weight-gradient ops")
+    first = {layer: idx for idx, layer in enumerate(layers[:k])}
+    n = len(graph.ops)
+    keys = [
+        float(op.id + n * (1 + first[op.layer]) if op.kind is OpKind.W and op.layer in first else op.id)
+        for op in graph.ops
+    ]
+    return ranks(keys)
 
 

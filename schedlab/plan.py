@@ -14,12 +14,13 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph, Op
+from schedlab.graph import Graph, Op, OpKind
 from schedlab.machine import Machine
 
 if TYPE_CHECKING:
@@ -228,6 +229,7 @@ class ResolvedPlan:
     graph: Graph | None = None  # the graph to run (None: the graph resolve() was given)
     device_slots: dict[str, int] = field(default_factory=dict)  # co-run slots of each device used
     base_ops: int = -1  # ops of the input graph (-1: all)
+    steps: int = 1  # steps back to back in `graph` (steady state, `schedlab.steps`)
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -245,7 +247,8 @@ class ResolvedPlan:
         """The graph a backend given `graph` and this plan runs (the expanded one, if any)."""
         if self.graph is None or self.graph is graph:
             return graph
-        if self.graph.meta.get("expanded_from") != graph.hash and self.graph.hash != graph.hash:
+        origin = (self.graph.meta.get("expanded_from"), self.graph.meta.get("unrolled_from"), self.graph.hash)
+        if graph.hash not in origin:
             raise SchedlabError(f"this plan was resolved against another graph than {graph.name!r}")
         return self.graph
 
@@ -277,8 +280,30 @@ def list_schedule(
     return tuple(out)
 
 
-def resolve(graph: Graph, plan: Plan, machine: Machine, op_cost_us: OpCostUs | None = None) -> ResolvedPlan:
+DEFAULT_STEADY_STEPS = 5  # steps back to back when a plan's order needs a steady state and none are asked
+
+
+def steady_steps(plan: Plan, steps: int | None) -> int:
+    """How many steps back to back a command runs `plan` for: `steps` if given, else
+    `DEFAULT_STEADY_STEPS` for an order that gains only across steps (reverse-first-k),
+    else 1 (steps one at a time)."""
+    from schedlab.order import REVERSE_FIRST_K
+
+    if steps is not None:
+        if steps < 1:
+            raise SchedlabError(f"steady-state steps must be >= 1, got {steps}")
+        return steps
+    return DEFAULT_STEADY_STEPS if isinstance(plan.order, str) and plan.order.startswith(REVERSE_FIRST_K) else 1
+
+
+def resolve(
+    graph: Graph, plan: Plan, machine: Machine, op_cost_us: OpCostUs | None = None, steps: int = 1
+) -> ResolvedPlan:
     """Validate `plan` against `graph` and `machine`; one clear PlanError per problem.
+
+    `steps` > 1 resolves the plan for that many steps back to back in steady state
+    (`schedlab.steps`): `graph` is then the unrolled sequence both backends run, and a
+    backend's step time is its makespan over the sequence divided by `steps`.
 
     `op_cost_us(op, threads)` weighs ops for the ``critical-path`` order: the calibrated cost
     model's time of each op with the threads this plan gives it (a rough roofline without
@@ -343,10 +368,11 @@ def resolve(graph: Graph, plan: Plan, machine: Machine, op_cost_us: OpCostUs | N
         raise PlanError("order", str(e)) from None
     first = used[0] if used else machine.default_device.id
     if len(used) <= 1 and replica_devices is None:
-        return ResolvedPlan(
+        one = ResolvedPlan(
             plan=plan, slots=slots_of.get(first, plan.slots), threads=threads, priority=prio,
             device=tuple(op_device), sequence=list_schedule(graph, prio), device_slots=slots_of,
         )
+        return one if steps == 1 else _unrolled(one, graph, steps, machine, weight)
     _check_memory(graph, op_device, machine)
     if replica_devices is None:
         ex = expand(graph, op_device)
@@ -354,7 +380,8 @@ def resolve(graph: Graph, plan: Plan, machine: Machine, op_cost_us: OpCostUs | N
     else:
         from schedlab.data_parallel import replicate
 
-        ex = replicate(graph, replica_devices, int(plan.bucket_mb * 2**20))
+        step_pos = {op_id: k for k, op_id in enumerate(list_schedule(graph, prio))}
+        ex = replicate(graph, replica_devices, int(plan.bucket_mb * 2**20), ready_rank=step_pos.__getitem__)
         copies = len(replica_devices)
         most_threads: dict[str, int] = {}
         for d0, k in zip(op_device, threads, strict=True):
@@ -378,10 +405,37 @@ def resolve(graph: Graph, plan: Plan, machine: Machine, op_cost_us: OpCostUs | N
         else:
             comm_prio.append(min((prio[c % n] for c in g.succs[op.id] if c < body), default=len(prio)))
     full_prio = tuple(prio) * copies + tuple(comm_prio)
-    return ResolvedPlan(
+    resolved = ResolvedPlan(
         plan=plan, slots=slots_of.get(first, plan.slots), threads=threads * copies + (1,) * (len(g.ops) - body),
         priority=full_prio, device=ex.device, sequence=list_schedule(g, full_prio, _bucket_order(g, ex.device)), graph=g,
         device_slots=slots_of, base_ops=n,
+    )
+    return resolved if steps == 1 else _unrolled(resolved, graph, steps, machine, weight)
+
+
+def _unrolled(
+    one: ResolvedPlan, graph: Graph, steps: int, machine: Machine, weight: Callable[[Op], float]
+) -> ResolvedPlan:
+    """`one` (a plan resolved for one step of `graph`) over `steps` steps back to back
+    (`schedlab.steps`): each step's ops keep their priorities, shifted so that among ready
+    ops an earlier step's come first, and each op its device and threads. The sequence a
+    one-slot rank follows knows that communication takes time (`steps.timed_sequence`,
+    ops weighed by `weight`, links by `machine`), so the next step's forward fills a
+    rank's wait for this step's gradients."""
+    from schedlab.steps import comm_time_us, timed_sequence, unroll
+
+    g = unroll(one.run_graph(graph), steps)
+    span = max(one.priority, default=0) + 2  # one step's priorities lie in -1..max
+    prio = tuple(p + s * span for s in range(steps) for p in one.priority)
+    device = one.device * steps
+    m, n = len(one.device), len(graph.ops)
+    dur_us = [0.0 if op.kind is OpKind.COMM else weight(graph.ops[(op.id % m) % n]) for op in g.ops]
+    sequence = timed_sequence(g, prio, device, dur_us, lambda op: comm_time_us(op, machine, device[op.id]),
+                              _bucket_order(g, device))
+    return replace(
+        one, threads=one.threads * steps, priority=prio, device=device,
+        sequence=sequence, graph=g,
+        base_ops=one.base_ops if one.base_ops >= 0 else len(graph.ops), steps=steps,
     )
 
 
