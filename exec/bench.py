@@ -111,6 +111,7 @@ class DdpResult:
     ddp_step_times_s: tuple[float, ...]
     repeats: int
     step_time: str = SPAN_STEP_TIME_DEFINITION
+    steps_per_run: int = 1  # > 1: both sides ran that many steps back to back per timed pair
 
     def to_json(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -177,4 +178,5 @@ def compare_with_ddp(
         schedlab_step_times_s=ours,
         ddp_step_times_s=theirs,
         repeats=repeats,
+        steps_per_run=resolved.steps,
     ), dist

@@ -66,12 +66,14 @@ class DdpStepper:
         """Run one step; its wall time in seconds."""
         return self.timed_step()[1] / 1e9
 
-    def timed_step(self) -> tuple[int, int]:
-        """Run one step; (start, wall) in ns on `time.perf_counter_ns`, as the executor's records."""
+    def timed_step(self, steps: int = 1) -> tuple[int, int]:
+        """Run `steps` steps back to back (as many as one run of a steady-state schedlab
+        sequence); (start, wall) in ns on `time.perf_counter_ns`, as the executor's records."""
         before = set_intra_op_threads(self.threads)
         try:
             t0 = time.perf_counter_ns()
-            eager_step(self.model, self.inputs, self.optimizer)
+            for _ in range(steps):
+                eager_step(self.model, self.inputs, self.optimizer)
             return t0, time.perf_counter_ns() - t0
         finally:
             set_intra_op_threads(before)

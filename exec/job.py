@@ -127,6 +127,7 @@ def write_job(
             "sequence": list(resolved.sequence),
             "device_slots": resolved.device_slots,
             "base_ops": resolved.base_ops,
+            "steps": resolved.steps,
         },
     })
 
@@ -147,6 +148,7 @@ def load_job(job_dir: Path) -> Job:
         sequence=tuple(r["sequence"]),
         device_slots={str(k): int(v) for k, v in r["device_slots"].items()},
         base_ops=int(r["base_ops"]),
+        steps=int(r.get("steps", 1)),
     )
     return Job(
         graph=graph,

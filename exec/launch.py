@@ -61,15 +61,18 @@ SPAN_STEP_TIME_DEFINITION = (
 )
 
 
-def span_step_times_s(steps: list[list[tuple[int, int]]], offsets_ns: list[int]) -> tuple[float, ...]:
+def span_step_times_s(
+    steps: list[list[tuple[int, int]]], offsets_ns: list[int], per_run: int = 1
+) -> tuple[float, ...]:
     """Per step (see SPAN_STEP_TIME_DEFINITION): `steps[rank][k]` = (start_ns, wall_ns) on
-    that rank's clock, `offsets_ns[rank]` added to read rank 0's."""
+    that rank's clock, `offsets_ns[rank]` added to read rank 0's; a run of `per_run` steps
+    back to back (steady state) counts as that many steps of equal length."""
     n = len(steps[0])
     out = []
     for k in range(n):
         starts = [st[k][0] + off for st, off in zip(steps, offsets_ns, strict=True)]
         ends = [a + st[k][1] for a, st in zip(starts, steps, strict=True)]
-        out.append((max(ends) - min(starts)) / 1e9)
+        out.append((max(ends) - min(starts)) / 1e9 / per_run)
     return tuple(out)
 
 
@@ -365,6 +368,7 @@ def merge(
     warmup: int,
 ) -> DistResult:
     n_steps = len(results[0].steps)
+    per_run = resolved.steps  # steps back to back in one run of an unrolled graph
     if any(len(r.steps) != n_steps for r in results):
         raise SchedlabError(f"ranks ran different numbers of steps: {[len(r.steps) for r in results]}")
     ops = run_graph.ops
@@ -375,7 +379,7 @@ def merge(
         starts = [r.steps[k].start_ns + r.clock_offset_ns for r in results]
         ends = [s + r.steps[k].wall_ns for s, r in zip(starts, results, strict=True)]
         zero = min(starts)
-        step_times.append((max(ends) - (zero if k == 0 else prev_end)) / 1e9)
+        step_times.append((max(ends) - (zero if k == 0 else prev_end)) / 1e9 / per_run)
         prev_end = max(ends)
         for r, s0 in zip(results, starts, strict=True):
             shift = s0 - zero
@@ -384,7 +388,7 @@ def merge(
                 events.append(TraceEvent(i, op.name, op.kind.value, r.device, w, resolved.threads[i], a + shift,
                                          b + shift, k, r.rank))
     events.sort(key=lambda e: (e.step, e.start_ns, e.rank))
-    rank_times = tuple(tuple(s.wall_ns / 1e9 for s in r.steps) for r in results)
+    rank_times = tuple(tuple(s.wall_ns / 1e9 / per_run for s in r.steps) for r in results)
     outputs: dict[int, torch.Tensor] | None = None
     if any(r.outputs is not None for r in results):
         outputs = {}
@@ -405,6 +409,7 @@ def merge(
         clock_offsets_ns=[r.clock_offset_ns for r in results],
         clock_rtt_ns=[r.clock_rtt_ns for r in results],
         step_time=STEP_TIME_DEFINITION,
+        steps_per_run=per_run,
     )
     offsets = [r.clock_offset_ns for r in results]
     span_times: tuple[float, ...] = ()
@@ -412,8 +417,8 @@ def merge(
     if any(r.ddp_steps for r in results):
         if any(len(r.ddp_steps) != n_steps for r in results):
             raise SchedlabError(f"ranks ran different numbers of DDP steps: {[len(r.ddp_steps) for r in results]}")
-        span_times = span_step_times_s([[(s.start_ns, s.wall_ns) for s in r.steps] for r in results], offsets)
-        ddp_times = span_step_times_s([list(r.ddp_steps) for r in results], offsets)
+        span_times = span_step_times_s([[(s.start_ns, s.wall_ns) for s in r.steps] for r in results], offsets, per_run)
+        ddp_times = span_step_times_s([list(r.ddp_steps) for r in results], offsets, per_run)
         meta.update(span_step_times_s=list(span_times), ddp_step_times_s=list(ddp_times),
                     span_step_time=SPAN_STEP_TIME_DEFINITION)
     return DistResult(

@@ -169,7 +169,7 @@ def _run(job_dir: Path, env: RankEnv, state: dict[str, int | None], progress: Pr
             records.append(rec)
         if ddp is not None:
             ex.finish()  # this step's sends are done before DDP's step starts (see exec/ddp.py)
-            ddp_rec = ddp.timed_step()
+            ddp_rec = ddp.timed_step(job.resolved.steps)
             if s == 0 and job.ddp is not None and job.ddp["want_params"]:
                 ddp_params = {n: t.clone() for n, t in ddp.parameters().items()}
             if s >= job.warmup:

@@ -154,13 +154,21 @@ def run_steps(
 ) -> ExecResult:
     """Run `warmup` + `steps` training steps, feeding each step's updates to the next.
 
+    A plan resolved for steady state (`resolved.steps` > 1, an unrolled graph) runs that
+    many steps back to back per call: `steps` counts calls, and each call's time is its
+    wall time divided by `resolved.steps`.
+
     `executor`, if given, must be bound to `plan` already (it saves compiling twice).
     """
     if steps < 1 or warmup < 0:
         raise SchedlabError("steps must be >= 1 and warmup >= 0")
     machine = machine or detect_host()
-    ex = executor or Executor(graph, resolve(graph, plan, machine))
+    if executor is None:
+        resolved = resolve(graph, plan, machine)
+        executor = Executor(resolved.run_graph(graph), resolved)
+    ex = executor
     resolved = ex.resolved
+    run = ex.graph  # an unrolled graph runs `resolved.steps` steps per call
     inputs = {v: t.clone() for v, t in input_values.items()}
     events: list[TraceEvent] = []
     times: list[float] = []
@@ -168,11 +176,11 @@ def run_steps(
     dev = resolved.device
     for s in range(warmup + steps):
         outputs, rec = ex.step(inputs)
-        inputs = next_inputs(graph, inputs, outputs)
+        inputs = next_inputs(run, inputs, outputs)
         if s >= warmup:
             k = s - warmup
-            times.append(rec.wall_ns / 1e9)
-            for op in graph.ops:
+            times.append(rec.wall_ns / 1e9 / resolved.steps)
+            for op in run.ops:
                 a, b, w = rec.spans[op.id]
                 events.append(TraceEvent(op.id, op.name, op.kind.value, dev[op.id], w, resolved.threads[op.id], a, b, k))
         if progress is not None:
@@ -186,5 +194,6 @@ def run_steps(
         machine=machine.to_json(),
         step_times_s=times,
         warmup=warmup,
+        steps_per_run=resolved.steps,
     )
     return ExecResult(step_times_s=tuple(times), trace=Trace(events=tuple(events), meta=meta), outputs=outputs)
