@@ -25,6 +25,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--plan", default=None, metavar="PLAN.json")
     p.add_argument("--repeats", type=int, default=10, help="timed step pairs (default 10)")
     p.add_argument(
+        "--steps", type=int, default=None, metavar="S",
+        help="with --ddp: each side runs S steps back to back per timed pair (steady state, where the next step's "
+        "forward may overlap this step's gradient all-reduce); default 1, or 5 for a reverse-first-k order",
+    )
+    p.add_argument(
         "--ddp", action="store_true",
         help="compare a data-parallel plan (--plan with replicas > 1) with torch DistributedDataParallel on the "
         "same ranks, steps alternating; prints the median per-step ratio schedlab/DDP (ratio_vs_ddp) and its IQR",
@@ -83,19 +88,25 @@ def run_ddp(args: argparse.Namespace) -> int:
             "--ddp compares a data-parallel plan with DistributedDataParallel: give --plan PLAN.json with replicas > 1 "
             "(e.g. `schedlab plan MODEL --devices 2 --replicas 2 --threads 1 -o dp.json`)"
         )
+    from schedlab.plan import steady_steps
+
     machine = host_ranks(plan_ranks(plan))
+    steps = steady_steps(plan, args.steps)
     results = {}
     for model in args.models:
         ns = argparse.Namespace(model=model, size=args.size, optimizer=args.optimizer, seed=0)
         step = capture_for_plan(ns, plan.replicas)
-        resolved = resolve_plan_arg(step.graph, plan, machine, args.plan)
-        print(f"bench {model}: {len(machine.processes)} ranks, {args.repeats} step pairs ...", file=sys.stderr)
+        resolved = resolve_plan_arg(step.graph, plan, machine, args.plan, steps=steps)
+        pairs = f"{args.repeats} pairs of {steps} steps back to back" if steps > 1 else f"{args.repeats} step pairs"
+        print(f"bench {model}: {len(machine.processes)} ranks, {pairs} ...", file=sys.stderr)
         res, _ = compare_with_ddp(step, resolved, machine, spec=model, size=args.size, seed=0, repeats=args.repeats)
         results[model] = res
     if args.json:
-        print_json({"plan": plan.to_json(), "size": args.size, "results": {m: r.to_json() for m, r in results.items()}})
+        print_json({"plan": plan.to_json(), "size": args.size, "steps": steps,
+                    "results": {m: r.to_json() for m, r in results.items()}})
         return 0
-    print(f"plan {plan.describe()}; {len(machine.processes)} ranks; step time: first rank's start to last rank's end")
+    seq = f"; {steps} steps back to back per run, each / {steps}" if steps > 1 else ""
+    print(f"plan {plan.describe()}; {len(machine.processes)} ranks; step time: first rank's start to last rank's end{seq}")
     print(f"{'model':<14}{'schedlab ms':>12}{'DDP ms':>10}{'ratio':>8}  {'IQR':<14}")
     for model, r in results.items():
         lo, hi = r.ratio_spread

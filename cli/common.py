@@ -27,6 +27,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help=f"a built-in workload ({', '.join(BUILTIN_WORKLOADS)}), a held-out model (heldout:NAME, see "
         "`schedlab fidelity --help`) or package.module:function returning (module, example_inputs)",
     )
+    add_model_options(p)
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """--size, --optimizer and --seed of `add_model_args`, for a command whose first argument
+    may be something else than a MODEL (`schedlab validate RUN_DIR | MODEL`)."""
     p.add_argument("--size", choices=SIZES, default=DEFAULT_SIZE, help=f"built-in workload size (default {DEFAULT_SIZE})")
     p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="optimizer of the step (default sgd)")
     p.add_argument("--seed", type=int, default=0, help="seed for parameters and inputs (default 0)")
@@ -136,15 +142,16 @@ def load_plan_arg(path: str | None) -> Any:
     return Plan() if path is None else Plan.load(path)
 
 
-def resolve_plan_arg(graph: Any, plan: Any, machine: Any, path: str | None, profile: Any = None) -> Any:
+def resolve_plan_arg(graph: Any, plan: Any, machine: Any, path: str | None, profile: Any = None, steps: int = 1) -> Any:
     """`resolve`; a plan from file `path` that does not fit the graph or machine names the file.
-    With a `profile`, a critical-path order ranks ops by its times, as search and validate do."""
+    With a `profile`, a critical-path order ranks ops by its times, as search and validate do,
+    and a steady-state sequence (`steps` > 1) weighs ops by them."""
     from schedlab.errors import SchedlabError
     from schedlab.plan import resolve
     from schedlab.sim.cost import op_cost_us
 
     try:
-        return resolve(graph, plan, machine, op_cost_us=None if profile is None else op_cost_us(profile))
+        return resolve(graph, plan, machine, op_cost_us=None if profile is None else op_cost_us(profile), steps=steps)
     except SchedlabError as e:
         if path is None:
             raise

@@ -47,6 +47,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "plan needs (the cpuK it names, times its replicas)",
     )
     p.add_argument("--profile", default=None, metavar="PROFILE", help="cost-model profile (default: traces/profile.json)")
+    p.add_argument(
+        "--steps", type=int, default=None, metavar="S",
+        help="simulate S steps back to back in steady state (the next step's forward may overlap this step's "
+        "gradient communication) and predict their mean; default 1, or 5 for a reverse-first-k order (as `trace` runs it)",
+    )
     p.add_argument("--out", default=None, metavar="PATH", help="simulated trace (default: traces/<model>-<size>-<plan>.sim.json)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the results")
     p.set_defaults(handler=run)
@@ -68,16 +73,18 @@ def simulated_machine(args: argparse.Namespace, plan: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from schedlab.calibrate.links import apply_link_fit
+    from schedlab.plan import steady_steps
     from schedlab.sim import simulate
 
     plan = load_plan_arg(args.plan)
+    steps = steady_steps(plan, args.steps)
     machine = simulated_machine(args, plan)
     profile = load_profile(args.profile, machine_is_host=args.machine in (None, "host"))
     if args.machine in (None, "host"):
         machine = apply_link_fit(machine, profile)  # measured loopback links between local ranks
     step = capture_for_plan(args, plan.replicas, cache=not args.no_cache)
     graph = step.graph
-    resolved = resolve_plan_arg(graph, plan, machine, args.plan, profile)
+    resolved = resolve_plan_arg(graph, plan, machine, args.plan, profile, steps)
     run_graph = resolved.run_graph(graph)
     result = simulate(graph, resolved, machine, profile.for_graph(graph).for_slots(plan.slots), record=True)
     coverage = profile.coverage(graph)  # ops whose class calibration never measured
@@ -101,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         "plan": plan.to_json(),
         "ops": len(run_graph),
         "predicted_step_time_s": result.step_time_s,
+        "steps": steps,  # back to back in steady state; the prediction is their mean
         "peak_memory_bytes": result.peak_memory_bytes,
         "oom_devices": list(result.oom_devices),
         "sim_wall_s": result.sim_wall_s,
@@ -117,9 +125,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary)
     else:
-        comm = f", {len(run_graph) - len(graph) * max(1, plan.replicas)} communication ops" if run_graph is not graph else ""
-        print(f"{args.model}/{args.size} ({len(run_graph)} ops{comm}) on {machine.name}, plan {plan.describe()}  [simulated]")
-        print(f"  predicted step  {result.step_time_s * 1e3:.2f} ms")
+        comm_ops = sum(1 for op in run_graph.ops if op.kind.value == "COMM")
+        comm = f", {comm_ops} communication ops" if comm_ops else ""
+        seq = f", {steps} steps back to back" if steps > 1 else ""
+        print(f"{args.model}/{args.size} ({len(run_graph)} ops{comm}{seq}) on {machine.name}, plan {plan.describe()}  [simulated]")
+        print(f"  predicted step  {result.step_time_s * 1e3:.2f} ms{' (mean over the steady-state sequence)' if steps > 1 else ''}")
         if len(result.ranks) > 1:
             for r in per_rank:
                 print(f"  {'rank ' + str(r['rank']):<16}{','.join(r['devices'])}: {r['ops']} ops, ends {r['end_s'] * 1e3:.2f} ms, "

@@ -38,8 +38,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     add_model_args(p)
     p.add_argument("--plan", default=None, metavar="PLAN.json", help="plan to run (default: PyTorch's own way)")
-    p.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps (default 5); in steady state, the steps of one sequence")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1); in steady state, untimed sequences")
+    p.add_argument(
+        "--steady-state", action="store_true",
+        help="run the --steps steps back to back as one sequence, so that the next step's forward may overlap this "
+        "step's gradient communication, and time the sequence as a whole (step time: its wall time / --steps); "
+        "implied by a reverse-first-k order",
+    )
+    p.add_argument("--runs", type=int, default=3, help="timed sequences in steady state (default 3)")
     p.add_argument(
         "--profile",
         default=None,
@@ -62,12 +69,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(handler=run)
 
 
-def _order_profile(args: argparse.Namespace, plan: Any) -> Any:
-    """The profile a critical-path order is ranked by, so `trace --plan` runs what `simulate --plan` predicts."""
+def _order_profile(args: argparse.Namespace, plan: Any, steps: int) -> Any:
+    """The profile a critical-path order is ranked by and a steady-state sequence weighed by,
+    so `trace --plan` runs what `simulate --plan` predicts."""
     from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
     from schedlab.cli.common import load_profile
 
-    if plan.order != "critical-path":
+    if plan.order != "critical-path" and steps == 1:
         return None
     if args.profile is None and not DEFAULT_PROFILE_PATH.exists():
         return None
@@ -79,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
 
     from schedlab.exec import DEFAULT_TIMEOUT_S, Executor, check_step, run_ranks, run_steps
     from schedlab.machine import host_ranks
+    from schedlab.plan import steady_steps
+    from schedlab.steps import as_step_outputs
 
     if args.steps < 1 or args.warmup < 0:
         raise SchedlabError("--steps must be >= 1 and --warmup >= 0")
@@ -87,38 +97,51 @@ def run(args: argparse.Namespace) -> int:
     timeout_s = DEFAULT_TIMEOUT_S if args.timeout_s is None else args.timeout_s
     if timeout_s <= 0:
         raise SchedlabError(f"--timeout-s must be > 0, got {args.timeout_s}")
+    if args.runs < 1:
+        raise SchedlabError(f"--runs must be >= 1, got {args.runs}")
     plan = load_plan_arg(args.plan)
     machine = host_ranks(args.devices if args.devices is not None else plan_ranks(plan))
+    steady = args.steady_state or steady_steps(plan, None) > 1
+    per_run = args.steps if steady else 1  # steps back to back in one run of the executor
+    runs = args.runs if steady else args.steps
+    profile = _order_profile(args, plan, per_run)
+    if profile is not None and per_run > 1:
+        from schedlab.calibrate.links import apply_link_fit
+
+        machine = apply_link_fit(machine, profile)  # the links `simulate` weighs the sequence by
     step = capture_for_plan(args, plan.replicas)
     workload, captured = step.workload, step.full
     graph = step.graph  # with replicas: the per-replica step
-    resolved = resolve_plan_arg(graph, plan, machine, args.plan, _order_profile(args, plan))
+    resolved = resolve_plan_arg(graph, plan, machine, args.plan, profile, per_run)
     ranks = 1
     if resolved.multi_device:
         print(f"trace {args.model}: {len(machine.processes)} ranks ...", file=sys.stderr)
         run_graph = resolved.run_graph(graph)
         dist = run_ranks(
-            graph, resolved, machine, step.inputs_for(run_graph), steps=args.steps, warmup=args.warmup,
+            graph, resolved, machine, step.inputs_for(run_graph), steps=runs, warmup=args.warmup,
             timeout_s=timeout_s, want_outputs=True, workload=args.model,
         )
         first = step.as_full(run_graph, dist.outputs or {})
-        check = check_step(workload.module, captured.graph, captured.input_values, lambda iv: first)
+        check = check_step(workload.module, captured.graph, captured.input_values, lambda iv: first, steps=per_run)
         result: Any = dist
         ranks = dist.ranks
         rank_step_times = [list(t) for t in dist.rank_step_times_s]
         ops = len(resolved.run_graph(graph))
     else:
         graph = captured.graph
-        executor = Executor(graph, resolved)
-        check = check_step(workload.module, graph, captured.input_values, lambda iv: executor.step(iv)[0])
-        bar = tqdm(total=args.warmup + args.steps, desc=f"trace {args.model}", unit="step", file=sys.stderr, disable=None)
+        run_graph = resolved.run_graph(graph)
+        executor = Executor(run_graph, resolved)
+        check = check_step(workload.module, graph, captured.input_values,
+                           lambda iv: as_step_outputs(graph, run_graph, executor.step(iv)[0]), steps=per_run)
+        unit = "step" if per_run == 1 else f"{per_run}-step run"
+        bar = tqdm(total=args.warmup + runs, desc=f"trace {args.model}", unit=unit, file=sys.stderr, disable=None)
         try:
             result = run_steps(
                 graph,
                 captured.input_values,
                 plan,
                 machine,
-                steps=args.steps,
+                steps=runs,
                 warmup=args.warmup,
                 progress=lambda done, total: bar.update(1),
                 workload=args.model,
@@ -127,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         finally:
             bar.close()
         rank_step_times = [list(result.step_times_s)]
-        ops = len(graph)
+        ops = len(run_graph)
     trace = dataclasses.replace(result.trace, meta={**result.trace.meta, "numeric_check": check.to_json()})
     out = Path(args.out) if args.out else TRACES_DIR / f"{slug(args.model)}-{args.size}-{args.optimizer}-{plan.hash[:8]}.json"
     chrome = out.with_name(out.name.removesuffix(".json") + ".chrome.json")
@@ -141,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         "ops": ops,
         "step_time_s": result.step_time_s,
         "step_times_s": list(result.step_times_s),
+        "steps_per_run": per_run,  # > 1: steady state, each time a run's wall time / steps_per_run
         "ranks": ranks,
         "rank_step_times_s": rank_step_times,
         "max_abs_grad_diff": check.max_abs_grad_diff,
@@ -161,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         status = "matches eager PyTorch" if check.ok() else "DIFFERS from eager PyTorch"
         print(f"{args.model}/{args.size} ({ops} ops), plan {plan.describe()}")
-        print(f"  step time   {result.step_time_s * 1e3:.2f} ms (median of {args.steps})")
+        how = f"median of {runs}" if per_run == 1 else f"median of {runs} runs of {per_run} steps back to back, each / {per_run}"
+        print(f"  step time   {result.step_time_s * 1e3:.2f} ms ({how})")
         if ranks > 1:
             per_rank = ", ".join(f"{statistics.median(t) * 1e3:.2f}" for t in rank_step_times)
             print(f"  ranks       {ranks} processes; each one's own step time (ms, median): {per_rank}")
