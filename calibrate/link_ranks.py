@@ -12,6 +12,9 @@ dies ends the run within a second with an error naming it. On any failure the pa
 terminates, then kills, every rank it started; each rank also asks the kernel to end it
 when the parent dies (Linux PR_SET_PDEATHSIG), so none is left behind.
 
+With `RankTask.host` (2 ranks), the ranks also time what each communication op costs its
+own thread as the executor makes its calls (`calibrate.comm_host.measure_host_costs`).
+
 Repetitions: after `warmup` untimed calls of a size, every rank makes `pilot` more; rank
 0 sets the repetitions per round from their median so the size's timed rounds take about
 `target_s` in all (between `min_reps` and `max_reps` a round) and broadcasts that count,
@@ -36,6 +39,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from schedlab.calibrate.comm_host import measure_host_costs
 from schedlab.errors import SchedlabError
 
 RANK_JOIN_S = 5.0  # how long a finished, terminated or killed rank is given to exit
@@ -57,6 +61,8 @@ class RankTask:
     warmup: int = 2
     pilot: int = 3  # calls whose median sets the repetitions
     collective_timeout_s: float = 60.0
+    host: bool = False  # also time each communication op's cost on its rank (`calibrate.comm_host`; 2 ranks)
+    host_reps: int = 5  # repetitions of each host-cost case per round
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,7 @@ class WorldResult:
     allreduce_s: dict[int, float]
     reps: dict[str, dict[int, int]]  # "p2p" / "allreduce" -> size -> repetitions per round
     rounds_s: dict[str, dict[int, list[float]]]  # "p2p" / "allreduce" -> size -> round medians
+    host_us: dict[str, list[tuple[int, int, float]]] = field(default_factory=dict)  # part -> (bytes, tensors, us)
 
 
 def rank_cores(n: int, cores: Sequence[int]) -> tuple[tuple[int, ...], ...]:
@@ -206,11 +213,15 @@ def rank_main(rank: int, world: int, port: int, task: RankTask, results: Any) ->
         try:
             p2p = _measure(rank, task, results, "p2p", _ping_pong) if task.p2p else _Series()
             ar = _measure(rank, task, results, "all-reduce", _allreduce) if task.allreduce else _Series()
+            host = {}
+            if task.host:
+                host = measure_host_costs(rank, task.sizes, task.host_reps, task.rounds, task.collective_timeout_s,
+                                          lambda label: _progress(rank, results, label))
         finally:
             dist.destroy_process_group()
         if rank == 0:
             results.put(("result", WorldResult(p2p.median_s, ar.median_s, {"p2p": p2p.reps, "allreduce": ar.reps},
-                                               {"p2p": p2p.rounds_s, "allreduce": ar.rounds_s})))
+                                               {"p2p": p2p.rounds_s, "allreduce": ar.rounds_s}, host)))
     except BaseException as e:  # reported to the parent, which names the rank; no traceback on stderr
         text = str(e).strip()
         results.put(("error", rank, f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"))

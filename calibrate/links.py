@@ -23,8 +23,16 @@ the residuals of the largest messages, often negative):
   so one (alpha, bw) for every n would blur the world the executor runs (2 ranks) with an
   oversubscribed one. A fit over every measured world size (`allreduce_joint`) serves
   world sizes never measured; the fit error (MAPE over sizes, percent) of each is kept.
+  Where the bandwidth drops beyond a size (a buffer that no longer fits the caches), the
+  line becomes a hinge with a second bandwidth above a break size (`fit_ring`).
 
 Both fits are non-negative (NNLS): a latency below zero would be a fitting artefact.
+
+On 2 ranks the benchmark also times what each communication op costs its own rank's
+thread (`calibrate.comm_host`: a send's call, a receive's post and wait, an all-reduce's
+flatten, post, wait and average), which the simulator charges on the ranks; the link and
+the collective then get the fitted time less those parts (`link_latency_bw`,
+`collective_s`), so nothing is charged twice.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy.optimize import nnls
 
+from schedlab.calibrate.comm_host import HostCosts, host_cases, host_costs_of
 from schedlab.calibrate.host_load import CpuSnapshot, snapshot
 from schedlab.calibrate.link_ranks import RankTask, WorldResult, rank_cores, run_world
 from schedlab.collectives import p2p_s, ring_allreduce_s
@@ -64,6 +73,8 @@ class LinkConfig:
     target_s: float = 0.15  # timed repetitions of one size, all rounds together
     rounds: int = 3
     timeout_s: float = 120.0  # one world of ranks: start-up, rendezvous and measuring
+    host_costs: bool = True  # also each communication op's cost on its rank (2 ranks; `calibrate.comm_host`)
+    host_reps: int = 5  # repetitions of each host-cost case per round
 
     def worlds(self) -> list[tuple[int, bool, bool]]:
         """(ranks, ping-pong, all-reduce) of each world to start, ascending."""
@@ -73,7 +84,8 @@ class LinkConfig:
     def steps(self) -> int:
         """Progress steps the whole benchmark reports (a pilot pass and each round, per size)."""
         phases = sum(int(p) + int(a) for _, p, a in self.worlds())
-        return phases * (self.rounds + 1) * len(self.sizes)
+        host = self.rounds * len(host_cases(self.sizes)) if self.host_costs else 0
+        return phases * (self.rounds + 1) * len(self.sizes) + host
 
 
 def quick_link_config() -> LinkConfig:
@@ -150,25 +162,50 @@ class P2PFit:
 
 @dataclass(frozen=True)
 class RingFit:
-    """time_s = 2(n-1) alpha_s + 2(n-1)/n nbytes / bw_bytes_per_s, and its error (percent)."""
+    """time_s = 2(n-1) alpha_s + 2(n-1)/n bytes_s(nbytes), and its error (percent).
+
+    Linear (`break_bytes` None): bytes_s = nbytes / bw_bytes_per_s. Piecewise, a hinge at
+    `break_bytes`: the first `break_bytes` of a buffer move at `bw_bytes_per_s`, the rest at
+    `bw_above_bytes_per_s` (continuous at the break; `fit_ring` says why and when).
+    """
 
     alpha_s: float
     bw_bytes_per_s: float
     mape_pct: float
+    break_bytes: float | None = None
+    bw_above_bytes_per_s: float | None = None
 
     def time_s(self, nbytes: float, n_ranks: int) -> float:
-        return ring_allreduce_s(nbytes, n_ranks, self.alpha_s, self.bw_bytes_per_s)
+        if self.break_bytes is None or self.bw_above_bytes_per_s is None:
+            return ring_allreduce_s(nbytes, n_ranks, self.alpha_s, self.bw_bytes_per_s)
+        if n_ranks <= 1:
+            return 0.0
+        x = max(0.0, float(nbytes))
+        below, above = min(x, self.break_bytes), max(0.0, x - self.break_bytes)
+        bytes_s = below / self.bw_bytes_per_s + above / self.bw_above_bytes_per_s
+        return 2 * (n_ranks - 1) * self.alpha_s + 2 * (n_ranks - 1) / n_ranks * bytes_s
+
+    @property
+    def piecewise(self) -> bool:
+        return self.break_bytes is not None
 
     def to_json(self) -> dict[str, Any]:
-        return {k: float(f"{v:.6g}") for k, v in dataclasses.asdict(self).items()}
+        return {k: float(f"{v:.6g}") for k, v in dataclasses.asdict(self).items() if v is not None}
 
     @staticmethod
     def from_json(d: Any) -> RingFit:
+        """A fit without "break_bytes" (written before piecewise fits) is linear."""
         _need_object(d, "fit")
+        brk = d.get("break_bytes")
+        above = d.get("bw_above_bytes_per_s")
+        if (brk is None) != (above is None):
+            raise ValueError("a piecewise fit needs both break_bytes and bw_above_bytes_per_s")
         return RingFit(
             _float(d.get("alpha_s"), "alpha_s", 0.0),
             _float(d.get("bw_bytes_per_s"), "bw_bytes_per_s", 0.0, strict=True),
             _float(d.get("mape_pct"), "mape_pct", 0.0),
+            None if brk is None else _float(brk, "break_bytes", 0.0, strict=True),
+            None if above is None else _float(above, "bw_above_bytes_per_s", 0.0, strict=True),
         )
 
 
@@ -202,18 +239,54 @@ def fit_p2p(sizes: Sequence[int], times_s: Sequence[float]) -> P2PFit:
     return dataclasses.replace(fit, mape_pct=mape_pct([fit.time_s(s) for s in sizes], times_s))
 
 
-def fit_ring(points: Sequence[tuple[int, int, float]]) -> RingFit:
-    """The ring all-reduce model fitted on (n_ranks, nbytes, time_s) points (module docstring)."""
+# A hinge must earn its two extra parameters (the break and a second bandwidth): it is kept
+# only when it lowers the fit error by at least this many percentage points and this share.
+HINGE_MIN_GAIN_PCT = 2.0
+HINGE_MIN_GAIN_FRAC = 0.2
+
+
+def fit_ring(points: Sequence[tuple[int, int, float]], piecewise: bool = True) -> RingFit:
+    """The ring all-reduce model fitted on (n_ranks, nbytes, time_s) points.
+
+    Linear first (module docstring). With `piecewise`, also a hinge: gloo's all-reduce on
+    CPU ranks moves a buffer that fits the caches faster than one that does not (2 local
+    ranks here: about 2.4 GB/s up to 1 MiB, 1.1-1.6 GB/s beyond), which one straight line
+    misses by 25-35% (it bends the latency up and the large sizes down). Every measured size
+    with at least 3 sizes at or below it and 2 above is tried as the break; each side gets
+    its own bandwidth, continuous at the break, alpha shared; all three non-negative (NNLS,
+    weighted by 1/time as the linear fit), and the bandwidth above the break no higher than
+    below it (the drop this models; a rise would be a latency step fitted as bandwidth). The best hinge is kept when it beats the line by
+    `HINGE_MIN_GAIN_PCT` points and `HINGE_MIN_GAIN_FRAC` of its error; else the line.
+    """
     _check_points([(n, s) for n, s, _ in points], [t for _, _, t in points], "all-reduce fit")
     if any(n < 2 for n, _, _ in points):
         raise SchedlabError("all-reduce fit: every point needs at least 2 ranks")
-    rows = np.array([[2.0 * (n - 1), 2.0 * (n - 1) / n * s] for n, s, _ in points])
     t = np.array([t for _, _, t in points], dtype=float)
-    alpha_s, s_per_byte = _weighted_nnls(rows, t)
+    steps = np.array([2.0 * (n - 1) for n, _, _ in points])
+    share = np.array([2.0 * (n - 1) / n for n, _, _ in points])
+    x = np.array([float(s) for _, s, _ in points])
+    alpha_s, s_per_byte = _weighted_nnls(np.column_stack([steps, share * x]), t)
     if s_per_byte <= 0:
         raise SchedlabError("all-reduce fit: times do not grow with the message size; no bandwidth to fit")
     fit = RingFit(float(alpha_s), 1.0 / float(s_per_byte), 0.0)
-    return dataclasses.replace(fit, mape_pct=mape_pct([fit.time_s(s, n) for n, s, _ in points], t))
+    fit = dataclasses.replace(fit, mape_pct=mape_pct([fit.time_s(s, n) for n, s, _ in points], t))
+    if not piecewise:
+        return fit
+    best = fit
+    sizes = sorted(set(x.tolist()))
+    for brk in sizes[2:-2]:  # at least 3 sizes at or below it, 2 above
+        rows = np.column_stack([steps, share * np.minimum(x, brk), share * np.maximum(0.0, x - brk)])
+        a, below, above = _weighted_nnls(rows, t)
+        if below <= 0 or above < below:  # a drop beyond the break, not a rise
+            continue
+        hinge = RingFit(float(a), 1.0 / float(below), 0.0, float(brk), 1.0 / float(above))
+        hinge = dataclasses.replace(hinge, mape_pct=mape_pct([hinge.time_s(s, n) for n, s, _ in points], t))
+        if hinge.mape_pct < best.mape_pct:
+            best = hinge
+    gain = fit.mape_pct - best.mape_pct
+    if best is fit or gain < HINGE_MIN_GAIN_PCT or gain < HINGE_MIN_GAIN_FRAC * fit.mape_pct:
+        return fit
+    return best
 
 
 # ---- the fits of one machine -------------------------------------------------------------
@@ -233,6 +306,9 @@ class LinkFits:
     allreduce_fits: dict[int, RingFit]  # world size -> its own fit
     allreduce_joint: RingFit  # over every world size measured: for the others
     conditions: dict[str, Any] = field(default_factory=dict)  # load, cores, wall time
+    # what each communication op costs its rank (`calibrate.comm_host`); None in files
+    # written before it was measured: the simulator then charges its dispatch cost
+    host_costs: HostCosts | None = None
 
     def allreduce_s(self, nbytes: float, n_ranks: int) -> float:
         """The fitted time of an all-reduce of `nbytes` on `n_ranks` ranks: the fit of that
@@ -251,6 +327,7 @@ class LinkFits:
                 str(n): {**s.to_json(), "fit": self.allreduce_fits[n].to_json()} for n, s in sorted(self.allreduce.items())
             },
             "allreduce_joint": self.allreduce_joint.to_json(),
+            "host_costs": None if self.host_costs is None else self.host_costs.to_json(),
         }
 
     @staticmethod
@@ -281,15 +358,17 @@ class LinkFits:
             where = "allreduce_joint"
             joint = RingFit.from_json(d.get("allreduce_joint"))
             where = "host"
-            host = dict(_get(d, "host"))
+            where_measured = dict(_get(d, "host"))
             where = "measured_unix_s"
             measured = _float(d.get("measured_unix_s"), "measured_unix_s", 0.0)
             where = "conditions"
             conditions = dict(d.get("conditions") or {})
+            where = "host_costs"
+            host_costs = HostCosts.from_json(d["host_costs"]) if d.get("host_costs") is not None else None
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             detail = f"missing field {e}" if isinstance(e, KeyError) else str(e)
             raise ValueError(f"{where}: {detail}") from None
-        return LinkFits(str(backend), host, measured, p2p, p2p_fit, sweeps, fits, joint, conditions)
+        return LinkFits(str(backend), where_measured, measured, p2p, p2p_fit, sweeps, fits, joint, conditions, host_costs)
 
 
 def _get(d: dict[str, Any], key: str) -> Any:
@@ -332,14 +411,48 @@ def allreduce_time_s(fits: LinkFits, nbytes: float, n_ranks: int) -> float:
     return fits.allreduce_s(nbytes, n_ranks)
 
 
+# What is left of a fitted time for the link once the ranks' own parts are taken off it is
+# kept at least this share of the fit (a rank's part measured alone can exceed what it adds
+# to a whole transfer, whose two ends overlap).
+MIN_LINK_SHARE = 0.1
+
+
+def link_latency_bw(fits: LinkFits) -> tuple[float, float]:
+    """(latency_s, bw_bytes_per_s) of a loopback link in the simulator.
+
+    The point-to-point fit times a whole one-way transfer, the send's call and the
+    receive's wait included. With host costs (`calibrate.comm_host`) the simulator charges
+    the fixed part of those two on the ranks, so the link's latency is the fit's less them
+    (at least `MIN_LINK_SHARE` of it); its bandwidth is the fit's. Without host costs, the
+    fit as it is.
+    """
+    fit = fits.p2p_fit
+    if fits.host_costs is None:
+        return fit.latency_s, fit.bw_bytes_per_s
+    latency = max(MIN_LINK_SHARE * fit.latency_s, fit.latency_s - fits.host_costs.p2p_overlap_s())
+    return latency, fit.bw_bytes_per_s
+
+
+def collective_s(fits: LinkFits, nbytes: float, n_ranks: int) -> float:
+    """The time of an all-reduce on its links in the simulator: the fitted time less the
+    fixed part of its post and wait, which the simulator charges on the ranks when host
+    costs were measured (at least `MIN_LINK_SHARE` of the fit); without host costs, the
+    fitted time itself."""
+    total = fits.allreduce_s(nbytes, n_ranks)
+    if fits.host_costs is None:
+        return total
+    return max(MIN_LINK_SHARE * total, total - fits.host_costs.allreduce_overlap_s())
+
+
 def apply_link_fit(machine: Machine, profile: Profile) -> Machine:
     """`machine` with its "loopback" links (local ranks: `host_ranks`) given the Profile's
-    fitted point-to-point latency and bandwidth; other links, and any machine when the
-    Profile has no link fits, unchanged."""
+    fitted point-to-point latency and bandwidth (less what the ranks' own host costs
+    already charge: `link_latency_bw`); other links, and any machine when the Profile has
+    no link fits, unchanged."""
     if profile.links is None:
         return machine
-    fit = profile.links.p2p_fit
-    return machine.with_link_fit(fit.latency_s, fit.bw_bytes_per_s, name="loopback")
+    latency_s, bw = link_latency_bw(profile.links)
+    return machine.with_link_fit(latency_s, bw, name="loopback")
 
 
 # ---- measuring ----------------------------------------------------------------------------
@@ -381,16 +494,19 @@ def measure_links(cfg: LinkConfig | None = None, on_progress: Callable[[str], No
     t0, cpu0, times0 = time.perf_counter(), snapshot(), os.times()
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     p2p: Sweep | None = None
+    host_costs: HostCosts | None = None
     allreduce: dict[int, Sweep] = {}
     for n, ping, reduce in cfg.worlds():
         pinned = rank_cores(n, cores)
         task = RankTask(
             sizes=tuple(sorted(set(cfg.sizes))), p2p=ping, allreduce=reduce, cores=pinned,
             target_s=cfg.target_s, rounds=cfg.rounds, collective_timeout_s=cfg.timeout_s,
+            host=ping and cfg.host_costs, host_reps=cfg.host_reps,
         )
         result = run_world(n, task, cfg.timeout_s, _labelled(on_progress, f"{n} ranks: "))
         if ping:
             p2p = _sweep(n, pinned, result.p2p_s, result, "p2p")
+            host_costs = host_costs_of(result.host_us) if cfg.host_costs else None
         if reduce:
             allreduce[n] = _sweep(n, pinned, result.allreduce_s, result, "allreduce")
     assert p2p is not None and allreduce
@@ -418,6 +534,7 @@ def measure_links(cfg: LinkConfig | None = None, on_progress: Callable[[str], No
         allreduce_fits=fits,
         allreduce_joint=joint,
         conditions=conditions,
+        host_costs=host_costs,
     )
 
 

@@ -43,7 +43,9 @@ JSON layout (version 2; version 1 files, without "views" and "roofline", still l
                "p2p": {"n_ranks", "rank_cores", "sizes", "median_s", ..., "fit": {"latency_s",
                        "bw_bytes_per_s", "mape_pct"}},
                "allreduce": {"2": {sweep..., "fit": {"alpha_s", "bw_bytes_per_s", "mape_pct"}}, "3": ...},
-               "allreduce_joint": {"alpha_s", "bw_bytes_per_s", "mape_pct"}},
+               "allreduce_joint": {"alpha_s", "bw_bytes_per_s", "mape_pct"},
+               "host_costs": null | {"model": "table", "parts": {part: {"sizes", "us",
+                                                    "per_tensor_us"}}}},  # calibrate.comm_host
      "cuda": null | {"device", "torch", "launch_us", "flops_per_s", "bw_bytes_per_s",   # calibrate.cuda_costs
               "signatures": {signature: kernel_us}, ...},
      "meta": {...}}
@@ -54,6 +56,9 @@ fits (`links` None); older readers ignore it. `allreduce_us` gives the fitted al
 time for the simulator; `calibrate.links.apply_link_fit` gives a Machine the fitted links.
 "cuda" (op costs measured on a CUDA device, `calibrate.cuda_costs`) is optional too, added
 within version 2: without it a cuda device is costed by its roofline (`sim.device_cost`).
+Within it, a ring fit may be piecewise ("break_bytes", "bw_above_bytes_per_s"; without
+them, linear) and "host_costs" (what each communication op costs its rank, `comm_host_us`)
+may be absent or null: the simulator then charges those ops the dispatch cost of any op.
 """
 
 from __future__ import annotations
@@ -71,16 +76,18 @@ from schedlab.calibrate.corun import CorunFigures
 from schedlab.calibrate.cuda_costs import CudaCosts
 from schedlab.calibrate.dispatch import DispatchFigures
 from schedlab.calibrate.fit import ClassFit
-from schedlab.calibrate.links import LinkFits
+from schedlab.calibrate.links import LinkFits, collective_s
 from schedlab.calibrate.model import WorkThreadsModel
 from schedlab.calibrate.roofline import Roofline
 from schedlab.calibrate.signature import signature
 from schedlab.calibrate.trace_cal import trace_figures, trace_slots
 from schedlab.calibrate.views import NO_VIEW_COSTS, ViewCosts
+from schedlab.distribute import ALL_REDUCE, RECV, SEND
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph, Op
+from schedlab.graph import Graph, Op, OpKind
 from schedlab.machine import Machine
 from schedlab.paths import default_profile_path
+from schedlab.sim.comm import CommOpCost
 from schedlab.trace import Trace
 
 PROFILE_SCHEMA = "schedlab.profile"
@@ -192,12 +199,47 @@ class Profile:
         return self.views.extra_us(signature(op), op.op_class, len(op.outputs))
 
     def allreduce_us(self, nbytes: float, n_ranks: int) -> float | None:
-        """The fitted time (us) of an all-reduce of `nbytes` over `n_ranks` local ranks
-        (`calibrate.links`); None when this Profile has no link fits (the caller then
-        models it from the machine's links, `schedlab.collectives.ring_allreduce_s`)."""
+        """The fitted time (us) of an all-reduce of `nbytes` over `n_ranks` local ranks on
+        its links (`calibrate.links.collective_s`: the fit, less the post and wait that
+        `comm_host_us` charges on the ranks when the link benchmark measured them); None
+        when this Profile has no link fits (the caller then models it from the machine's
+        links, `schedlab.collectives.ring_allreduce_s`)."""
         if self.links is None:
             return None
-        return self.links.allreduce_s(nbytes, n_ranks) * 1e6
+        return collective_s(self.links, nbytes, n_ranks) * 1e6
+
+    def comm_host_us(self, op: Op) -> CommOpCost | None:
+        """What COMM op `op` costs its rank (`sim.comm.CommHostCost`), from the host costs
+        the link benchmark measured (`calibrate.comm_host`); None without them (the
+        simulator then charges `dispatch_us`).
+
+        A send: its call's fixed part (what grows with the bytes is in the link's fit). A
+        recv: its post (the buffer and the call), and its wait's fixed part once the data is
+        there. An all-reduce of a bucket of k gradients: the flatten's fixed and
+        per-gradient part and the post's fixed part under the lock, the flatten's copy on
+        the cores; once its collective ended, the wait's fixed part and the average's fixed
+        and per-gradient part under the lock, the average's pass on the cores.
+        """
+        host = None if self.links is None else self.links.host_costs
+        if host is None or op.kind is not OpKind.COMM:
+            return None
+        t = host.tables
+        nbytes = float(op.bytes_moved)
+        if op.target == SEND:
+            return CommOpCost(t["send"].fixed_us())
+        if op.target == RECV:
+            return CommOpCost(t["recv_post"].us_at(nbytes), 0.0, t["recv_wait"].fixed_us())
+        if op.target != ALL_REDUCE:
+            return None
+        k = max(1, len(op.inputs))
+        flatten, average = t["allreduce_flatten"], t["allreduce_average"]
+        flat_fixed, avg_fixed = flatten.fixed_us(k), average.fixed_us(k)
+        return CommOpCost(
+            post_us=flat_fixed + t["allreduce_post"].fixed_us(),
+            post_kernel_us=max(0.0, flatten.us_at(nbytes, k) - flat_fixed),
+            done_us=t["allreduce_wait"].fixed_us() + avg_fixed,
+            done_kernel_us=max(0.0, average.us_at(nbytes, k) - avg_fixed),
+        )
 
     # ---- costs per device kind (sim.device_cost.KindCosts) ------------------------------
 

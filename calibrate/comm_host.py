@@ -1,0 +1,339 @@
+"""What a communication op costs the rank that runs it, beyond the link: measured and fitted.
+
+The multi-process executor (`exec.dist`) runs a send, a receive or an all-reduce as a few
+Python and torch.distributed calls on the rank's own thread, holding its interpreter
+lock. Between 2 local gloo ranks of one core each these cost tens of microseconds each,
+and the send's and the flatten's grow with the bytes (a send whose receiver has posted
+writes the data into the socket in the caller; a bucket is copied into one buffer) —
+much more than the ~2 µs dispatch of a compute op. Each part is timed here exactly as
+`exec.dist` makes the call, between 2 ranks (`measure_host_costs`, in each rank of the
+link benchmark, `calibrate.link_ranks`), over the benchmark's message sizes, and kept as
+a table over sizes (`CostTable` says why not a line):
+
+- ``send``: ``value.contiguous()`` and ``ProcessGroup.send`` with the receive already
+  posted (the usual case on the critical path: the receiver idles waiting for it);
+- ``recv_post``: ``torch.empty`` of the buffer and ``ProcessGroup.recv``;
+- ``recv_wait``: ``is_completed()`` and ``wait()`` of a receive whose data is there;
+- ``allreduce_flatten``: the bucket's gradients reshaped and concatenated (one tensor:
+  cloned) into one buffer, over 1 and 16 tensors;
+- ``allreduce_post``: ``dist.all_reduce(buffer, async_op=True)``;
+- ``allreduce_wait``: ``wait()`` of an all-reduce that completed;
+- ``allreduce_average``: ``div_`` by the group's size and one view per gradient.
+
+Each is the lowest of its round medians (interference only adds time); an all-reduce part
+is the slower rank's. The link and collective fits (`calibrate.links`) time the same
+calls end to end; the simulator charges a send's call, a receive's wait and an
+all-reduce's post and wait on the ranks at their fixed cost only (the part that grows
+with the bytes is the transfer itself, which the fits already time), and takes those
+fixed costs off the link's latency and the collective's time (`HostCosts.p2p_overlap_s`,
+`allreduce_overlap_s`; `calibrate.links.apply_link_fit`, `Profile.allreduce_us`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from schedlab.errors import SchedlabError
+
+PARTS = (
+    "send", "recv_post", "recv_wait", "allreduce_flatten", "allreduce_post", "allreduce_wait", "allreduce_average",
+)
+BUCKET_TENSORS = (1, 16)  # gradients per all-reduce bucket the flatten and average are timed with
+_PER_TENSOR_PARTS = ("allreduce_flatten", "allreduce_average")
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """One part's measured cost over message sizes: ``us(nbytes, tensors)`` interpolates
+    linearly in bytes between the measured sizes (below the smallest: its value; beyond the
+    largest: the last interval's slope goes on), plus ``(tensors - 1)`` times the
+    per-tensor cost interpolated the same way.
+
+    A table rather than a line: the parts do not grow linearly with the bytes on this
+    host. A send's call writes into the socket only what its buffer takes (here it grows
+    to ~1.4 ms at 4 MiB and stays there); a copy of a bucket that no longer fits the caches,
+    or into freshly mapped pages, costs several times more per byte than one that does. A
+    line weighted by relative error fits the many small sizes and misses the large buckets
+    data parallelism moves by 3-10x. Measured points are made non-decreasing in size
+    (pooled where a later one is lower: isotonic), so one noisy round does not make a
+    larger message cheaper.
+    """
+
+    sizes: tuple[int, ...]  # bytes, ascending, distinct
+    us: tuple[float, ...]  # per size: one tensor
+    per_tensor_us: tuple[float, ...] = ()  # per size: each tensor beyond the first (empty: none)
+
+    def __post_init__(self) -> None:
+        if len(self.sizes) < 1 or len(self.us) != len(self.sizes) or list(self.sizes) != sorted(set(self.sizes)):
+            raise ValueError("a cost table needs ascending distinct sizes and one time per size")
+        if self.per_tensor_us and len(self.per_tensor_us) != len(self.sizes):
+            raise ValueError("per_tensor_us must have one value per size")
+        if any(not (math.isfinite(v) and v >= 0) for v in (*self.us, *self.per_tensor_us)):
+            raise ValueError("cost table times must be finite numbers >= 0")
+
+    def us_at(self, nbytes: float, tensors: int = 1) -> float:
+        base = _interp(self.sizes, self.us, nbytes)
+        if tensors <= 1 or not self.per_tensor_us:
+            return base
+        return base + (tensors - 1) * _interp(self.sizes, self.per_tensor_us, nbytes)
+
+    def fixed_us(self, tensors: int = 1) -> float:
+        """The part that does not grow with the bytes: the cost at the smallest size."""
+        return self.us_at(self.sizes[0], tensors)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"sizes": list(self.sizes), "us": [float(f"{v:.5g}") for v in self.us]}
+        if self.per_tensor_us:
+            out["per_tensor_us"] = [float(f"{v:.5g}") for v in self.per_tensor_us]
+        return out
+
+    @staticmethod
+    def from_json(d: Any) -> CostTable:
+        if not isinstance(d, dict):
+            raise TypeError(f"a cost table must be an object, got {type(d).__name__}")
+        sizes = tuple(_number(x, "sizes", integer=True) for x in d.get("sizes", []))
+        us = tuple(_number(x, "us") for x in d.get("us", []))
+        per = tuple(_number(x, "per_tensor_us") for x in d.get("per_tensor_us", []) or [])
+        return CostTable(tuple(int(x) for x in sizes), us, per)
+
+
+def _number(v: Any, what: str, integer: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, int if integer else (int, float)) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"{what}: expected a {'whole' if integer else 'finite'} number >= 0, got {v!r}")
+    return float(v)
+
+
+def _interp(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
+    """Linear in x between the points; flat below the first; the last slope beyond the last."""
+    if len(xs) == 1 or x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return ys[-1] + max(0.0, slope) * (x - xs[-1])
+    return float(np.interp(x, xs, ys))
+
+
+def isotonic(ys: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence closest to `ys` in squared error (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for y in ys:
+        blocks.append([float(y), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    out: list[float] = []
+    for total, count in blocks:
+        out += [total / count] * int(count)
+    return out
+
+
+Point = tuple[int, int, float]  # (nbytes, tensors, us)
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """The measured cost of each part (`PARTS`) over message sizes."""
+
+    tables: dict[str, CostTable]
+
+    def __post_init__(self) -> None:
+        missing = [p for p in PARTS if p not in self.tables]
+        if missing:
+            raise ValueError(f"host costs miss the parts {missing}")
+
+    def us(self, part: str, nbytes: float, tensors: int = 1) -> float:
+        return self.tables[part].us_at(nbytes, tensors)
+
+    def p2p_overlap_s(self) -> float:
+        """How much of a fitted one-way time (`P2PFit`: a send's call, the transfer, the
+        receive's wait) the fixed parts of the send's call and of the wait are: the simulator
+        charges those on the ranks. The send's part that grows with the bytes (its write into
+        the socket) stays with the link, whose fitted bandwidth already counts it."""
+        return (self.tables["send"].fixed_us() + self.tables["recv_wait"].fixed_us()) * 1e-6
+
+    def allreduce_overlap_s(self) -> float:
+        """How much of a fitted all-reduce time (`RingFit`: one blocking call) the fixed parts
+        of its post and wait are, which the simulator charges on the ranks (what grows with
+        the bytes stays with the collective's fit)."""
+        return (self.tables["allreduce_post"].fixed_us() + self.tables["allreduce_wait"].fixed_us()) * 1e-6
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": "table", "parts": {p: self.tables[p].to_json() for p in PARTS}}
+
+    @staticmethod
+    def from_json(d: Any) -> HostCosts:
+        """Parse; a problem raises ValueError naming the part (the Profile wraps it)."""
+        if not isinstance(d, dict) or not isinstance(d.get("parts"), dict):
+            raise TypeError("host_costs must be an object with 'parts'")
+        tables: dict[str, CostTable] = {}
+        for p in PARTS:
+            if p not in d["parts"]:
+                raise ValueError(f"host_costs.parts: no part {p!r}")
+            try:
+                tables[p] = CostTable.from_json(d["parts"][p])
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"host_costs.parts.{p}: {e}") from None
+        return HostCosts(tables)
+
+
+def table_of(points: Sequence[Point], per_tensor: bool) -> CostTable:
+    """A part's table from its (nbytes, tensors, us) points: per size, the one-tensor time
+    (the median over tensor counts, when the part does not depend on them) and, with
+    `per_tensor`, (time at the most tensors - time at one) / (tensors - 1) (a size too
+    small for several tensors: the nearest size's); each made non-decreasing in size
+    (`isotonic`)."""
+    by_size: dict[int, dict[int, float]] = {}
+    for n, k, us in points:
+        if not (math.isfinite(us) and us > 0) or k < 1 or n < 0:
+            raise SchedlabError(f"host cost table: bad measurement ({n} B, {k} tensors, {us} us)")
+        by_size.setdefault(int(n), {})[int(k)] = float(us)
+    if not by_size:
+        raise SchedlabError("host cost table: no measurements")
+    sizes = tuple(sorted(by_size))
+    one: list[float] = []
+    per_at: list[float | None] = []  # None: no several-tensor measurement at that size
+    for n in sizes:
+        row = by_size[n]
+        if per_tensor:
+            if 1 not in row:
+                raise SchedlabError(f"host cost table: no one-tensor measurement at {n} B")
+            one.append(row[1])
+            kmax = max(row)
+            per_at.append(max(0.0, (row[kmax] - row[1]) / (kmax - 1)) if kmax > 1 else None)
+        else:
+            one.append(float(statistics.median(row.values())))
+    known = [(i, v) for i, v in enumerate(per_at) if v is not None]
+    if not known:
+        return CostTable(sizes, tuple(isotonic(one)))
+    # A size too small to split into several tensors takes the nearest measured one's cost.
+    per = [v if v is not None else min(known, key=lambda kv: abs(kv[0] - i))[1] for i, v in enumerate(per_at)]
+    return CostTable(sizes, tuple(isotonic(one)), tuple(isotonic(per)))
+
+
+def host_costs_of(points: Mapping[str, Sequence[Point]]) -> HostCosts:
+    """Every part of `PARTS` as a table of its points."""
+    missing = [p for p in PARTS if not points.get(p)]
+    if missing:
+        raise SchedlabError(f"host costs: no measurements of {missing}")
+    return HostCosts({p: table_of(points[p], per_tensor=p in _PER_TENSOR_PARTS) for p in PARTS})
+
+
+# ---- in a rank (torch imported there) ------------------------------------------------------
+
+
+def host_cases(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """(nbytes, tensors) of every case `measure_host_costs` times."""
+    return [(n, k) for n in sorted(set(sizes)) for k in BUCKET_TENSORS if n // 4 >= k]
+
+
+def measure_host_costs(
+    rank: int,
+    sizes: Sequence[int],
+    reps: int,
+    rounds: int,
+    timeout_s: float,
+    on_progress: Callable[[str], None] | None = None,
+) -> dict[str, list[Point]]:
+    """Time every part between ranks 0 and 1 of the default gloo group, as `exec.dist` calls
+    it (module docstring); every rank of the group must call it. Returns, on rank 0, per part
+    (nbytes, tensors, us): the lowest round median, for an all-reduce part the slower
+    rank's; the other ranks return what they measured themselves."""
+    import torch
+    import torch.distributed as dist
+
+    pg: Any = dist.group.WORLD
+    world = dist.get_world_size()
+    cases = host_cases(sizes)
+    rounds_us: dict[tuple[str, int, int], list[float]] = {}
+    tag = 1 << 20  # apart from other tags of the benchmark
+    for r in range(rounds):
+        for nbytes, k in cases:
+            samples: dict[str, list[float]] = {}
+            for _ in range(reps):
+                tag += 2
+                got = _one_rep(rank, world, pg, nbytes, k, tag, timeout_s, torch, dist)
+                for part, us in got.items():
+                    samples.setdefault(part, []).append(us)
+            meds = {p: statistics.median(v) for p, v in samples.items()}
+            for p in ("allreduce_flatten", "allreduce_post", "allreduce_wait", "allreduce_average"):
+                slowest = torch.tensor([meds[p]], dtype=torch.float64)
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+                meds[p] = float(slowest.item())
+            for p, med in meds.items():
+                rounds_us.setdefault((p, nbytes, k), []).append(med)
+            if on_progress is not None:
+                on_progress(f"host costs round {r + 1}/{rounds} {nbytes} B x{k}")
+    out: dict[str, list[Point]] = {p: [] for p in PARTS}
+    for (p, nbytes, k), per_round in sorted(rounds_us.items()):
+        out[p].append((nbytes, k, max(min(per_round), 1e-3)))
+    return out
+
+
+def _one_rep(
+    rank: int, world: int, pg: Any, nbytes: int, k: int, tag: int, timeout_s: float, torch: Any, dist: Any
+) -> dict[str, float]:
+    """One repetition of every part; times in µs on this rank."""
+    ns = time.perf_counter_ns
+    out: dict[str, float] = {}
+    n = max(1, nbytes // 4)
+    if k == 1:  # send and receive: ranks 0 and 1; rank 0 times them
+        value = torch.ones(n)
+        if rank == 1:
+            pre = torch.empty(n)
+            work = pg.recv([pre], 0, tag)
+        dist.barrier()
+        if rank == 0:
+            t0 = ns()
+            work = pg.send([value.contiguous()], 1, tag)
+            out["send"] = (ns() - t0) / 1e3
+        if rank < 2:
+            work.wait()
+            if rank == 0:
+                t0 = ns()
+                buf = torch.empty((n,), dtype=torch.float32)
+                work = pg.recv([buf], 1, tag + 1)
+                out["recv_post"] = (ns() - t0) / 1e3
+            else:
+                pg.send([value], 0, tag + 1).wait()
+        dist.barrier()  # rank 1's send has completed: the data is on its way
+        if rank == 0:
+            time.sleep(20e-6 + nbytes / 2e9)  # let rank 0's gloo thread land it
+            t0 = ns()
+            work.is_completed()
+            work.wait()
+            out["recv_wait"] = (ns() - t0) / 1e3
+    parts = [torch.ones(n // k) for _ in range(k)]
+    dist.barrier()
+    t0 = ns()
+    flat_parts = [p.reshape(-1) for p in parts]
+    flat = torch.cat(flat_parts) if k > 1 else flat_parts[0].clone()
+    t1 = ns()
+    work = dist.all_reduce(flat, async_op=True)
+    t2 = ns()
+    deadline = time.monotonic() + timeout_s
+    while not work.is_completed():
+        if time.monotonic() > deadline:
+            raise SchedlabError(f"host costs: an all-reduce of {nbytes} B did not complete within {timeout_s:g} s")
+        os.sched_yield()
+    t3 = ns()
+    work.wait()
+    t4 = ns()
+    flat.div_(world)
+    offset = 0
+    views = []
+    for p in parts:
+        views.append(flat[offset:offset + p.numel()].view(p.shape))
+        offset += p.numel()
+    t5 = ns()
+    out.update(allreduce_flatten=(t1 - t0) / 1e3, allreduce_post=(t2 - t1) / 1e3, allreduce_wait=(t4 - t3) / 1e3,
+               allreduce_average=(t5 - t4) / 1e3)
+    return out
