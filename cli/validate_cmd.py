@@ -1,7 +1,16 @@
-"""`schedlab validate`: run a search's best plans and the baselines on the real executor.
+"""`schedlab validate`: run plans on the real executor beside the baselines, and predict them.
+
+Two forms:
+
+    schedlab validate RUN_DIR [--top K]           # a search's best plans (search.validate)
+    schedlab validate MODEL --plan A.json [--plan B.json ...] [--devices N]   # plan files (search.validate_plans)
 
     schedlab validate runs/transformer-default-sgd
     schedlab validate runs/mlp-tiny-sgd --top 5 --repeats 3 --json
+    schedlab validate mlp --size tiny --plan one.json --plan two-ranks.json --out validation.json
+
+The first argument is a run directory (one with run.json) without --plan, and a model
+with --plan; anything else is one error that says which form to use.
 """
 
 from __future__ import annotations
@@ -10,7 +19,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from schedlab.cli.common import print_json
+from schedlab.cli.common import add_cache_arg, add_model_options, print_json
+from schedlab.errors import SchedlabError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -18,32 +28,73 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     p = sub.add_parser(
         "validate",
-        help="measure a search's best plans and the baselines on the real executor",
-        description="Re-capture the searched model, check each of the top-K distinct plans of RUN_DIR's "
-        "search and both baselines against eager PyTorch, then time them round-robin (--repeats rounds "
+        help="measure a search's best plans, or plan files, and the baselines on the real executor",
+        description="With RUN_DIR: re-capture the searched model, check each of the top-K distinct plans of "
+        "RUN_DIR's search and both baselines against eager PyTorch, then time them round-robin (--repeats rounds "
         "of --steps steps after --warmup) and record median, [p25, p75] spread, predicted step time and "
         "speedup over each baseline in RUN_DIR/results.json and in the study. The best validated plan is "
-        "the fastest measured one, baselines included.",
+        "the fastest measured one, baselines included. With MODEL --plan PLAN.json (repeatable): the same for "
+        "each plan file, multi-device and data-parallel plans on local ranks included, with each plan's "
+        "simulated step and the prediction's error; results to --out.",
     )
-    p.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="a run directory written by `schedlab search`")
-    p.add_argument("--top", type=int, default=DEFAULT_TOP, metavar="K", help=f"searched plans to validate (default {DEFAULT_TOP})")
+    p.add_argument("target", metavar="RUN_DIR | MODEL",
+                   help="a run directory written by `schedlab search`, or (with --plan) a model as `simulate` takes it")
+    p.add_argument("--plan", action="append", default=[], metavar="PLAN.json",
+                   help="a plan file to validate on MODEL (repeat for several)")
+    add_model_options(p)
+    add_cache_arg(p)
+    p.add_argument("--devices", type=int, default=None, metavar="N",
+                   help="with --plan: run every plan on N local ranks (default: as many as each plan names)")
+    p.add_argument("--profile", default=None, metavar="PROFILE",
+                   help="with --plan: the Profile that predicts the plans and ranks critical-path orders "
+                   "(default: traces/profile.json; without one, no predictions)")
+    p.add_argument("--out", default=None, metavar="PATH", help="with --plan: write the results JSON here")
+    p.add_argument("--top", type=int, default=None, metavar="K", help=f"with RUN_DIR: searched plans to validate (default {DEFAULT_TOP})")
     p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, metavar="R", help=f"rounds (default {DEFAULT_REPEATS})")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="S", help=f"timed steps per round (default {DEFAULT_STEPS})")
     p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, metavar="W", help=f"untimed steps per round first (default {DEFAULT_WARMUP})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--json", action="store_true", help="print results.json's content (plus its path)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON (with RUN_DIR: results.json's content plus its path)")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from schedlab.search.run_dir import RunPaths
-    from schedlab.search.validate import validate_run
+    is_run_dir = (Path(args.target) / "run.json").is_file()
+    if args.plan:
+        if is_run_dir:
+            raise SchedlabError(
+                f"{args.target} is a run directory: `schedlab validate {args.target}` validates its search's plans; "
+                "to validate plan files give a MODEL, e.g. `schedlab validate mlp --plan PLAN.json`"
+            )
+        if Path(args.target).is_dir():
+            raise SchedlabError(f"{args.target} is a directory, not a MODEL: --plan PLAN.json validates plan files "
+                                "on a model, e.g. `schedlab validate mlp --plan PLAN.json`")
+        if args.top is not None:
+            raise SchedlabError("--top picks a run directory's searched plans; with --plan every plan file is validated")
+        from schedlab.cli.validate_plans import run_plans
 
+        return run_plans(args)
+    given = [flag for flag, v in (("--devices", args.devices), ("--profile", args.profile), ("--out", args.out)) if v is not None]
+    if given:
+        raise SchedlabError(f"{', '.join(given)} go with --plan PLAN.json; a run directory's validation takes none")
+    if not Path(args.target).is_dir():
+        raise SchedlabError(
+            f"{args.target!r} is not a run directory; give a directory written by `schedlab search`, or a MODEL "
+            f"with plan files: `schedlab validate {args.target} --plan PLAN.json`"
+        )
+    return _run_dir(args)
+
+
+def _run_dir(args: argparse.Namespace) -> int:
+    from schedlab.search.run_dir import RunPaths
+    from schedlab.search.validate import DEFAULT_TOP, validate_run
+
+    run_dir = Path(args.target)
     results = validate_run(
-        args.run_dir, top=args.top, repeats=args.repeats, steps=args.steps, warmup=args.warmup,
-        progress=not args.no_progress,
+        run_dir, top=DEFAULT_TOP if args.top is None else args.top, repeats=args.repeats, steps=args.steps,
+        warmup=args.warmup, progress=not args.no_progress,
     )
-    results["paths"] = {"results": str(RunPaths(args.run_dir).results), **results["traces"]}
+    results["paths"] = {"results": str(RunPaths(run_dir).results), **results["traces"]}
     if args.json:
         print_json(results)
     else:
@@ -81,4 +132,3 @@ def _print(r: dict[str, Any]) -> None:
         print(f"  best (*): {won}; results in {r['paths']['results']}")
     for note in r["notes"]:
         print(f"  note: {note}")
-
