@@ -118,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         "transfers": {"count": result.transfer_count, "bytes": result.transfer_bytes},
         "collectives": result.collective_count,
         "link_model": links,  # "fit": the Profile's measured links; "machine": the machine description's
+        "cost_sources": result.cost_sources,  # device -> which model costed its kernels (sim.device_cost)
         "fallback_ops": {k: coverage[k] for k in ("fallback_ops", "fallback_classes", "fallback_model")},
         "trace": str(out),
         "chrome_trace": str(chrome),
@@ -141,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         for dev, b in result.peak_memory_bytes.items():
             print(f"  peak memory     {dev}: {b / 2**20:.1f} MiB")
         print(f"  simulation took {result.sim_wall_s * 1e3:.1f} ms ({result.engine} engine)")
+        for dev, source in result.cost_sources.items():
+            print(f"  costs of {dev:<7} {source}")
         if coverage["fallback_ops"]:
             classes = ", ".join(f"{c} x{n}" for c, n in coverage["fallback_classes"].items())
             print(f"  note            {coverage['fallback_ops']} of {coverage['ops']} ops of classes never calibrated "

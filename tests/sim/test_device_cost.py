@@ -165,3 +165,21 @@ def test_a_reused_simulator_costs_each_plan_by_its_devices() -> None:
     again = sim.run(resolve(g, Plan(device="cpu0"), m))
     assert on_cpu.step_time_s == again.step_time_s != on_gpu.step_time_s
     assert on_gpu.cost_sources["gpu0"].startswith("cuda roofline")
+
+
+def test_simulate_says_which_model_costed_each_device(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from schedlab.cli import main
+    from schedlab.machine import detect_host
+
+    profile = make_profile(machine=detect_host().fingerprint).save(tmp_path / "p.json")
+    plan = Plan(device="gpu0").save(tmp_path / "gpu.json")
+    argv = ["simulate", "mlp", "--size", "tiny", "--machine", "dgx-8gpu", "--plan", str(plan), "--profile", str(profile),
+            "--out", str(tmp_path / "s.json")]
+    assert main([*argv, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    label = "cuda roofline (peak 19.5 TFLOP/s, 2.039 TB/s; uncalibrated)"
+    assert d["cost_sources"] == {"gpu0": label}
+    assert main(argv) == 0
+    assert f"costs of gpu0    {label}" in capsys.readouterr().out
