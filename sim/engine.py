@@ -25,6 +25,7 @@ from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
 from schedlab.sim.compiled import FlatStructure, LoopResult, run_compiled
 from schedlab.sim.cost import CostModel
+from schedlab.sim.cost_table import CostTable
 from schedlab.sim.device_cost import cost_source
 from schedlab.sim.fast import run_fast
 from schedlab.sim.flatgraph import flat_single_device
@@ -62,15 +63,12 @@ class Simulator:
         self.max_placements = max_placements
         self._runs: dict[tuple[str, tuple[int, ...]], _RunGraph] = {}  # (expanded graph hash or "", placement)
         self._dispatch_us: list[float] | None = None
-        self._kernel_us: dict[int, float] = {}  # op id * _stride + threads -> µs
         self._stride = max(d.cores for d in machine.devices) + 1
         self._slowdown = slowdown_fns(graph, machine, cost, memo=True)
-        # The compiled engine's per-graph arrays: kernel µs per (op, threads) and co-run
-        # slowdown per (op, busy cores of the others) on the one device, NaN until asked.
+        # The compiled engine's per-graph arrays: dispatch µs per op, kernel µs per (op,
+        # threads) and co-run slowdown per (op, busy cores of the others), asked as needed.
         self._flat_one: FlatStructure | None = None  # every op on one device (sim.flatgraph)
-        self._kernel_table: np.ndarray | None = None
-        self._slow_table: np.ndarray | None = None
-        self._dispatch_arr: np.ndarray | None = None
+        self._costs = CostTable(graph, cost, self._stride - 1)
 
     def run(self, resolved: ResolvedPlan, *, record: bool = True, engine: str = "auto") -> SimResult:
         """Predict one step under `resolved`; see `simulate`."""
@@ -204,27 +202,13 @@ class Simulator:
         return tl, mem, busy
 
     def _kernels_arr(self, threads: np.ndarray) -> np.ndarray:
-        """Kernel µs of every op at its thread count, from a per-(op, threads) table."""
-        n = len(self.graph.ops)
-        table = self._kernel_table
-        if table is None:
-            table = self._kernel_table = np.full((n, self._stride), np.nan)
-        rows = np.arange(n)
+        """Kernel µs of every op at its thread count (`sim.cost_table`)."""
         if threads.size and (threads.min() < 1 or threads.max() >= self._stride):
             raise SchedlabError(f"thread counts must be 1..{self._stride - 1} on machine {self.machine.name!r}")
-        out = table[rows, threads]
-        missing = np.flatnonzero(np.isnan(out))
-        if missing.size:
-            ops, kernel = self.graph.ops, self.cost.kernel_us
-            for i in missing.tolist():
-                k = int(threads[i])
-                table[i, k] = out[i] = float(kernel(ops[i], k))
-        return out
+        return self._costs.kernel_us(threads)
 
     def _dispatches_arr(self) -> np.ndarray:
-        if self._dispatch_arr is None:
-            self._dispatch_arr = np.asarray(self._dispatches(), dtype=np.float64)
-        return self._dispatch_arr
+        return self._costs.dispatch_us()
 
     def _slowdowns(self, dev: int, capacity: int, slots: int, max_threads: int) -> np.ndarray:
         """slowdown[op, busy cores of the others], filled for the columns this plan can read.
@@ -232,16 +216,7 @@ class Simulator:
         The others are at most `slots - 1` kernels of at most `max_threads` threads each, so
         with one slot only column 0 is read, and two one-thread slots read columns 0 and 1.
         """
-        n = len(self.graph.ops)
-        table = self._slow_table
-        if table is None or table.shape[1] != capacity + 1:
-            table = self._slow_table = np.full((n, capacity + 1), np.nan)
-        cols = range(min(capacity, (slots - 1) * max_threads) + 1)
-        fn = self._slowdown[dev]
-        for b in cols:
-            if n and np.isnan(table[0, b]):
-                table[:, b] = [fn(o, b) for o in range(n)]
-        return table
+        return self._costs.slowdown(capacity, min(capacity, (slots - 1) * max_threads) + 1)
 
     def _run_graph(self, graph: Graph, placement: tuple[int, ...]) -> _RunGraph:
         key = (graph.hash if graph is not self.graph else "", placement)
@@ -264,7 +239,7 @@ class Simulator:
     def _dispatches(self, graph: Graph | None = None, mirror: Sequence[int] | None = None) -> list[float]:
         """Dispatch µs of every op of `graph` (default: the bound one, whose list is kept)."""
         if self._dispatch_us is None:
-            self._dispatch_us = [float(self.cost.dispatch_us(op)) for op in self.graph.ops]
+            self._dispatch_us = self._costs.dispatch_us().tolist()
         if graph is None or mirror is None:
             return self._dispatch_us
         base, ask = self._dispatch_us, self.cost.dispatch_us
@@ -272,28 +247,26 @@ class Simulator:
 
     def _kernels(self, threads: tuple[int, ...], graph: Graph | None = None, mirror: Sequence[int] | None = None) -> list[float]:
         """Kernel µs of every op of `graph` (default: the bound one) at its thread count; an op
-        that copies one of the bound graph's (`mirror`) is costed as that one, a COMM op as
-        `sim.prepare.comm_kernel_us` says."""
-        memo, stride, ops, kernel = self._kernel_us, self._stride, self.graph.ops, self.cost.kernel_us
-        out: list[float] = []
-        for i, k in enumerate(threads):
+        that copies one of the bound graph's (`mirror`) is costed as that one (from the
+        CostTable), a COMM op as `sim.prepare.comm_kernel_us` says."""
+        k = np.asarray(threads, dtype=np.int64)
+        if k.size and (k.min() < 1 or k.max() >= self._stride):  # resolve() never gives this: ask each op
+            ops, kernel = self.graph.ops, self.cost.kernel_us
             if mirror is None:
-                m, op = i, ops[i]
-            else:
-                m = mirror[i]
-                assert graph is not None
-                op = ops[m] if m >= 0 else graph.ops[i]
-                if m < 0:
-                    out.append(comm_kernel_us(op, k, self.cost))
-                    continue
-            if not 0 < k < stride:  # resolve() never gives this; do not let keys collide
-                out.append(float(kernel(op, k)))
-                continue
-            key = m * stride + k
-            t = memo.get(key)
-            if t is None:
-                t = memo[key] = float(kernel(op, k))
-            out.append(t)
+                return [float(kernel(op, t)) for op, t in zip(ops, threads, strict=True)]
+            assert graph is not None
+            return [float(kernel(ops[m], t)) if m >= 0 else comm_kernel_us(graph.ops[i], t, self.cost)
+                    for i, (m, t) in enumerate(zip(mirror, threads, strict=True))]
+        if mirror is None:
+            return self._costs.kernel_us(k).tolist()
+        assert graph is not None
+        m = np.asarray(mirror, dtype=np.int64)
+        copies = np.flatnonzero(m >= 0)
+        out = [0.0] * len(threads)
+        for i, t in zip(copies.tolist(), self._costs.kernel_us(k[copies], m[copies]).tolist(), strict=True):
+            out[i] = t
+        for i in np.flatnonzero(m < 0).tolist():
+            out[i] = comm_kernel_us(graph.ops[i], threads[i], self.cost)
         return out
 
 

@@ -7,8 +7,8 @@ does not spend most of its time in dictionaries. `tests/sim/test_equivalence.py`
 that it equals `sim.compiled.flatten(build_structure(...))` array for array.
 
 The arrays of a graph (`GraphArrays`: op inputs and outputs as CSR, value sizes, alias
-roots, producers) depend on the graph alone; they are kept per graph object, as the
-Graph keeps its own `preds` and `succs`.
+roots, producers) and its one-device structure depend on the graph alone; they are kept
+per graph object, as the Graph keeps its own `preds` and `succs`.
 """
 
 from __future__ import annotations
@@ -70,7 +70,17 @@ def _build_arrays(graph: Graph) -> GraphArrays:
 
 
 def flat_single_device(graph: Graph) -> FlatStructure:
-    """The Structure of `graph` with every op on one device, as `sim.compiled.flatten` gives it."""
+    """The Structure of `graph` with every op on one device, as `sim.compiled.flatten` gives it;
+    built once per graph object and kept on it (it depends on the graph alone, and the
+    compiled loop copies what it changes)."""
+    flat = graph.__dict__.get("_sim_flat_one")
+    if flat is None:
+        flat = graph.__dict__["_sim_flat_one"] = _flat_single_device(graph)
+    assert isinstance(flat, FlatStructure)
+    return flat
+
+
+def _flat_single_device(graph: Graph) -> FlatStructure:
     a = graph_arrays(graph)
     n = len(graph.ops)
     res = _build(n, len(graph.values), a.in_ptr, a.in_idx, a.out_ptr, a.out_idx, a.nbytes, a.roots, a.producer,

@@ -1,0 +1,162 @@
+"""The cost model's answers for one graph's ops, asked once each and kept as arrays.
+
+The compiled engine reads dispatch µs per op, kernel µs per (op, threads) and co-run
+slowdown per (op, busy cores of the others) as NumPy arrays. A fresh `simulate()` call
+spends nearly all its time filling them, in calls to the cost model: three or four per op.
+A `CostTable` fills a whole column with one comprehension and one array write, and asks
+only for the entries a plan reads that are not there yet.
+
+Ops that cost the same are asked once when the cost model says which they are: a cost
+model with a `cost_keys(graph)` method (`KeyedCostModel`) returns one hashable key per
+op, and promises that ops with equal keys get equal answers from `kernel_us`,
+`dispatch_us` and `corun_slowdown` at every thread and busy count. The table then asks
+one op of each key (the lowest id) and gives its answers to the others. A step repeats
+its layers, so a real graph has a few dozen keys per few hundred ops. Without the method
+every op is asked, as before; the answers are the same floats either way.
+
+`content_keys(graph)` helps a cost model build its keys: per op, everything it carries
+but its identity (id, name, layer, the ids of the values it reads and writes), kept on
+the graph object. Two ops with equal content keys have equal `calibrate.signature`s, so a
+cost model that reads an op only through its content can use them as they are; one that
+also reads its identity (a Profile bound to a graph charges the first op of each target
+its first-use extra) adds what it reads.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Hashable, Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from schedlab.errors import SchedlabError
+from schedlab.graph import Graph
+from schedlab.sim.cost import CostModel
+
+I64 = np.int64
+
+
+@runtime_checkable
+class KeyedCostModel(Protocol):
+    def cost_keys(self, graph: Graph) -> Sequence[Hashable]:
+        """One key per op of `graph`: ops with equal keys cost the same (see the module docstring)."""
+        ...
+
+
+_VALUE_REF = re.compile(r'\{"v":-?\d+\}')  # a tensor argument {"v": id} in compact JSON
+
+
+def content_keys(graph: Graph) -> tuple[Hashable, ...]:
+    """Per op of `graph`: its target, kind, FLOPs, bytes, view-ness, numbers of inputs and
+    outputs, and its arguments with every tensor written "T" (as `calibrate.signature`
+    writes them). Computed once per graph object and kept on it."""
+    keys = graph.__dict__.get("_sim_content_keys")
+    if keys is None:
+        keys = graph.__dict__["_sim_content_keys"] = tuple(
+            (op.target, op.kind.value, float(op.flops), int(op.bytes_moved), op.is_view, len(op.inputs),
+             len(op.outputs), _stripped_json(op.args), _stripped_json(op.kwargs) if op.kwargs else "")
+            for op in graph.ops
+        )  # fmt: skip
+    assert isinstance(keys, tuple)
+    return keys
+
+
+_ENCODE = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode  # json.dumps makes one a call
+
+
+def _stripped_json(a: object) -> str:
+    # Compact JSON cannot hold '{"v":7}' inside a string (its quotes are escaped there), so
+    # the substitution only meets tensor arguments.
+    return _VALUE_REF.sub('"T"', _ENCODE(a))
+
+
+def cost_groups(graph: Graph, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
+    """(group of each op, representative op of each group): ops the cost model keys alike
+    share a group, numbered by first appearance; without keys each op is its own group."""
+    n = len(graph.ops)
+    if not isinstance(cost, KeyedCostModel):
+        ident = np.arange(n, dtype=I64)
+        return ident, ident
+    keys = cost.cost_keys(graph)
+    if len(keys) != n:
+        raise SchedlabError(f"cost model gave {len(keys)} cost keys for graph {graph.name!r} of {n} ops")
+    first: dict[Hashable, int] = {}
+    reps: list[int] = []
+    group = np.empty(n, dtype=I64)
+    for o, k in enumerate(keys):
+        g = first.get(k)
+        if g is None:
+            g = first[k] = len(reps)
+            reps.append(o)
+        group[o] = g
+    return group, np.asarray(reps, dtype=I64)
+
+
+class CostTable:
+    """Dispatch, kernel and co-run slowdown of every op of `graph` under `cost`, as arrays.
+
+    `max_threads`: the largest thread count a plan may give an op (the machine's most
+    cores). The cost model must be a pure function of its arguments.
+    """
+
+    def __init__(self, graph: Graph, cost: CostModel, max_threads: int) -> None:
+        self.graph = graph
+        self.cost = cost
+        self.max_threads = max_threads
+        self.group, self.reps = cost_groups(graph, cost)
+        n_groups = len(self.reps)
+        self.keyed = n_groups < len(graph.ops)  # some ops share their answers
+        self._dispatch_us: np.ndarray | None = None  # per op
+        self._kernel_us = np.full((n_groups, max_threads + 1), np.nan)  # [group, threads]
+        self._slowdown: dict[int, np.ndarray] = {}  # total cores -> [group, busy cores of the others]
+        self._slowdown_ops: dict[int, np.ndarray] = {}  # the same per op (keyed: expanded when filled)
+
+    def dispatch_us(self) -> np.ndarray:
+        """Dispatch µs of every op."""
+        if self._dispatch_us is None:
+            ops, ask = self.graph.ops, self.cost.dispatch_us
+            per_group = np.fromiter((ask(ops[r]) for r in self.reps.tolist()), dtype=np.float64, count=len(self.reps))
+            self._dispatch_us = per_group[self.group]
+        return self._dispatch_us
+
+    def kernel_us(self, threads: np.ndarray, ops: np.ndarray | None = None) -> np.ndarray:
+        """Kernel µs of every op at its thread count (`threads[op]`, 1..max_threads); with
+        `ops`, of op `ops[i]` at `threads[i]` for each i."""
+        if threads.size and (threads.min() < 1 or threads.max() > self.max_threads):
+            raise SchedlabError(f"thread counts must be 1..{self.max_threads}, got {threads.min()}..{threads.max()}")
+        table = self._kernel_us
+        group = self.group if ops is None else self.group[ops]
+        out = table[group, threads]
+        missing = np.flatnonzero(np.isnan(out))
+        if missing.size:
+            # Each missing (group, threads) pair once.
+            stride = self.max_threads + 1
+            g_of, k_of = np.divmod(np.unique(group[missing] * stride + threads[missing]), stride)
+            graph_ops, ask = self.graph.ops, self.cost.kernel_us
+            table[g_of, k_of] = np.fromiter(
+                (ask(graph_ops[r], k) for r, k in zip(self.reps[g_of].tolist(), k_of.tolist(), strict=True)),
+                dtype=np.float64, count=len(g_of),
+            )  # fmt: skip
+            out = table[group, threads]
+        return out
+
+    def slowdown(self, total_cores: int, busy_cols: int) -> np.ndarray:
+        """slowdown[op, b] for b < `busy_cols` busy cores of the others, on a device of
+        `total_cores` cores (columns beyond are not filled: NaN)."""
+        table = self._slowdown.get(total_cores)
+        if table is None:
+            table = self._slowdown[total_cores] = np.full((len(self.reps), total_cores + 1), np.nan)
+        ops, ask, reps = self.graph.ops, self.cost.corun_slowdown, self.reps.tolist()
+        filled = False
+        for b in range(min(busy_cols, total_cores + 1)):
+            if reps and np.isnan(table[0, b]):
+                table[:, b] = np.fromiter((ask(ops[r], b, total_cores) for r in reps), dtype=np.float64, count=len(reps))
+                filled = True
+        if not self.keyed:
+            return table
+        per_op = self._slowdown_ops.get(total_cores)
+        if per_op is None or filled:
+            per_op = self._slowdown_ops[total_cores] = table[self.group]
+        return per_op
