@@ -72,6 +72,9 @@ class FidelityRow:
     in_calibration: bool  # whether this plan's thread count and slots were calibration runs
     method: str = TRACE_CALIBRATED  # how the prediction was made: PROFILE_ONLY or TRACE_CALIBRATED
     foreign_cpu_frac: float | None = None  # share of the CPU other processes used while it was measured
+    # "one-device" (this module's spread), or a multi-rank plan's kind (`calibrate.rank_fidelity`:
+    # placed, data-parallel, reverse-first-k)
+    plan_kind: str = "one-device"
 
     @property
     def error(self) -> float:

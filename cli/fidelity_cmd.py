@@ -6,6 +6,10 @@ Two protocols share the measuring loop (`schedlab.calibrate.fidelity`):
   runs, every plan predicted. Calibration also fits on these models: a training-set error.
 - `--held-out`: models calibration never sees, each plan predicted twice, from the Profile
   alone and trace-calibrated on one plan shape (left out of that error).
+
+With `--devices N` (N >= 2) the spread is of plans over N local ranks instead
+(`schedlab.calibrate.rank_fidelity`: placed, data-parallel, reverse-first-k), run on the
+multi-process executor and predicted with the Profile's link fits.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from schedlab.workloads.heldout import HELDOUT_WORKLOADS, PREFIX, is_heldout
 
 DEFAULT_OUT = TRACES_DIR / "fidelity.json"
 DEFAULT_HELDOUT_OUT = TRACES_DIR / "fidelity-heldout.json"
+DEFAULT_RANKS_OUT = TRACES_DIR / "fidelity-ranks.json"
+DEFAULT_HELDOUT_RANKS_OUT = TRACES_DIR / "fidelity-heldout-ranks.json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -66,6 +72,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help=f"results file (default {DEFAULT_OUT.name}, or {DEFAULT_HELDOUT_OUT.name} with --held-out, in the "
         "traces folder)",
     )
+    p.add_argument(
+        "--devices", type=int, default=None, metavar="N",
+        help="fidelity on N local ranks (N >= 2; one CPU device and process each, the cores split): a spread of "
+        "placed, data-parallel and reverse-first-k plans run on the multi-process executor, predicted with the "
+        "profile's link fits (`schedlab calibrate --links`); results in "
+        f"{DEFAULT_RANKS_OUT.name} ({DEFAULT_HELDOUT_RANKS_OUT.name} with --held-out)",
+    )
+    p.add_argument(
+        "--plans", dest="plan_list", action="append", default=[], metavar="NAME[,NAME...]",
+        help="with --devices: only these plans of the multi-rank spread (repeatable; default all)",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(handler=run)
 
@@ -97,10 +114,16 @@ def run(args: argparse.Namespace) -> int:
     if args.held_out and args.no_trace_calibration:
         raise SchedlabError("--held-out reports profile-only and trace-calibrated errors both; drop --no-trace-calibration")
     models = chosen_models(args)
+    if args.devices is not None:
+        from schedlab.cli.fidelity_ranks import run_ranks
+
+        return run_ranks(args, models)
+    if args.plan_list:
+        raise SchedlabError("--plans chooses plans of the multi-rank spread; give --devices N too")
     return run_held_out(args, models) if args.held_out else run_builtin(args, models)
 
 
-def _conditions(set_name: str, args: argparse.Namespace, machine: Any) -> dict[str, Any]:
+def conditions(set_name: str, args: argparse.Namespace, machine: Any) -> dict[str, Any]:
     """What every fidelity results file records of where and how it was measured."""
     from schedlab.trace import library_versions
 
@@ -147,7 +170,7 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     errs = [abs(r.error) for r in rows]
     unseen = [abs(r.error) for r in rows if not r.in_calibration]
     result = {
-        **_conditions("built-in", args, machine),
+        **conditions("built-in", args, machine),
         "trace_calibration": bool(cal_threads),
         "mape": sum(errs) / len(errs),
         "mape_unseen_plans": sum(unseen) / len(unseen) if unseen else None,
@@ -210,7 +233,7 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
             ))
     cal_name = CALIBRATION_PLAN.name
     result = {
-        **_conditions("held-out", args, machine),
+        **conditions("held-out", args, machine),
         "profile": str(args.profile or DEFAULT_PROFILE_PATH),
         "profile_created_unix_s": profile.created_unix_s,
         "plans_per_model": len(plans),
@@ -230,11 +253,11 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
     return 0
 
 
-def _pct(x: float | None, width: int) -> str:
+def pct(x: float | None, width: int) -> str:
     return f"{'-':>{width}}" if x is None else f"{x * 100:>{width - 1}.1f}%"
 
 
-def _tau(x: float | None, width: int) -> str:
+def tau(x: float | None, width: int) -> str:
     return f"{'-':>{width}}" if x is None else f"{x:>{width}.2f}"
 
 
@@ -251,20 +274,20 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
         alone, learnt = pair["profile-only"], pair["trace-calibrated"]
         mark = "*" if learnt["in_calibration"] else " "
         print(f"{workload:<30}{plan:<22}{alone['measured_s'] * 1e3:>12.2f}{alone['predicted_s'] * 1e3:>16.2f}"
-              f"{_pct(alone['error'], 8)}{learnt['predicted_s'] * 1e3:>13.2f}{_pct(learnt['error'], 8)}{mark}"
-              f"{_pct(alone.get('foreign_cpu_frac'), 7)}")
+              f"{pct(alone['error'], 8)}{learnt['predicted_s'] * 1e3:>13.2f}{pct(learnt['error'], 8)}{mark}"
+              f"{pct(alone.get('foreign_cpu_frac'), 7)}")
     print()
     print(f"{'':<30}{'--- profile-only ---':>24}   {'--- trace-calibrated ---':>36}")
     print(f"{'workload':<24}{'ops':>6}{'MAPE':>8}{'worst':>8}{'tau':>7}   {'MAPE':>8}{'worst':>8}{'tau':>7}"
           f"{'other shapes':>13}{'seen ops':>10}")
     for m in result["models"]:
         a, t = m["profile_only"], m["trace_calibrated"]
-        print(f"{m['workload'].removeprefix(PREFIX):<24}{m['ops']:>6}{_pct(a['mape'], 8)}{_pct(a['worst_error'], 8)}"
-              f"{_tau(a['kendall_tau'], 7)}   {_pct(t['mape'], 8)}{_pct(t['worst_error'], 8)}{_tau(t['kendall_tau'], 7)}"
-              f"{_pct(t['other_shapes']['mape'], 13)}{_pct(m['profile_seen_ops'], 10)}")
+        print(f"{m['workload'].removeprefix(PREFIX):<24}{m['ops']:>6}{pct(a['mape'], 8)}{pct(a['worst_error'], 8)}"
+              f"{tau(a['kendall_tau'], 7)}   {pct(t['mape'], 8)}{pct(t['worst_error'], 8)}{tau(t['kendall_tau'], 7)}"
+              f"{pct(t['other_shapes']['mape'], 13)}{pct(m['profile_seen_ops'], 10)}")
     a, t = result["overall"]["profile_only"], result["overall"]["trace_calibrated"]
-    print(f"{'all (tau: median)':<30}{_pct(a['mape'], 8)}{_pct(a['worst_error'], 8)}{_tau(a['median_kendall_tau'], 7)}"
-          f"   {_pct(t['mape'], 8)}{_pct(t['worst_error'], 8)}{_tau(t['median_kendall_tau'], 7)}")
+    print(f"{'all (tau: median)':<30}{pct(a['mape'], 8)}{pct(a['worst_error'], 8)}{tau(a['median_kendall_tau'], 7)}"
+          f"   {pct(t['mape'], 8)}{pct(t['worst_error'], 8)}{tau(t['median_kendall_tau'], 7)}")
     print(f"profile-only: the stored profile alone, over all {result['plans_per_model']} plans of each model. "
           f"trace-calibrated: calibrated on the measured run of {cal} (*) of the same model, errors over the "
           f"other {result['plans_per_model'] - 1} plans; other shapes: only plans with 2 slots or 2 threads.")

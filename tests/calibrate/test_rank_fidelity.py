@@ -1,0 +1,132 @@
+"""Fidelity on several ranks (`calibrate.rank_fidelity`, `schedlab fidelity --devices N`):
+the spread as data, the per-kind summaries, and a short real run on 2 ranks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from schedlab.calibrate.comm_host import host_costs_of
+from schedlab.calibrate.fidelity import PROFILE_ONLY, TRACE_CALIBRATED, FidelityRow
+from schedlab.calibrate.rank_fidelity import (
+    DATA_PARALLEL,
+    PLACED,
+    RANK_PLAN_SPREAD,
+    REVERSE_FIRST_K,
+    RankFidelity,
+    RankPlanSpec,
+    layers_cut_at,
+    rank_plan_spread,
+    rank_summary,
+)
+from schedlab.cli import main
+from schedlab.errors import SchedlabError
+from schedlab.machine import detect_host
+from schedlab.plan import DEFAULT_STEADY_STEPS
+from tests.calibrate.factories import make_profile
+from tests.calibrate.test_comm_host import _points
+from tests.calibrate.test_links import synthetic_fits
+from tests.conftest import captured_workload
+
+
+def test_the_spread_has_every_kind_and_fits_its_devices() -> None:
+    kinds = {s.kind for s in RANK_PLAN_SPREAD}
+    assert kinds == {PLACED, DATA_PARALLEL, REVERSE_FIRST_K}
+    assert len({s.name for s in RANK_PLAN_SPREAD}) == len(RANK_PLAN_SPREAD)
+    assert all(s.steps == DEFAULT_STEADY_STEPS for s in RANK_PLAN_SPREAD if s.kind == REVERSE_FIRST_K)
+    two = rank_plan_spread(2)
+    assert [s.name for s in two] == [s.name for s in RANK_PLAN_SPREAD]  # all of it fits 2 ranks
+    four = {s.name for s in rank_plan_spread(4)}
+    assert "layers" in four and "dp-b25" in four and "layers-30" not in four  # a cut in two needs 2 per replica
+    assert [s.name for s in rank_plan_spread(2, names=["dp-b1", "layers"])] == ["layers", "dp-b1"]
+    with pytest.raises(SchedlabError, match="unknown plans"):
+        rank_plan_spread(2, names=["nope"])
+    with pytest.raises(SchedlabError, match="at least 2 devices"):
+        rank_plan_spread(1)
+
+
+def test_specs_build_plans() -> None:
+    _, c = captured_workload("mlp")
+    devices = ["cpu0", "cpu1"]
+    dp = RankPlanSpec(DATA_PARALLEL, "dp", replicas=0, bucket_mb=4.0, order="w-last").plan(c.graph, devices, None)
+    assert (dp.replicas, dp.bucket_mb, dp.order, dp.threads, dp.name) == (2, 4.0, "w-last", 1, "dp")
+    placed = RankPlanSpec(PLACED, "l", placement="layers").plan(c.graph, devices, None)
+    assert placed.replicas == 1 and set(placed.layer_devices.values()) == {"cpu0", "cpu1"}
+    with pytest.raises(SchedlabError, match="unknown placement"):
+        RankPlanSpec(PLACED, "x", placement="rows").plan(c.graph, devices, None)
+
+
+def test_a_cut_puts_the_first_share_of_the_cost_on_the_first_device() -> None:
+    _, c = captured_workload("mlp")  # layers body.0, body.2, head in forward order
+    layer_us = {"body.0": 1.0, "body.2": 1.0, "head": 8.0}
+    n_ops = {lay: sum(1 for op in c.graph.ops if op.layer == lay) for lay in layer_us}
+
+    def cost(op, threads):  # type: ignore[no-untyped-def]  # each layer's ops add up to layer_us
+        return layer_us[op.layer] / n_ops[op.layer] if op.layer in layer_us else 0.0
+
+    assert layers_cut_at(c.graph, ["a", "b"], 0.08, cost) == {"body.0": "a", "body.2": "b", "head": "b"}
+    assert layers_cut_at(c.graph, ["a", "b"], 0.15, cost) == {"body.0": "a", "body.2": "a", "head": "b"}
+    assert layers_cut_at(c.graph, ["a", "b"], 0.99, cost) == {"body.0": "a", "body.2": "a", "head": "b"}  # b keeps one
+    with pytest.raises(SchedlabError, match="between 0 and 1"):
+        layers_cut_at(c.graph, ["a", "b"], 1.0, cost)
+
+
+def _row(workload: str, plan: str, kind: str, measured: float, predicted: float, method: str) -> FidelityRow:
+    return FidelityRow(workload, plan, measured, (measured, measured), predicted, 1e-3, 1e-3, 10, False, method,
+                       0.0, kind)
+
+
+def test_summary_per_workload_and_kind() -> None:
+    rows = [
+        _row("m", "a", PLACED, 1.0, 1.1, TRACE_CALIBRATED),
+        _row("m", "b", PLACED, 2.0, 1.8, TRACE_CALIBRATED),
+        _row("m", "c", DATA_PARALLEL, 3.0, 3.0, TRACE_CALIBRATED),
+        _row("m", "d", DATA_PARALLEL, 4.0, 2.0, TRACE_CALIBRATED),
+    ]
+    s = rank_summary([RankFidelity("m", {TRACE_CALIBRATED: rows})], [TRACE_CALIBRATED])
+    (m,) = s["models"]
+    t = m["trace_calibrated"]
+    assert t["mape"] == pytest.approx((0.1 + 0.1 + 0.0 + 0.5) / 4)
+    assert t["kinds"][PLACED]["mape"] == pytest.approx(0.1) and t["kinds"][PLACED]["kendall_tau"] == pytest.approx(1.0)
+    assert t["kinds"][DATA_PARALLEL]["worst_error"] == pytest.approx(-0.5)
+    assert t["kendall_tau"] == pytest.approx(4 / 6)  # of 6 pairs, only (c, d) is predicted the wrong way round
+    assert REVERSE_FIRST_K not in t["kinds"]
+    o = s["overall"]["trace_calibrated"]
+    assert o["n_plans"] == 4 and o["kinds"][DATA_PARALLEL]["n_plans"] == 2
+    assert [p["plan_kind"] for p in s["plans"]] == [PLACED, PLACED, DATA_PARALLEL, DATA_PARALLEL]
+    assert all(p["scored"] for p in s["plans"])
+
+
+@pytest.fixture
+def links_profile(tmp_path: Path) -> Path:
+    fits = dataclasses.replace(synthetic_fits(), host_costs=host_costs_of(_points()))
+    profile = dataclasses.replace(make_profile(machine=detect_host().fingerprint), links=fits)
+    return profile.save(tmp_path / "profile.json")
+
+
+def test_two_rank_fidelity_command(capsys, tmp_path: Path, links_profile: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "ranks.json"
+    argv = ["fidelity", "mlp", "--size", "tiny", "--devices", "2", "--plans", "layers,dp-b25", "--steps", "2",
+            "--no-trace-calibration", "--profile", str(links_profile), "--out", str(out)]
+    assert main([*argv, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d == json.loads(out.read_text())
+    assert (d["set"], d["devices"], d["link_model"], d["host_costs"]) == ("built-in", 2, "fit", True)
+    assert d["methods"] == [PROFILE_ONLY] and d["trace_calibration"] is False
+    assert [(p["plan"], p["plan_kind"], p["method"]) for p in d["plans"]] == [
+        ("layers", PLACED, PROFILE_ONLY), ("dp-b25", DATA_PARALLEL, PROFILE_ONLY)]
+    assert all(p["measured_s"] > 0 and p["predicted_s"] > 0 for p in d["plans"])
+    assert d["plans"][0]["ops"] > len(captured_workload("mlp")[1].graph.ops)  # the expanded graph's ops
+    (w,) = d["workloads"]
+    assert w["workload"] == "mlp" and set(w["kinds"]) == {PLACED, DATA_PARALLEL}
+    assert d["mape"] == pytest.approx(sum(abs(p["error"]) for p in d["plans"]) / 2)
+    assert set(d["overall"]["profile_only"]["kinds"]) == {PLACED, DATA_PARALLEL}
+
+
+def test_two_rank_fidelity_command_errors(capsys, links_profile: Path) -> None:  # type: ignore[no-untyped-def]
+    for extra, msg in ((["--devices", "1"], "--devices must be >= 2"), (["--plans", "layers"], "give --devices")):
+        rc = main(["fidelity", "mlp", "--size", "tiny", "--profile", str(links_profile), *extra])
+        assert rc != 0 and msg in capsys.readouterr().err
