@@ -24,8 +24,6 @@ its first-use extra) adds what it reads.
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Hashable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -45,31 +43,54 @@ class KeyedCostModel(Protocol):
         ...
 
 
-_VALUE_REF = re.compile(r'\{"v":-?\d+\}')  # a tensor argument {"v": id} in compact JSON
-
-
 def content_keys(graph: Graph) -> tuple[Hashable, ...]:
     """Per op of `graph`: its target, kind, FLOPs, bytes, view-ness, numbers of inputs and
-    outputs, and its arguments with every tensor written "T" (as `calibrate.signature`
-    writes them). Computed once per graph object and kept on it."""
+    outputs, and its arguments with every tensor written as one tag (as `calibrate.signature`
+    writes them "T"). Computed once per graph object and kept on it."""
     keys = graph.__dict__.get("_sim_content_keys")
     if keys is None:
         keys = graph.__dict__["_sim_content_keys"] = tuple(
-            (op.target, op.kind.value, float(op.flops), int(op.bytes_moved), op.is_view, len(op.inputs),
-             len(op.outputs), _stripped_json(op.args), _stripped_json(op.kwargs) if op.kwargs else "")
+            (op.target, op.kind.value, repr(float(op.flops)), int(op.bytes_moved), op.is_view, len(op.inputs),
+             len(op.outputs), _frozen(op.args), _frozen(op.kwargs) if op.kwargs else None)
             for op in graph.ops
         )  # fmt: skip
     assert isinstance(keys, tuple)
     return keys
 
 
-_ENCODE = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode  # json.dumps makes one a call
+class _Tag:
+    """A marker inside a frozen argument; equal only to itself."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
 
 
-def _stripped_json(a: object) -> str:
-    # Compact JSON cannot hold '{"v":7}' inside a string (its quotes are escaped there), so
-    # the substitution only meets tensor arguments.
-    return _VALUE_REF.sub('"T"', _ENCODE(a))
+_TENSOR, _LIST, _DICT, _FLOAT, _BOOL = (_Tag(n) for n in ("tensor", "list", "dict", "float", "bool"))
+
+
+def _frozen(a: object) -> Hashable:
+    """An argument in the Graph's JSON encoding as a hashable value; two are equal only if
+    their JSON texts, tensors written "T", are (1, 1.0 and True apart; -0.0 and 0.0 apart)."""
+    t = type(a)
+    if t is int or t is str or a is None:
+        return a  # type: ignore[return-value]
+    if t is dict:
+        d: dict[str, object] = a  # type: ignore[assignment]
+        if len(d) == 1 and "v" in d:
+            return _TENSOR
+        return (_DICT, *((k, _frozen(d[k])) for k in sorted(d)))
+    if t is list or t is tuple:
+        return (_LIST, *(_frozen(x) for x in a))  # type: ignore[attr-defined]
+    if t is float:
+        return (_FLOAT, repr(a))
+    if t is bool:
+        return (_BOOL, a)
+    return (t, repr(a))
 
 
 def cost_groups(graph: Graph, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:

@@ -73,7 +73,11 @@ def test_content_keys_tell_apart_what_json_tells_apart() -> None:
 
     base = key_of()
     assert key_of(args=(*op.args, 1)) != key_of(args=(*op.args, 1.0)) != key_of(args=(*op.args, True))
-    assert key_of(args=(*op.args, '{"v":3}')) != key_of(args=(*op.args, {"v": 3}))  # a string is no tensor
+    assert key_of(args=(*op.args, "T")) != key_of(args=(*op.args, {"v": 3}))  # a string is no tensor
+    assert key_of(args=(*op.args, -0.0)) != key_of(args=(*op.args, 0.0))
+    assert key_of(args=(*op.args, [1, 2])) == key_of(args=(*op.args, (1, 2)))  # as JSON has them
+    assert key_of(kwargs={"dim": 1, "keepdim": True}) == key_of(kwargs={"keepdim": True, "dim": 1})
+    assert key_of(kwargs={"dim": 1}) != key_of(kwargs={"dim": [1]})
     assert key_of(args=tuple({"v": 99} if isinstance(a, dict) and "v" in a else a for a in op.args)) == base
     assert key_of(flops=op.flops + 1) != base and key_of(is_view=not op.is_view) != base
 
