@@ -104,15 +104,10 @@ def cost_groups(graph: Graph, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
     if len(keys) != n:
         raise SchedlabError(f"cost model gave {len(keys)} cost keys for graph {graph.name!r} of {n} ops")
     first: dict[Hashable, int] = {}
-    reps: list[int] = []
-    group = np.empty(n, dtype=I64)
-    for o, k in enumerate(keys):
-        g = first.get(k)
-        if g is None:
-            g = first[k] = len(reps)
-            reps.append(o)
-        group[o] = g
-    return group, np.asarray(reps, dtype=I64)
+    setdefault = first.setdefault
+    group = np.fromiter((setdefault(k, len(first)) for k in keys), dtype=I64, count=n)  # a new key: the next number
+    reps = np.unique(group, return_index=True)[1].astype(I64)  # the first op of each group
+    return group, reps
 
 
 class CostTable:

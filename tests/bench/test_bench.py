@@ -3,7 +3,10 @@
 - executor vs eager PyTorch, default transformer and nmt: target at most 1.10x;
 - simulating a default step vs executing it: target at least 20x faster;
 - simulated ops per second on the search's path (a reused Simulator, record=False):
-  target at least 1 million on a 5,000-op graph, and 300 thousand for a fresh `simulate()`.
+  target at least 1 million on a 5,000-op graph, and 300 thousand for a fresh `simulate()`;
+- the same on a real graph (transformer, default size) with the Profile: first (nothing
+  warm), cold (a new cost model object; the graph's own structure kept) and reused, for
+  the Profile as it is and keyed (`sim.cost_table`, `tests.sim.keyed_profile`).
 """
 
 from __future__ import annotations
@@ -72,3 +75,29 @@ def test_simulated_ops_per_second(benchmark, slots: int) -> None:  # type: ignor
           f"({row.reused_ops_per_s / ref.reused_ops_per_s:.1f}x)")
     assert row.step_ms == ref.step_ms  # both engines simulated the same step
     assert row.reused_ops_per_s >= 1e6 and row.cold_ops_per_s >= 3e5
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_cold_simulate_on_a_real_graph(benchmark, slots: int) -> None:  # type: ignore[no-untyped-def]
+    from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH, Profile
+    from schedlab.plan import Plan
+    from schedlab.sim.bench import measure_cold
+    from schedlab.sim.testing import cpu_machine
+    from tests.calibrate.factories import make_profile
+    from tests.sim.keyed_profile import keyed
+
+    profile = Profile.load(check_machine=False) if DEFAULT_PROFILE_PATH.exists() else make_profile()
+    _, c = captured_workload("transformer", "sgd", "default")
+    graph, machine, plan = c.graph, cpu_machine(2), Plan(slots=slots, threads=1)
+
+    def cost_for(base: Profile):  # type: ignore[no-untyped-def]
+        return lambda g: base.for_graph(g).for_slots(slots)  # a new object each call
+
+    plain = benchmark.pedantic(lambda: measure_cold(graph, machine, plan, cost_for(profile)), rounds=1, iterations=1)
+    key = measure_cold(graph, machine, plan, cost_for(keyed(profile)))
+    benchmark.extra_info.update({"plain": plain.__dict__, "keyed": key.__dict__})
+    for name, r in (("profile", plain), ("keyed profile", key)):
+        print(f"\ntransformer ({r.ops} ops), {r.plan}, {name}: first {r.first_ops_per_s:,.0f}, "
+              f"cold {r.cold_ops_per_s:,.0f} (target 300,000), reused {r.reused_ops_per_s:,.0f} simulated ops/s")
+    assert plain.step_s == key.step_s  # keys change no answer
+    assert key.cold_ops_per_s >= 2 * plain.cold_ops_per_s  # asking once per key is what makes a cold call cheap
