@@ -80,8 +80,9 @@ class RankPlanSpec:
         """The Plan of this spec for `graph` (the per-replica step when `replicas` > 1) on `devices`."""
         replicas = self.n_replicas(len(devices))
         group = list(devices[: max(1, len(devices) // replicas)])
+        # Batch norm over each replica's part of the batch changes the numbers, not the time.
         base = Plan(threads=self.threads, order=self.order, name=self.name, replicas=replicas,
-                    bucket_mb=self.bucket_mb, device=group[0])
+                    bucket_mb=self.bucket_mb, device=group[0], split_batch_stats=replicas > 1)
         if self.placement == "default":
             return base
         if self.placement == "layers":
