@@ -102,7 +102,7 @@ class Simulator:
             tl, mem, busy = run_fast(prep)
         elif prep.single_cpu and engine in ("auto", "compiled"):
             engine = "compiled"
-            tl, mem, busy = self._compiled_timeline(prep, placement[0] if placement else 0, structure)
+            tl, mem, busy = self._compiled_timeline(prep, placement[0] if placement else 0, structure, graph)
         else:
             engine = "simpy"
             tl, mem, busy = run_simpy(prep, machine)
@@ -114,7 +114,7 @@ class Simulator:
         if record:
             trace = build_trace(graph, resolved, machine, prep, tl, {"engine": name, "oom_devices": list(oom)})
         return SimResult(
-            step_time_s=step_us / 1e6,
+            step_time_s=step_us / 1e6 / resolved.steps,  # an unrolled graph: per step of the sequence
             peak_memory_bytes={d: mem.peak[i] for i, d in enumerate(dev_ids)},
             trace=trace,
             sim_wall_s=time.perf_counter() - t0,
@@ -140,23 +140,29 @@ class Simulator:
                 return i if d.kind == "cpu" else None
         raise SchedlabError(f"resolved plan places an op on device {devices[0]!r}, not in machine {self.machine.name!r}")
 
-    def _flat(self) -> FlatStructure:
+    def _flat(self, graph: Graph | None = None) -> FlatStructure:
+        """The compiled loop's structure of the bound graph (kept), or of `graph` (an unrolled one)."""
+        if graph is not None and graph is not self.graph:
+            return flat_single_device(graph)
         if self._flat_one is None:
             self._flat_one = flat_single_device(self.graph)
         return self._flat_one
 
     def _loop(self, slots: int, priority: Sequence[int], dev: int, threads: np.ndarray, kernel_us: np.ndarray,
-              dispatch_us: np.ndarray) -> LoopResult:
+              dispatch_us: np.ndarray, graph: Graph | None = None) -> LoopResult:
         capacity = self.machine.devices[dev].cores
+        slowdown = self._slowdowns(dev, capacity, slots, int(threads.max()) if len(threads) else 1)
+        if graph is not None and graph is not self.graph:  # an unrolled graph: each op as the op it copies
+            slowdown = slowdown[np.asarray(mirror_ops(self.graph, graph), dtype=np.int64)]
         return run_compiled(
-            self._flat(),
+            self._flat(graph),
             slots=slots,
             capacity=capacity,
             priority=np.asarray(priority, dtype=np.int64),
             dispatch_us=dispatch_us,
             kernel_us=kernel_us,
             demand=threads,
-            slowdown=self._slowdowns(dev, capacity, slots, int(threads.max()) if len(threads) else 1),
+            slowdown=slowdown,
         )
 
     def _run_compiled(self, resolved: ResolvedPlan, dev: int, t0: float) -> SimResult:
@@ -188,12 +194,13 @@ class Simulator:
         )
 
     def _compiled_timeline(
-        self, prep: Prepared, dev: int, structure: Structure
+        self, prep: Prepared, dev: int, structure: Structure, graph: Graph | None = None
     ) -> tuple[Timeline, MemoryTracker, list[float]]:
         """The compiled loop on a prepared one-device plan, as the engines' common Timeline (for traces)."""
         threads = np.asarray(prep.threads, dtype=np.int64)
         res = self._loop(prep.slots, prep.priority, dev, threads,
-                         np.asarray(prep.kernel_us, dtype=np.float64), np.asarray(prep.dispatch_us, dtype=np.float64))
+                         np.asarray(prep.kernel_us, dtype=np.float64), np.asarray(prep.dispatch_us, dtype=np.float64),
+                         graph)
         mem = MemoryTracker(list(structure.initial_live))
         mem.peak[dev] = res.peak_bytes
         busy = [0.0] * len(prep.device_ids)
@@ -282,14 +289,16 @@ class _RunGraph:
 def mirror_ops(bound: Graph, graph: Graph) -> tuple[int, ...]:
     """For each op of `graph`, an expansion of `bound` (`schedlab.distribute`,
     `schedlab.data_parallel`): the op of `bound` it is a copy of (op id modulo the ops of
-    `bound`, when target, FLOPs, bytes and view-ness agree), else -1 (COMM ops)."""
+    `bound`, when target, FLOPs, bytes and view-ness agree), else -1 (COMM ops). In an
+    unrolled graph (`schedlab.steps`) step s's op ``s*m + i`` copies the one-step op i."""
     n = len(bound.ops)
+    m = int(graph.meta.get("step_ops", 0)) or len(graph.ops)
     out: list[int] = []
     for op in graph.ops:
         if op.kind is OpKind.COMM or n == 0:
             out.append(-1)
             continue
-        b = bound.ops[op.id % n]
+        b = bound.ops[(op.id % m) % n]
         same = (b.target, b.flops, b.bytes_moved, b.is_view) == (op.target, op.flops, op.bytes_moved, op.is_view)
         out.append(b.id if same else -1)
     return tuple(out)
