@@ -7,7 +7,8 @@ For each size, a random synthetic DAG (views included) is simulated under a plan
 
 - reused: a `Simulator` bound once and run again, as a search runs thousands of plans;
 - cold: a new `simulate()` call per run, the simulator's set-up and the cost model's
-  per-op lookups included (the graph object's flat arrays, kept on the graph, are warm);
+  per-op lookups included (the graph object's flat arrays and one-device structure, kept
+  on the graph, are warm);
 - first: a graph object never simulated before, so nothing at all is warm.
 
 The Python reference engine ("fast") is timed too on sizes up to 20k ops, for the ratio.
