@@ -152,6 +152,18 @@ class Profile:
             warm = max(0.0, self.class_model(op.op_class).kernel_us(op.flops, op.bytes_moved, n))
         return max(0.0, warm + self.first_use_us(op))
 
+    def cost_keys(self, graph: Graph) -> list[tuple[object, bool]] | None:
+        """Per op of `graph`, a key such that ops with equal keys cost the same here
+        (`sim.cost_table`): its content key (finer than its `calibrate.signature`, all a
+        Profile reads of an op's content) and whether it pays the first-use extra of the
+        graph this Profile is bound to (the only thing it reads of an op's identity).
+        The simulator then asks one op per key: a cold `simulate()` costs a few dozen
+        Profile calls per column rather than one per op."""
+        from schedlab.sim.cost_table import content_keys
+
+        first = self.bound[1] if self.bound is not None else frozenset()
+        return [(k, id(op) in first) for k, op in zip(content_keys(graph), graph.ops, strict=True)]
+
     def first_use_us(self, op: Op) -> float:
         """The extra of `op` being the first of its target in the bound graph's step
         (`calibrate.context`); 0 for other ops, and in a Profile bound to no graph."""

@@ -38,8 +38,9 @@ I64 = np.int64
 
 @runtime_checkable
 class KeyedCostModel(Protocol):
-    def cost_keys(self, graph: Graph) -> Sequence[Hashable]:
-        """One key per op of `graph`: ops with equal keys cost the same (see the module docstring)."""
+    def cost_keys(self, graph: Graph) -> Sequence[Hashable] | None:
+        """One key per op of `graph`: ops with equal keys cost the same (see the module
+        docstring); None: no keys, ask every op."""
         ...
 
 
@@ -97,10 +98,10 @@ def cost_groups(graph: Graph, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
     """(group of each op, representative op of each group): ops the cost model keys alike
     share a group, numbered by first appearance; without keys each op is its own group."""
     n = len(graph.ops)
-    if not isinstance(cost, KeyedCostModel):
+    keys = cost.cost_keys(graph) if isinstance(cost, KeyedCostModel) else None
+    if keys is None:
         ident = np.arange(n, dtype=I64)
         return ident, ident
-    keys = cost.cost_keys(graph)
     if len(keys) != n:
         raise SchedlabError(f"cost model gave {len(keys)} cost keys for graph {graph.name!r} of {n} ops")
     first: dict[Hashable, int] = {}
