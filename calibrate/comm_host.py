@@ -20,6 +20,13 @@ a table over sizes (`CostTable` says why not a line):
 - ``allreduce_wait``: ``wait()`` of an all-reduce that completed;
 - ``allreduce_average``: ``div_`` by the group's size and one view per gradient.
 
+And one figure of the collective itself, `HostCosts.collective_cpu_share`: gloo on CPU
+ranks copies and reduces the data on the ranks' own cores, so an all-reduce in flight
+slows a kernel beside it on a one-core rank, and is slowed by it (data parallelism
+overlaps them through backward). Both ranks run a compute loop while an all-reduce of
+the size is in flight; what it adds to the loop over the all-reduce's time alone is the
+share of that time it keeps a core busy (the median over sizes from 256 KiB).
+
 Each is the lowest of its round medians (interference only adds time); an all-reduce part
 is the slower rank's. The link and collective fits (`calibrate.links`) time the same
 calls end to end; the simulator charges a send's call, a receive's wait and an
@@ -47,6 +54,11 @@ PARTS = (
     "send", "recv_post", "recv_wait", "allreduce_flatten", "allreduce_post", "allreduce_wait", "allreduce_average",
 )
 BUCKET_TENSORS = (1, 16)  # gradients per all-reduce bucket the flatten and average are timed with
+# The collective's own CPU (`collective_cpu_share`): an all-reduce alone, and what it adds to a
+# compute loop running beside it, at sizes where the bytes dominate.
+CPU_PARTS = ("allreduce_alone", "allreduce_cpu")
+CPU_MIN_BYTES = 1 << 18
+MAX_CPU_SHARE = 1.0
 _PER_TENSOR_PARTS = ("allreduce_flatten", "allreduce_average")
 
 
@@ -144,6 +156,10 @@ class HostCosts:
     """The measured cost of each part (`PARTS`) over message sizes."""
 
     tables: dict[str, CostTable]
+    # Share of an all-reduce's time alone that keeps one core of each rank busy (gloo on CPU
+    # ranks copies and reduces the data on the ranks' own cores): a kernel beside it on a
+    # one-core rank is slowed by that much, and so is the collective. None: not measured.
+    collective_cpu_share: float | None = None
 
     def __post_init__(self) -> None:
         missing = [p for p in PARTS if p not in self.tables]
@@ -167,7 +183,10 @@ class HostCosts:
         return (self.tables["allreduce_post"].fixed_us() + self.tables["allreduce_wait"].fixed_us()) * 1e-6
 
     def to_json(self) -> dict[str, Any]:
-        return {"model": "table", "parts": {p: self.tables[p].to_json() for p in PARTS}}
+        out: dict[str, Any] = {"model": "table", "parts": {p: self.tables[p].to_json() for p in PARTS}}
+        if self.collective_cpu_share is not None:
+            out["collective_cpu_share"] = round(self.collective_cpu_share, 4)
+        return out
 
     @staticmethod
     def from_json(d: Any) -> HostCosts:
@@ -182,7 +201,10 @@ class HostCosts:
                 tables[p] = CostTable.from_json(d["parts"][p])
             except (TypeError, ValueError) as e:
                 raise ValueError(f"host_costs.parts.{p}: {e}") from None
-        return HostCosts(tables)
+        share = d.get("collective_cpu_share")
+        if share is not None:
+            share = _number(share, "collective_cpu_share")
+        return HostCosts(tables, share)
 
 
 def table_of(points: Sequence[Point], per_tensor: bool) -> CostTable:
@@ -224,7 +246,16 @@ def host_costs_of(points: Mapping[str, Sequence[Point]]) -> HostCosts:
     missing = [p for p in PARTS if not points.get(p)]
     if missing:
         raise SchedlabError(f"host costs: no measurements of {missing}")
-    return HostCosts({p: table_of(points[p], per_tensor=p in _PER_TENSOR_PARTS) for p in PARTS})
+    tables = {p: table_of(points[p], per_tensor=p in _PER_TENSOR_PARTS) for p in PARTS}
+    return HostCosts(tables, cpu_share_of(points.get("allreduce_alone", ()), points.get("allreduce_cpu", ())))
+
+
+def cpu_share_of(alone: Sequence[Point], extra: Sequence[Point]) -> float | None:
+    """The median over sizes of (what an all-reduce added to a compute loop beside it) /
+    (its time alone), each in [0, `MAX_CPU_SHARE`]; None without measurements."""
+    t_alone = {n: us for n, _, us in alone}
+    shares = [min(MAX_CPU_SHARE, max(0.0, us / t_alone[n])) for n, _, us in extra if t_alone.get(n, 0.0) > 0]
+    return float(statistics.median(shares)) if shares else None
 
 
 # ---- in a rank (torch imported there) ------------------------------------------------------
@@ -264,7 +295,9 @@ def measure_host_costs(
                 for part, us in got.items():
                     samples.setdefault(part, []).append(us)
             meds = {p: statistics.median(v) for p, v in samples.items()}
-            for p in ("allreduce_flatten", "allreduce_post", "allreduce_wait", "allreduce_average"):
+            for p in ("allreduce_flatten", "allreduce_post", "allreduce_wait", "allreduce_average", *CPU_PARTS):
+                if p not in meds:
+                    continue
                 slowest = torch.tensor([meds[p]], dtype=torch.float64)
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
                 meds[p] = float(slowest.item())
@@ -272,7 +305,7 @@ def measure_host_costs(
                 rounds_us.setdefault((p, nbytes, k), []).append(med)
             if on_progress is not None:
                 on_progress(f"host costs round {r + 1}/{rounds} {nbytes} B x{k}")
-    out: dict[str, list[Point]] = {p: [] for p in PARTS}
+    out: dict[str, list[Point]] = {p: [] for p in (*PARTS, *CPU_PARTS)}
     for (p, nbytes, k), per_round in sorted(rounds_us.items()):
         out[p].append((nbytes, k, max(min(per_round), 1e-3)))
     return out
@@ -285,6 +318,8 @@ def _one_rep(
     ns = time.perf_counter_ns
     out: dict[str, float] = {}
     n = max(1, nbytes // 4)
+    if k == 1 and nbytes >= CPU_MIN_BYTES:
+        out.update(_collective_cpu(nbytes, torch, dist))
     if k == 1:  # send and receive: ranks 0 and 1; rank 0 times them
         value = torch.ones(n)
         if rank == 1:
@@ -337,3 +372,33 @@ def _one_rep(
     out.update(allreduce_flatten=(t1 - t0) / 1e3, allreduce_post=(t2 - t1) / 1e3, allreduce_wait=(t4 - t3) / 1e3,
                allreduce_average=(t5 - t4) / 1e3)
     return out
+
+
+def _collective_cpu(nbytes: int, torch: Any, dist: Any) -> dict[str, float]:
+    """An all-reduce of `nbytes` alone, and what it adds to a compute loop (matrix products)
+    that both ranks run while it is in flight, the loop long enough to outlast it (µs)."""
+    buf = torch.zeros(max(1, nbytes // 4))
+    a = torch.randn(96, 96)
+    dist.barrier()
+    t0 = time.perf_counter()
+    dist.all_reduce(buf)
+    alone_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(20):
+        torch.mm(a, a)
+    mm_s = max(1e-7, (time.perf_counter() - t0) / 20)
+    iters = math.ceil((3.0 * alone_s + 1e-3) / mm_s)
+
+    def loop() -> float:
+        t = time.perf_counter()
+        for _ in range(iters):
+            torch.mm(a, a)
+        return time.perf_counter() - t
+
+    dist.barrier()
+    loop_alone_s = loop()
+    dist.barrier()
+    work = dist.all_reduce(buf, async_op=True)
+    loop_with_s = loop()
+    work.wait()
+    return {"allreduce_alone": alone_s * 1e6, "allreduce_cpu": max(1e-3, (loop_with_s - loop_alone_s) * 1e6)}

@@ -230,7 +230,8 @@ class Profile:
         there. An all-reduce of a bucket of k gradients: the flatten's fixed and
         per-gradient part and the post's fixed part under the lock, the flatten's copy on
         the cores; once its collective ended, the wait's fixed part and the average's fixed
-        and per-gradient part under the lock, the average's pass on the cores.
+        and per-gradient part under the lock, the average's pass on the cores; and the share
+        of its collective that keeps a core of its rank busy (`HostCosts.collective_cpu_share`).
         """
         host = None if self.links is None else self.links.host_costs
         if host is None or op.kind is not OpKind.COMM:
@@ -251,6 +252,7 @@ class Profile:
             post_kernel_us=max(0.0, flatten.us_at(nbytes, k) - flat_fixed),
             done_us=t["allreduce_wait"].fixed_us() + avg_fixed,
             done_kernel_us=max(0.0, average.us_at(nbytes, k) - avg_fixed),
+            collective_cpu_share=host.collective_cpu_share or 0.0,
         )
 
     # ---- costs per device kind (sim.device_cost.KindCosts) ------------------------------

@@ -88,6 +88,9 @@ class CommOpCost:
     post_kernel_us: float = 0.0  # an all-reduce's flatten (a copy of its bucket), after its post part
     done_us: float = 0.0  # under the lock once its data is there: a recv's wait; an all-reduce's wait and average
     done_kernel_us: float = 0.0  # an all-reduce's average (a pass over its bucket), after its done part
+    # An all-reduce on a CPU device: the share of its collective's bandwidth part that also
+    # keeps one core of its device busy (processor-shared with the kernels there; 0: none).
+    collective_cpu_share: float = 0.0
 
 
 @runtime_checkable

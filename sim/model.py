@@ -47,7 +47,10 @@ The model (time unit: microseconds):
   rank (`sim.comm.CommHostCost`), those parts come from it (`sim.prepare.comm_host_costs`). A bucket's
   collective starts when every member of its group has issued it; its time alone comes
   from `sim.collective` (ring model or the cost model's fit), its bandwidth part shared
-  on the ring's wires. Devices issue a group's buckets in ascending order.
+  on the ring's wires and, where the cost model says the collective needs a core of each
+  CPU member (`sim.comm.CommOpCost.collective_cpu_share`: gloo copies and reduces on the
+  ranks' own cores), that share of it run as a one-thread job on each member's cores too,
+  processor-shared with the kernels there; the collective ends when both parts have. Devices issue a group's buckets in ascending order.
   Who does this depends on the device's slots, as in the executor:
   - *one slot*: its one worker walks the device's ops in the resolved `sequence` (a
     straight-line program): at a recv it posts the receives up to it not posted yet and,
@@ -403,8 +406,18 @@ class _SimpyRun:
 
     def _collective(self, c: int) -> Generator[simpy.Event, Any, None]:
         assert self.comm is not None
-        timing = self.prep.collective_time[c]
-        start, end = yield self.network.collective(timing.links, timing.bw_us, timing.latency_us)
+        prep, timing = self.prep, self.prep.collective_time[c]
+        link = self.network.collective(timing.links, timing.bw_us, timing.latency_us)
+        share = prep.collective_cpu_share
+        cores = [  # its CPU on each CPU member (`CommOpCost.collective_cpu_share`), beside the link part
+            self.servers[d].run(m, 1, share[m] * timing.bw_us)
+            for m in self.comm.collectives[c].members
+            if share and share[m] > 0.0 and timing.bw_us > 0.0 and not prep.device_is_gpu[d := self.st.op_device[m]]
+        ]
+        start, end = yield link
+        if cores:
+            yield self.env.all_of(cores)
+            end = self.env.now
         self.tl.collectives.append((c, start, end))
         for m in self.comm.collectives[c].members:
             self._arrive(m)

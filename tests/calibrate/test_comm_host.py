@@ -9,7 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from schedlab.calibrate.comm_host import PARTS, CostTable, HostCosts, host_costs_of, isotonic, table_of
+from schedlab.calibrate.comm_host import (
+    MAX_CPU_SHARE,
+    PARTS,
+    CostTable,
+    HostCosts,
+    cpu_share_of,
+    host_costs_of,
+    isotonic,
+    table_of,
+)
 from schedlab.calibrate.link_ranks import RankTask, rank_cores, run_world
 from schedlab.calibrate.links import (
     MIN_LINK_SHARE,
@@ -81,16 +90,33 @@ def test_host_costs_round_trip_and_refuse_a_missing_part() -> None:
         CostTable((64, 4), (1.0, 2.0))
 
 
+def test_collective_cpu_share_is_the_median_clipped_ratio() -> None:
+    alone = [(1 << 18, 1, 100.0), (1 << 20, 1, 400.0), (1 << 22, 1, 1600.0)]
+    extra = [(1 << 18, 1, 50.0), (1 << 20, 1, 300.0), (1 << 22, 1, 3200.0)]  # 0.5, 0.75, 2 -> clipped to 1
+    assert cpu_share_of(alone, extra) == pytest.approx(0.75)
+    assert cpu_share_of(alone, [(1 << 22, 1, 9e9)]) == MAX_CPU_SHARE
+    assert cpu_share_of([], []) is None
+    costs = host_costs_of({**_points(), "allreduce_alone": alone, "allreduce_cpu": extra})
+    assert costs.collective_cpu_share == pytest.approx(0.75)
+    assert HostCosts.from_json(json.loads(json.dumps(costs.to_json()))).collective_cpu_share == pytest.approx(0.75)
+    assert host_costs_of(_points()).collective_cpu_share is None
+    profile = dataclasses.replace(make_profile(), links=dataclasses.replace(synthetic_fits(), host_costs=costs))
+    ar = profile.comm_host_us(comm_op(ALL_REDUCE, 1 << 20))
+    assert ar is not None and ar.collective_cpu_share == pytest.approx(0.75)
+
+
 def test_two_real_ranks_time_every_part() -> None:
-    task = RankTask(sizes=(64, 65536), p2p=False, allreduce=False, cores=rank_cores(2, [0, 1]), rounds=1,
+    task = RankTask(sizes=(64, 1 << 18), p2p=False, allreduce=False, cores=rank_cores(2, [0, 1]), rounds=1,
                     host=True, host_reps=2, collective_timeout_s=60.0)
     result = run_world(2, task, timeout_s=120.0)
-    assert set(result.host_us) == set(PARTS)
-    assert {(n, k) for n, k, _ in result.host_us["allreduce_flatten"]} == {(64, 1), (64, 16), (65536, 1), (65536, 16)}
-    assert {(n, k) for n, k, _ in result.host_us["send"]} == {(64, 1), (65536, 1)}
+    assert set(result.host_us) == {*PARTS, "allreduce_alone", "allreduce_cpu"}
+    assert {(n, k) for n, k, _ in result.host_us["allreduce_flatten"]} == {(64, 1), (64, 16), (1 << 18, 1), (1 << 18, 16)}
+    assert {(n, k) for n, k, _ in result.host_us["send"]} == {(64, 1), (1 << 18, 1)}
+    assert {(n, k) for n, k, _ in result.host_us["allreduce_cpu"]} == {(1 << 18, 1)}  # from 256 KiB
     assert all(0.0 < us < 1e6 for pts in result.host_us.values() for _, _, us in pts)
     costs = host_costs_of(result.host_us)
-    assert costs.us("recv_post", 65536) > 0.0
+    assert costs.us("recv_post", 1 << 18) > 0.0
+    assert costs.collective_cpu_share is not None and 0.0 <= costs.collective_cpu_share <= MAX_CPU_SHARE
 
 
 # ---- the piecewise all-reduce fit ----------------------------------------------------------------

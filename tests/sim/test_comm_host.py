@@ -8,11 +8,11 @@ import dataclasses
 import pytest
 
 from schedlab.distribute import ALL_REDUCE, RECV, SEND
-from schedlab.graph import Op
+from schedlab.graph import Op, OpKind
 from schedlab.plan import resolve
 from schedlab.sim import simulate
 from schedlab.sim.comm import CommHostCost, CommOpCost
-from schedlab.sim.testing import TableCost
+from schedlab.sim.testing import GraphBuilder, TableCost
 from tests.sim.test_ranks import all_reduce_graph, by_name, hand_resolved, machine, producer_consumers, us
 
 
@@ -75,3 +75,44 @@ def test_an_all_reduce_issues_and_finishes_at_its_measured_costs() -> None:
     old = by_name(simulate(g, hand_resolved(g, devices), machine((0, 1)),
                            HostCost(default_kernel_us=10.0, dispatch=0.0, measured=False)))["ar0a"]
     assert (us(old.start_ns), us(old.end_ns)) == (10, 20 + 40 + 1000 + 10)  # dispatch 0, kernel 10 twice
+
+
+@dataclasses.dataclass
+class CpuCollectiveCost(HostCost):
+    """An all-reduce costs its ranks nothing to issue or finish; its collective keeps a core
+    of each CPU member busy for `share` of its bandwidth part."""
+
+    share: float = 1.0
+
+    def comm_host_us(self, op: Op) -> CommOpCost | None:
+        return CommOpCost(0.0, collective_cpu_share=self.share) if op.target == ALL_REDUCE else None
+
+
+@pytest.mark.parametrize(("share", "w_end", "reduced"), [(1.0, 3010, 2010), (0.5, 2510, 1050), (0.0, 2010, 1050)])
+def test_a_collective_shares_its_ranks_cores_with_their_kernels(share: float, w_end: float, reduced: float) -> None:
+    # Per rank a, b: a gradient g (10), its all-reduce (1 MB: 40 + 1000 us on the link), a
+    # reader u (10); a also has w (2000), run while the collective is in flight. With share
+    # 1 the collective needs a's one core for 1000 us: w and it take turns (half each)
+    # until it is done at 2010; w ends at 3010. b's core is free: its part ends at 1010, the
+    # link part at 1050, so the collective ends at 2010. With share 0.5: 500 us of core,
+    # done at 1010 on a; the link's 1050 is then the end; w ends at 10 + 2000 + 500.
+    b = GraphBuilder("collective-cpu")
+    xa, xb, y = b.input("xa", 64), b.input("xb", 64), b.input("y", 64)
+    ga, gb = b.op("ga", [xa], nbytes=10**6), b.op("gb", [xb], nbytes=10**6)
+    ara = b.op("ara", [ga], nbytes=10**6, target=ALL_REDUCE, kind=OpKind.COMM)
+    arb = b.op("arb", [gb], nbytes=10**6, target=ALL_REDUCE, kind=OpKind.COMM)
+    b.output(b.op("w", [y], nbytes=10), "w")
+    b.output(b.op("ua", [ara], nbytes=10), "ua")
+    b.output(b.op("ub", [arb], nbytes=10), "ub")
+    g = b.build()
+    ops = tuple(dataclasses.replace(op, kwargs={"bucket": 0, "group": ["a", "b"], "reduce": "avg"})
+                if op.target == ALL_REDUCE else op for op in g.ops)
+    g = dataclasses.replace(g, ops=ops)
+    devices = ["a", "b", "a", "b", "a", "a", "b"]
+    cost = CpuCollectiveCost(kernel={"ga": 10.0, "gb": 10.0, "w": 2000.0, "ua": 10.0, "ub": 10.0, "ara": 0.0,
+                                     "arb": 0.0}, dispatch=0.0, share=share)
+    ev = by_name(simulate(g, hand_resolved(g, devices), machine((0, 1)), cost))
+    assert (us(ev["w"].start_ns), us(ev["w"].end_ns)) == pytest.approx((10, w_end))
+    assert us(ev["arb"].end_ns) == pytest.approx(reduced)
+    assert us(ev["ub"].start_ns) == pytest.approx(reduced)
+    assert us(ev["ua"].start_ns) == pytest.approx(max(w_end, reduced))
