@@ -241,17 +241,26 @@ def _foreign_frac(start: CpuSnapshot | None, end: CpuSnapshot | None, children_s
 
 def trace_calibrated(profile: Profile, step_of: StepOf, replicas: Sequence[int], steps: int) -> Profile:
     """`profile` plus the op times of one-process, one-slot, one-thread, program-order runs
-    of the model's step for each replica count (the full step; the per-replica one), as
-    each rank of one core runs them (`calibrate.trace_cal`). None of them is a scored plan."""
+    of the model's step for each replica count (the full step; the per-replica one), this
+    process pinned to one core as a rank of one core runs (`calibrate.trace_cal`). None of
+    them is a scored plan."""
     from schedlab.exec import run_steps
     from schedlab.machine import detect_host
 
     host = detect_host()
-    for r in sorted(set(replicas)):
-        step = step_of(r)
-        captured = step.parts[0] if step.parts else step.full
-        res = run_steps(captured.graph, captured.input_values, Plan(threads=1), host, steps=steps, warmup=1)
-        profile = profile.with_trace(res.trace, captured.graph)
+    pin = hasattr(os, "sched_setaffinity")
+    before = os.sched_getaffinity(0) if pin else set()
+    try:
+        if pin:  # on one core, as a rank of `host_ranks` runs (its share of the cores: one here)
+            os.sched_setaffinity(0, {min(before)})
+        for r in sorted(set(replicas)):
+            step = step_of(r)
+            captured = step.parts[0] if step.parts else step.full
+            res = run_steps(captured.graph, captured.input_values, Plan(threads=1), host, steps=steps, warmup=1)
+            profile = profile.with_trace(res.trace, captured.graph)
+    finally:
+        if pin:
+            os.sched_setaffinity(0, before)
     return profile
 
 
