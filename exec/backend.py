@@ -58,26 +58,25 @@ class ExecBackend:
         self, input_values: dict[int, torch.Tensor], *, warmup: int = 1, workload: str = "",
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        self.input_values = input_values
-        self.warmup = warmup
-        self.workload = workload
-        self._ranks = DistBackend(input_values, warmup=warmup, workload=workload, timeout_s=timeout_s)
+        self._ranks = DistBackend(input_values, warmup=warmup, workload=workload, timeout_s=timeout_s)  # holds them
         self._programs: dict[str, Program] = {}
 
     def run(self, graph: Graph, resolved: ResolvedPlan, machine: Machine, *, steps: int = 1) -> BackendRun:
         if resolved.multi_device:
             return self._ranks.run(graph, resolved, machine, steps=steps)
-        program = self._programs.get(graph.hash)
+        run = resolved.run_graph(graph)  # unrolled, for a steady-state plan
+        program = self._programs.get(run.hash)
         if program is None:
-            program = self._programs[graph.hash] = compile_graph(graph)
+            program = self._programs[run.hash] = compile_graph(run)
+        shared = self._ranks
         res = run_steps(
             graph,
-            self.input_values,
+            shared.input_values,
             resolved.plan,
             machine,
             steps=steps,
-            warmup=self.warmup,
-            workload=self.workload,
-            executor=Executor(graph, resolved, program),
+            warmup=shared.warmup,
+            workload=shared.workload,
+            executor=Executor(run, resolved, program),
         )
         return BackendRun(step_times_s=res.step_times_s, trace=res.trace)

@@ -134,3 +134,14 @@ def test_steady_state_overlaps_a_steps_gradient_reduction_with_the_next_forward(
     t_one = simulate(step.graph, one, machine, cost).step_time_s
     t_ss = simulate(step.graph, ss, machine, cost).step_time_s
     assert t_ss < t_one
+
+
+def test_the_exec_backend_runs_a_steady_state_plan_as_its_unrolled_graph() -> None:
+    from schedlab.exec.backend import ExecBackend
+
+    _, c = captured_workload("mlp")
+    g = c.graph  # type: ignore[attr-defined]
+    r = resolve(g, Plan(threads=1), HOST, steps=2)
+    run = ExecBackend(c.input_values, warmup=0).run(g, r, HOST, steps=1)  # type: ignore[attr-defined]
+    assert len(run.step_times_s) == 1 and run.trace.meta["steps_per_run"] == 2
+    assert len(run.trace.events) == 2 * len(g.ops)
