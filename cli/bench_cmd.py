@@ -81,6 +81,7 @@ def run_ddp(args: argparse.Namespace) -> int:
     from schedlab.cli.common import capture_for_plan, plan_ranks
     from schedlab.exec.bench import compare_with_ddp
     from schedlab.machine import host_ranks
+    from schedlab.plan import steady_steps
 
     plan = load_plan_arg(args.plan)
     if args.plan is None or plan.replicas < 2:
@@ -88,8 +89,6 @@ def run_ddp(args: argparse.Namespace) -> int:
             "--ddp compares a data-parallel plan with DistributedDataParallel: give --plan PLAN.json with replicas > 1 "
             "(e.g. `schedlab plan MODEL --devices 2 --replicas 2 --threads 1 -o dp.json`)"
         )
-    from schedlab.plan import steady_steps
-
     machine = host_ranks(plan_ranks(plan))
     steps = steady_steps(plan, args.steps)
     results = {}

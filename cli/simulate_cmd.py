@@ -73,6 +73,7 @@ def simulated_machine(args: argparse.Namespace, plan: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from schedlab.calibrate.links import apply_link_fit
+    from schedlab.graph import OpKind
     from schedlab.plan import steady_steps
     from schedlab.sim import simulate
 
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary)
     else:
-        comm_ops = sum(1 for op in run_graph.ops if op.kind.value == "COMM")
+        comm_ops = sum(1 for op in run_graph.ops if op.kind is OpKind.COMM)
         comm = f", {comm_ops} communication ops" if comm_ops else ""
         seq = f", {steps} steps back to back" if steps > 1 else ""
         print(f"{args.model}/{args.size} ({len(run_graph)} ops{comm}{seq}) on {machine.name}, plan {plan.describe()}  [simulated]")

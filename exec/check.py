@@ -220,14 +220,9 @@ def eager_reference(
 
 
 def _updated_by_eager_optimizer(
-    module: nn.Module, graph: Graph, input_values: dict[int, torch.Tensor], grads: dict[str, torch.Tensor],
-    steps_before: int = 0,
+    ref: nn.Module, opt: torch.optim.Optimizer, grads: dict[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
-    """Each parameter after eager PyTorch's optimizer step with `grads`, from the graph's
-    initial values advanced by `steps_before` eager steps."""
-    ref, user, opt = eager_reference(module, graph, input_values)
-    for _ in range(steps_before):
-        eager_step(ref, user, opt)
+    """Each parameter of `ref` after `opt`'s step with `grads` (both are used up)."""
     for n, p in ref.named_parameters():
         g = grads.get(n)
         p.grad = None if g is None else g.detach().clone()
@@ -262,6 +257,7 @@ def output_diffs(
     ref, user, opt = eager_reference(module, graph, input_values)
     for _ in range(steps - 1):
         eager_step(ref, user, opt)
+    before_last = copy.deepcopy((ref, opt))  # one deepcopy: the optimizer keeps pointing at the copy's params
     loss = eager_step(ref, user, opt).detach()
     grads = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
     buffers = dict(ref.named_buffers())
@@ -282,7 +278,7 @@ def output_diffs(
         else:
             continue  # updated parameters: below; optimizer state: covered through them
         out.append((o.role, compare(f"{o.role.value} {o.name}", outputs[o.value], want, tolerances)))
-    updated = _updated_by_eager_optimizer(module, graph, input_values, own_grads, steps - 1)
+    updated = _updated_by_eager_optimizer(*before_last, own_grads)
     for o in graph.outputs:
         if o.role is OutputRole.PARAM:
             out.append((o.role, compare(f"{o.role.value} {o.name}", outputs[o.value], updated[o.name], tolerances)))

@@ -422,14 +422,14 @@ def _unrolled(
     one-slot rank follows knows that communication takes time (`steps.timed_sequence`,
     ops weighed by `weight`, links by `machine`), so the next step's forward fills a
     rank's wait for this step's gradients."""
-    from schedlab.steps import comm_time_us, timed_sequence, unroll
+    from schedlab.steps import comm_time_us, copied_op, timed_sequence, unroll
 
     g = unroll(one.run_graph(graph), steps)
     span = max(one.priority, default=0) + 2  # one step's priorities lie in -1..max
     prio = tuple(p + s * span for s in range(steps) for p in one.priority)
     device = one.device * steps
-    m, n = len(one.device), len(graph.ops)
-    dur_us = [0.0 if op.kind is OpKind.COMM else weight(graph.ops[(op.id % m) % n]) for op in g.ops]
+    n = len(graph.ops)
+    dur_us = [0.0 if op.kind is OpKind.COMM else weight(graph.ops[copied_op(g, op.id, n)]) for op in g.ops]
     sequence = timed_sequence(g, prio, device, dur_us, lambda op: comm_time_us(op, machine, device[op.id]),
                               _bucket_order(g, device))
     return replace(

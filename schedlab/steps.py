@@ -43,6 +43,15 @@ def step_of(graph: Graph, op_id: int) -> int:
     return op_id // m
 
 
+def copied_op(graph: Graph, op_id: int, base_ops: int) -> int:
+    """The op of the captured graph (`base_ops` ops) that op `op_id` of `graph` copies,
+    when `graph` expands it: step s's op ``s*m + i`` of an unrolled graph copies one-step
+    op i, and replica r's op ``r*n + j`` copies op j. (A COMM op maps to some op id too:
+    callers tell COMM ops apart by their kind.)"""
+    m = int(graph.meta.get("step_ops", 0)) or len(graph.ops)
+    return (op_id % m) % base_ops
+
+
 def unroll(graph: Graph, steps: int) -> Graph:
     """`graph` (one step, possibly expanded across devices) as `steps` steps back to back."""
     if not 1 <= steps <= MAX_STEPS:

@@ -33,6 +33,7 @@ from schedlab.sim.memory import MemoryTracker
 from schedlab.sim.model import run_simpy
 from schedlab.sim.prepare import Prepared, Structure, build_structure, comm_kernel_us, op_devices, prepare, slowdown_fns
 from schedlab.sim.result import RankStats, SimResult, Timeline, build_trace
+from schedlab.steps import copied_op
 
 __all__ = ["ENGINES", "Simulator", "run_simpy", "simulate"]
 
@@ -292,13 +293,12 @@ def mirror_ops(bound: Graph, graph: Graph) -> tuple[int, ...]:
     `bound`, when target, FLOPs, bytes and view-ness agree), else -1 (COMM ops). In an
     unrolled graph (`schedlab.steps`) step s's op ``s*m + i`` copies the one-step op i."""
     n = len(bound.ops)
-    m = int(graph.meta.get("step_ops", 0)) or len(graph.ops)
     out: list[int] = []
     for op in graph.ops:
         if op.kind is OpKind.COMM or n == 0:
             out.append(-1)
             continue
-        b = bound.ops[(op.id % m) % n]
+        b = bound.ops[copied_op(graph, op.id, n)]
         same = (b.target, b.flops, b.bytes_moved, b.is_view) == (op.target, op.flops, op.bytes_moved, op.is_view)
         out.append(b.id if same else -1)
     return tuple(out)

@@ -9,11 +9,10 @@ import pytest
 
 from schedlab.distribute import ALL_REDUCE, RECV, SEND
 from schedlab.graph import Op, OpKind
-from schedlab.plan import resolve
 from schedlab.sim import simulate
 from schedlab.sim.comm import CommHostCost, CommOpCost
 from schedlab.sim.testing import GraphBuilder, TableCost
-from tests.sim.test_ranks import all_reduce_graph, by_name, hand_resolved, machine, producer_consumers, us
+from tests.sim.test_ranks import all_reduce_graph, by_name, hand_resolved, machine, one_transfer, us
 
 
 @dataclasses.dataclass
@@ -44,12 +43,7 @@ def test_the_protocol_is_optional() -> None:
 
 
 def test_send_and_recv_cost_what_the_model_measured() -> None:
-    g, plan = producer_consumers({"q": "b"})
-    m = machine((0, 1))
-    resolved = resolve(g, plan, m)
-    G = resolved.run_graph(g)
-    send = next(op for op in G.ops if op.target == SEND)
-    recv = next(op for op in G.ops if op.target == RECV)
+    g, resolved, m, send, recv = one_transfer()
     # Dispatch 2 and 3 would be the ops' dispatch; the measured parts replace them. b posts
     # the recv 0-4; a: p 0-10, the send's call 10-17; the data arrives at 17 + 1000 + 5 =
     # 1022; b's wait 1022-1028 under its lock; q 1028-1038.

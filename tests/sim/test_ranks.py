@@ -9,7 +9,7 @@ import pytest
 
 from schedlab.distribute import ALL_REDUCE, RECV, SEND
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph, OpKind
+from schedlab.graph import Graph, Op, OpKind
 from schedlab.machine import Device, Link, Machine, host_ranks, load_machine
 from schedlab.plan import Plan, ResolvedPlan, list_schedule, resolve
 from schedlab.sim import SimResult, Simulator, simulate
@@ -113,13 +113,20 @@ def producer_consumers(consumers: Mapping[str, str]) -> tuple[Graph, Plan]:
     return g, Plan(device="a", op_devices={op.id: consumers[op.name] for op in g.ops if op.name in consumers})
 
 
-def test_send_recv_costs_latency_plus_bytes_over_bandwidth() -> None:
+def one_transfer() -> tuple[Graph, ResolvedPlan, Machine, Op, Op]:
+    """p on rank a, its consumer q on rank b: the graph, the resolved plan, the machine,
+    and the one send and recv between them."""
     g, plan = producer_consumers({"q": "b"})
     m = machine((0, 1))
     resolved = resolve(g, plan, m)
     G = resolved.run_graph(g)
     send = next(op for op in G.ops if op.target == SEND)
     recv = next(op for op in G.ops if op.target == RECV)
+    return g, resolved, m, send, recv
+
+
+def test_send_recv_costs_latency_plus_bytes_over_bandwidth() -> None:
+    g, resolved, m, send, recv = one_transfer()
     cost = TableCost(default_kernel_us=10.0, dispatch={send.name: 2.0, recv.name: 3.0})
     res = simulate(g, resolved, m, cost)
     # b's one worker reaches the recv first (its first op in sequence): it posts it (3,
