@@ -104,6 +104,21 @@ class Machine:
     def devices_of(self, process: int) -> tuple[Device, ...]:
         return tuple(d for d in self.devices if d.process == process)
 
+    def first_devices(self, n: int) -> Machine:
+        """This machine cut to its first `n` devices (in listed order) and the links among
+        them: `--devices N` on a preset (dgx-8gpu --devices 4 is four of its GPUs)."""
+        if not 1 <= n <= len(self.devices):
+            raise SchedlabError(
+                f"--devices {n}: machine {self.name!r} has {len(self.devices)} devices "
+                f"({', '.join(d.id for d in self.devices)}); give 1..{len(self.devices)}"
+            )
+        if n == len(self.devices):
+            return self
+        keep = self.devices[:n]
+        ids = {d.id for d in keep}
+        links = tuple(lk for lk in self.links if lk.src in ids and lk.dst in ids)
+        return Machine(name=f"{self.name}[:{n}]", devices=keep, links=links, host=self.host)
+
     def with_link_fit(self, latency_s: float, bw_bytes_per_s: float, *, name: str = "loopback") -> Machine:
         """This machine with every link named `name` given a calibrated latency and bandwidth."""
         links = tuple(
@@ -426,11 +441,15 @@ PRESETS = {
 
 def load_machine(spec: str | None, devices: int | None = None) -> Machine:
     """`None` or "host": this machine (as `devices` local ranks when given); a preset name;
-    or a path to a machine JSON file."""
+    or a path to a machine JSON file. On a preset or a file, `devices` keeps its first
+    `devices` devices (`Machine.first_devices`)."""
     if spec is None or spec == "host":
         return detect_host() if devices is None else host_ranks(devices)
-    if devices is not None:
-        raise SchedlabError(f"--devices describes this host's local ranks; machine {spec!r} already has its devices")
+    machine = _named_machine(spec)
+    return machine if devices is None else machine.first_devices(devices)
+
+
+def _named_machine(spec: str) -> Machine:
     if spec in PRESETS:
         return PRESETS[spec]()
     from schedlab.io import read_json

@@ -33,7 +33,7 @@ def test_facade() -> None:
         "load_workload",
     }
     assert BUILTIN_WORKLOADS == ("mlp", "cnn", "transformer", "nmt")
-    assert SIZES == ("tiny", "default")
+    assert SIZES == ("tiny", "default", "paper")
 
 
 @pytest.mark.parametrize("name", BUILTIN_WORKLOADS)

@@ -28,7 +28,8 @@ _BUILDERS: dict[str, Builder] = {
     "nmt": nmt.build,
 }
 BUILTIN_WORKLOADS: tuple[str, ...] = tuple(_BUILDERS)
-SIZES: tuple[str, ...] = ("tiny", "default")
+SIZES: tuple[str, ...] = ("tiny", "default", "paper")
+PAPER_SIZE = "paper"  # the placement paper's model size: nmt only
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: tensors do not compare to a bool
@@ -45,6 +46,9 @@ def load_workload(spec: str, size: str = "default", seed: int = 0) -> Workload:
     """Build the workload `spec` at `size` with parameters and inputs seeded by `seed`."""
     if size not in SIZES:
         raise SchedlabError(f"unknown workload size {size!r}; choose one of: {', '.join(SIZES)}")
+    if size == PAPER_SIZE and spec != "nmt":
+        raise SchedlabError(f"size {PAPER_SIZE!r} (the placement paper's model size) exists for nmt only; "
+                            f"{spec} has sizes tiny and default")
     if heldout.is_heldout(spec):  # a reserved prefix, checked before user factories
         torch.manual_seed(seed)
         module, inputs = heldout.build(spec, size)

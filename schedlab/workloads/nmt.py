@@ -18,6 +18,7 @@ Measured on a 2-core CPU, torch 2.13 (eager step = forward + loss.backward() + S
 torch's default threads; ops = captured graph with SGD):
     tiny:    ~1 ms/step, 323 ops (1 layer, 3 + 3 steps)
     default: ~215 ms/step, 1339 ops (2 layers, 8 + 8 steps, 21.2M parameters)
+    paper:   4 layers, 16 + 16 steps, 1024 wide, 32k vocabulary (simulated placement; see CONFIGS)
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ class NMTConfig:
 CONFIGS: dict[str, NMTConfig] = {
     "tiny": NMTConfig(batch=2, src_len=3, tgt_len=3, vocab=32, embed=16, hidden=16, layers=1),
     "default": NMTConfig(batch=64, src_len=8, tgt_len=8, vocab=8000, embed=512, hidden=512, layers=2),
+    # A model of the placement paper's kind (HP3C 2019 placed a WMT14 German-English NMT, an
+    # LSTM encoder-decoder with attention in the style of GNMT): several 1024-wide LSTM
+    # layers and a 32k vocabulary. For simulated placement only: one step is ~1.3 GB of
+    # parameters, gradients and activations in fp32, too much to run on a 2-core machine.
+    "paper": NMTConfig(batch=64, src_len=16, tgt_len=16, vocab=32000, embed=1024, hidden=1024, layers=4),
 }
 
 
