@@ -3,6 +3,8 @@
     schedlab search transformer                          # Optuna, --space all, 200 trials
     schedlab search nmt --strategy ooo --run-dir runs/nmt
     schedlab search mlp --size tiny --trials 500 --workers 2 --memory --json
+    schedlab search transformer --space placement --devices 2 --strategy m-etf   # this host's 2 ranks
+    schedlab search nmt --space placement --machine dgx-8gpu --devices 4 --strategy rl --json
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ DEFAULT_TRIALS = 200
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from schedlab.machine import PRESETS
+    from schedlab.search.placement.strategies import PLACEMENT_STRATEGIES
     from schedlab.search.space import SPACES
     from schedlab.search.strategies import STRATEGY_NAMES
 
@@ -30,7 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "simulator: co-run slots and intra-op threads (--space concurrency), op order (order) or both "
         "(all). Strategies: Optuna's samplers (TPE; NSGA-II with --memory), the concurrency-control "
         "paper's model-guided scheduler (paper-concurrency) or out-of-order backprop's reordering "
-        "(ooo). PyTorch's default and TensorFlow's recommended threading are always evaluated. The "
+        "(ooo). --space placement searches which device runs each layer's ops, on --devices N local ranks "
+        "of this host or a --machine preset: the placement paper's RL grouper-placer (rl), Baechi's "
+        "heuristics (m-topo, m-etf, m-sct), the expert layer split (layers) or Optuna. PyTorch's default and TensorFlow's recommended threading are always evaluated. The "
         "study resumes where it stopped; run again with another --strategy into the same --run-dir to "
         "compare strategies. Writes run.json, graph.json, study.db and search.json into the run directory.",
     )
@@ -42,7 +48,25 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help=f"COMPLETE trials the study should hold for this strategy and space (default {DEFAULT_TRIALS}); "
         "seed strategies stop at their own few candidates",
     )
-    p.add_argument("--strategy", choices=STRATEGY_NAMES, default="optuna", help="search strategy (default optuna)")
+    p.add_argument("--strategy", choices=(*STRATEGY_NAMES, *PLACEMENT_STRATEGIES), default="optuna",
+                   help="search strategy (default optuna); rl, m-topo, m-etf, m-sct and layers place ops (--space placement)")
+    p.add_argument("--devices", type=int, default=None, metavar="N",
+                   help="placement over N devices: N local ranks of this host (processes that split its cores), "
+                   "or with --machine the preset's first N devices")
+    p.add_argument("--machine", default="host", metavar="MACHINE",
+                   help=f"where plans run: 'host' (this machine, default) or a preset ({', '.join(PRESETS)}) or a "
+                   "machine JSON file; a preset is simulated only")
+    p.add_argument("--split-fbw", action="store_true",
+                   help="placement groups split each layer's forward, backward (B, W) and optimizer work apart "
+                   "(default: a layer's work stays on one device)")
+    p.add_argument("--reward", choices=("simulated", "measured"), default="simulated",
+                   help="rl: reward from the simulator (default) or from real runs on this host's ranks, as the paper")
+    p.add_argument("--rl-iterations", type=int, default=None, metavar="K",
+                   help="rl: policy-gradient iterations (default 80); more extends a stored training")
+    p.add_argument("--rl-samples", type=int, default=None, metavar="B",
+                   help="rl: placements sampled per iteration (default 16)")
+    p.add_argument("--groups", type=int, default=None, metavar="G",
+                   help="rl: groups of the grouper (default: min(16, co-location groups))")
     p.add_argument(
         "--storage", default=None, metavar="URL",
         help="Optuna storage URL, e.g. postgresql://user:pw@host/db (default: sqlite file RUN_DIR/study.db)",
@@ -85,6 +109,10 @@ def run(args: argparse.Namespace) -> int:
         raise SchedlabError("--workers must be >= 1")
     if args.workers > 1 and args.strategy != "optuna":
         raise SchedlabError(f"--workers runs Optuna trials in parallel; strategy {args.strategy} runs in one process")
+    if args.devices is not None and args.devices < 1:
+        raise SchedlabError(f"--devices must be >= 1, got {args.devices}")
+    if any(v is not None and v < 1 for v in (args.rl_iterations, args.rl_samples, args.groups)):
+        raise SchedlabError("--rl-iterations, --rl-samples and --groups must be >= 1")
     profile_path = Path(args.profile) if args.profile else DEFAULT_PROFILE_PATH
     if not profile_path.exists():
         raise SchedlabError(
@@ -109,7 +137,15 @@ def run(args: argparse.Namespace) -> int:
             raise SchedlabError(
                 f"{run_dir} holds a search of {_describe(*theirs)}, not {_describe(*mine)}; use another --run-dir"
             )
-    machine = detect_host()
+        where = (args.machine, args.devices, args.split_fbw)
+        if where != (old.machine_spec, old.devices, old.split_fbw):
+            raise SchedlabError(
+                f"{run_dir} was searched on --machine {old.machine_spec} --devices {old.devices}"
+                f"{' --split-fbw' if old.split_fbw else ''}; this search asks for --machine {args.machine} "
+                f"--devices {args.devices}{' --split-fbw' if args.split_fbw else ''}: use another --run-dir"
+            )
+    host = detect_host()
+    machine, baseline_machine = search_machine(args.machine, args.devices, profile, host)
     run_profile = paths.profile
     if old is not None and paths.graph.exists():
         graph = Graph.load(paths.graph)  # resuming: the captured graph is already there
@@ -126,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
             from schedlab.calibrate.trace_cal import calibrate_with_traces
 
             print(f"schedlab search: timing a few steps of {args.model} to calibrate the simulator", file=sys.stderr)
-            profile = calibrate_with_traces(profile, graph, captured.input_values, machine, steps=3)
+            profile = calibrate_with_traces(profile, graph, captured.input_values, host, steps=3)
             profile_path = profile.save(run_profile)
     storage = args.storage or (storage_url(run_dir, old) if old else default_storage(run_dir))
     study = args.study or (old.study if old else slug(f"{args.model}-{args.size}-{args.optimizer}"))
@@ -144,9 +180,14 @@ def run(args: argparse.Namespace) -> int:
         machine=machine.to_json(),
         created_unix_s=old.created_unix_s if old else time.time(),
         objectives=objectives,
+        devices=args.devices,
+        machine_spec=args.machine,
+        split_fbw=args.split_fbw,
     )
+    rl = rl_options(args, config, machine, profile)
     summary = run_search(
-        run_dir, config, graph, machine, profile, workers=args.workers, progress=not args.no_progress
+        run_dir, config, graph, machine, profile, workers=args.workers, progress=not args.no_progress,
+        baseline_machine=baseline_machine, rl=rl,
     )
     summary["run_dir"] = str(run_dir)
     summary["paths"] = {
@@ -157,6 +198,41 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_summary(args, summary, len(graph))
     return 0
+
+
+def search_machine(spec: str, devices: int | None, profile: Any, host: Any) -> tuple[Any, Any]:
+    """(the machine plans are simulated on, the machine of the baselines or None: the same).
+    This host as N local ranks has the Profile's fitted links, and its baselines are the one-
+    process ones on the whole host; a preset or file is simulated as described."""
+    from schedlab.calibrate.links import apply_link_fit
+    from schedlab.machine import host_ranks, load_machine
+
+    if spec == "host":
+        if devices is None or devices == 1:
+            return host, None
+        return apply_link_fit(host_ranks(devices, host), profile), host
+    return apply_link_fit(load_machine(spec, devices), profile), None
+
+
+def rl_options(args: argparse.Namespace, config: Any, machine: Any, profile: Any) -> Any:
+    """The rl strategy's training and reward (None for other strategies)."""
+    if args.strategy != "rl":
+        return None
+    from schedlab.exec import DEFAULT_TIMEOUT_S
+    from schedlab.search.placement.rl import RLConfig
+    from schedlab.search.runner import RLOptions
+
+    given = {"iterations": args.rl_iterations, "samples": args.rl_samples}
+    rl_config = RLConfig(groups=args.groups, seed=args.seed, **{k: v for k, v in given.items() if v is not None})
+    measure = None
+    if args.reward == "measured":
+        if args.machine != "host" or not args.devices:
+            raise SchedlabError("--reward measured runs placements on this host's local ranks: give --devices N "
+                                "without --machine (a preset can only be simulated)")
+        from schedlab.search.placement.validate import measured_reward
+
+        measure = measured_reward(config, machine, profile, timeout_s=DEFAULT_TIMEOUT_S)
+    return RLOptions(config=rl_config, reward=args.reward, measure=measure)
 
 
 def _describe(model: str, size: str, optimizer: str, seed: int, objectives: tuple[str, ...]) -> str:
@@ -178,10 +254,8 @@ def _print_summary(args: argparse.Namespace, s: dict[str, Any], n_ops: int) -> N
     for name, st in s["strategies"].items():
         print(f"    {_ms(st['best_predicted_step_time_s'])}  best of {name} ({st['trials']} trials)")
     if s["best"]:
+        from schedlab.plan import Plan
+
         b = s["best"][0]
-        plan = b["plan"] or {}
-        order = plan.get("order")
-        order_s = order if isinstance(order, str) else f"explicit[{len(order or [])}]"
-        print(f"  best: trial {b['trial']} ({b['strategy']}): slots={plan.get('slots')} threads={plan.get('threads')} "
-              f"class_threads={plan.get('class_threads')} order={order_s}")
+        print(f"  best: trial {b['trial']} ({b['strategy']}): {Plan.from_json(b['plan']).describe()}")
     print(f"  run directory {s['run_dir']}  (next: schedlab validate {s['run_dir']})")

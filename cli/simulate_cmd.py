@@ -64,9 +64,7 @@ def simulated_machine(args: argparse.Namespace, plan: Any) -> Any:
     if args.devices is not None and args.devices < 1:
         raise SchedlabError(f"--devices must be >= 1, got {args.devices}")
     if args.machine not in (None, "host"):
-        if args.devices is not None:
-            raise SchedlabError(f"--devices describes this host's local ranks; machine {args.machine!r} already has its devices")
-        return load_machine(args.machine)
+        return load_machine(args.machine, args.devices)
     n = args.devices if args.devices is not None else plan_ranks(plan)
     return load_machine(None, devices=n if n > 1 else None)
 

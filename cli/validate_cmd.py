@@ -86,10 +86,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_dir(args: argparse.Namespace) -> int:
-    from schedlab.search.run_dir import RunPaths
+    from schedlab.search.run_dir import RunPaths, read_run
     from schedlab.search.validate import DEFAULT_TOP, validate_run
 
     run_dir = Path(args.target)
+    from schedlab.search.placement.validate import is_placement_run
+
+    if is_placement_run(read_run(run_dir)):
+        return _placement_run_dir(args, run_dir)
     results = validate_run(
         run_dir, top=DEFAULT_TOP if args.top is None else args.top, repeats=args.repeats, steps=args.steps,
         warmup=args.warmup, progress=not args.no_progress,
@@ -99,6 +103,34 @@ def _run_dir(args: argparse.Namespace) -> int:
         print_json(results)
     else:
         _print(results)
+    return 0
+
+
+def _placement_run_dir(args: argparse.Namespace, run_dir: Path) -> int:
+    """A placement search's winners, one per strategy, on this host's ranks beside the baselines."""
+    from schedlab.exec import DEFAULT_TIMEOUT_S
+    from schedlab.search.placement.validate import validate_placement_run
+    from schedlab.search.run_dir import RunPaths
+
+    r = validate_placement_run(run_dir, repeats=args.repeats, steps=args.steps, warmup=args.warmup,
+                               timeout_s=DEFAULT_TIMEOUT_S, progress=not args.no_progress)
+    r["paths"] = {"results": str(RunPaths(run_dir).results)}
+    if args.json:
+        print_json(r)
+        return 0
+    print(f"{r['model']}/{r['size']}: placement winners on {len(r['rank_machine']['devices'])} local ranks and the "
+          f"one-process baselines, {r['repeats']} rounds x {r['steps_per_repeat']} steps (median [p25, p75], ms)")
+    print(f"  {'plan':34s} {'ranks':>5s} {'predicted':>9s} {'measured':>9s} {'spread':>19s} {'error':>7s}")
+    for i, c in enumerate(r["candidates"]):
+        name = f"baseline {c['baseline']}" if c["baseline"] else f"trial {c['trial']} ({', '.join(c['strategies'])})"
+        spread = "" if not c["spread_s"] else f"[{c['spread_s'][0] * 1e3:.2f}, {c['spread_s'][1] * 1e3:.2f}]"
+        err = "" if c["error_pct"] is None else f"{c['error_pct']:+.1f}%"
+        mark = "*" if i == r["best"] else " "
+        print(f"{mark} {name:34s} {c['ranks']:>5d} {_ms(c['predicted_step_time_s'])} {_ms(c['measured_step_time_s'])} "
+              f"{spread:>19s} {err:>7s}")
+        if c["error"]:
+            print(f"    ! {c['error']}")
+    print(f"  results in {r['paths']['results']}")
     return 0
 
 

@@ -92,6 +92,9 @@ class RunConfig:
     machine: dict[str, Any]
     created_unix_s: float = field(default_factory=time.time)
     objectives: tuple[str, ...] = ("time",)
+    devices: int | None = None  # --devices: local ranks of the host, or the first N of a preset
+    machine_spec: str = "host"  # --machine: "host", a preset or a machine file
+    split_fbw: bool = False  # placement groups split a layer's F, B, W and OPT work
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -110,6 +113,9 @@ class RunConfig:
             "machine": self.machine,
             "created_unix_s": self.created_unix_s,
             "objectives": list(self.objectives),
+            "devices": self.devices,
+            "machine_spec": self.machine_spec,
+            "split_fbw": self.split_fbw,
         }
 
     @staticmethod
@@ -133,6 +139,9 @@ class RunConfig:
                 machine=dict(d["machine"]),
                 created_unix_s=float(d["created_unix_s"]),
                 objectives=tuple(str(o) for o in d.get("objectives", ["time"])),
+                devices=None if d.get("devices") is None else int(d["devices"]),
+                machine_spec=str(d.get("machine_spec", "host")),
+                split_fbw=bool(d.get("split_fbw", False)),
             )
         except (KeyError, TypeError, ValueError) as e:
             what = f"missing field {e}" if isinstance(e, KeyError) else str(e)

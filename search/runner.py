@@ -9,10 +9,13 @@ summary is search.json's content (see search/RUN_DIR.md).
 
 from __future__ import annotations
 
+import math
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import TrialState
@@ -20,10 +23,12 @@ from optuna.trial import TrialState
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
 from schedlab.machine import Machine
+from schedlab.plan import Plan
 from schedlab.search.baselines import baseline_plans
 from schedlab.search.objective import Evaluator
+from schedlab.search.placement.strategies import PLACEMENT_STRATEGIES
 from schedlab.search.run_dir import RunConfig, RunPaths, write_run, write_search
-from schedlab.search.space import SearchSpace
+from schedlab.search.space import make_space
 from schedlab.search.strategies import OPTUNA, strategy_plans
 from schedlab.search.study import (
     completed_trials,
@@ -36,6 +41,9 @@ from schedlab.search.study import (
     record_plans,
 )
 from schedlab.sim.cost import CostModel
+
+if TYPE_CHECKING:
+    from schedlab.search.placement.rl import RLConfig
 
 TOP_DISTINCT = 10  # plans listed in search.json "best"
 SEED_SPACE = "fixed"  # the "space" of a seed strategy's trials: its own fixed candidates
@@ -96,8 +104,14 @@ def run_search(
     *,
     workers: int = 1,
     progress: bool = True,
+    baseline_machine: Machine | None = None,
+    rl: RLOptions | None = None,
 ) -> dict[str, Any]:
-    """Run the search `config` asks for (resuming whatever the study already has)."""
+    """Run the search `config` asks for (resuming whatever the study already has).
+
+    `machine` is what the plans are simulated on; `baseline_machine` (default `machine`)
+    what the baselines are: a placement over this host's local ranks is measured against
+    the one-process baselines on the whole host. `rl` configures the ``rl`` strategy."""
     from tqdm import tqdm
 
     if workers < 1:
@@ -110,7 +124,8 @@ def run_search(
     study = prepare_run_dir(run_dir, config, graph, storage)
     fail_stale_trials(study, storage)
     evaluator = Evaluator(graph, machine, cost)
-    baselines = evaluate_baselines(evaluator)
+    base_eval = evaluator if baseline_machine is None else Evaluator(graph, baseline_machine, cost)
+    baselines = evaluate_baselines(base_eval)
     study.set_user_attr("baselines", baselines)
 
     strategy, space_name = config.strategy, config.space
@@ -133,7 +148,7 @@ def run_search(
     t_loop = time.perf_counter()
     try:
         if strategy == OPTUNA:
-            space = SearchSpace(space_name, graph, machine, cost)
+            space = make_space(space_name, graph, machine, cost, split_fbw=config.split_fbw)
             if workers == 1:
                 n_before = len(study.get_trials(deepcopy=False))
                 sampler = make_sampler(config.objectives, sampler_seed(config.seed, 0, n_before))
@@ -143,7 +158,13 @@ def run_search(
 
                 run_workers(run_dir, workers, study, strategy, space_name, target, on_progress=on_trial)
         else:
-            plans = strategy_plans(strategy, graph, machine, cost)[:target]
+            if strategy not in PLACEMENT_STRATEGIES and len(machine.devices) > 1:
+                raise SchedlabError(f"strategy {strategy} searches one device; machine {machine.name!r} has several: "
+                                    f"use one of {', '.join(PLACEMENT_STRATEGIES)} or optuna")
+            if strategy in PLACEMENT_STRATEGIES:
+                plans = placement_plans(run_dir, config, graph, machine, cost, evaluator, rl or RLOptions(), bar)
+            else:
+                plans = strategy_plans(strategy, graph, machine, cost)[:target]
             record_plans(study, plans, evaluator, config.objectives, strategy, key_space)
             bar.total = min(target, len(plans))
             on_trial(completed_trials(study, strategy, key_space))
@@ -171,6 +192,57 @@ def run_search(
     )
     write_search(run_dir, summary)
     return summary
+
+
+@dataclass(frozen=True)
+class RLOptions:
+    """The ``rl`` strategy's training (`search.placement.rl.RLConfig`) and its reward:
+    "simulated", or "measured" with `measure(plan) -> step time s` on the real executor."""
+
+    config: RLConfig | None = None  # None: RLConfig()'s defaults
+    reward: str = "simulated"
+    measure: Callable[[Plan], float] | None = None
+
+
+def placement_plans(
+    run_dir: Path, config: RunConfig, graph: Graph, machine: Machine, cost: CostModel, evaluator: Evaluator,
+    rl: RLOptions, bar: Any,
+) -> list[Plan]:
+    """The plans of placement strategy `config.strategy`: a seed strategy's one plan, or the
+    best placement RL training found (training resumes from the run directory)."""
+    from schedlab.search.placement.problem import build_problem
+    from schedlab.search.placement.strategies import RL, seed_placement_plans
+
+    if config.space not in ("placement", "all") or len(machine.devices) < 2:
+        raise SchedlabError(
+            f"strategy {config.strategy} places ops on devices: use --space placement with --devices N (N >= 2) "
+            "or a --machine of several devices"
+        )
+    problem = build_problem(graph, machine, cost, split_fbw=config.split_fbw)
+    if config.strategy != RL:
+        return seed_placement_plans(config.strategy, problem, cost)
+
+    def simulated(plan: Plan) -> float:
+        ev = evaluator.evaluate(plan)
+        return ev.step_time_s if ev.ok else math.inf
+
+    from schedlab.search.placement.rl import RLConfig
+    from schedlab.search.placement.rl_run import run_rl
+
+    rl_config = rl.config or RLConfig()
+    step_time = rl.measure if rl.reward == "measured" and rl.measure is not None else simulated
+    if rl.reward == "measured" and rl.measure is None:
+        raise SchedlabError("--reward measured needs the real executor: search on this host's ranks (--devices N)")
+    bar.total = rl_config.iterations
+    bar.set_description(f"search {config.model} (rl, {rl.reward} reward)")
+
+    def on_iteration(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    plan, _ = run_rl(run_dir, problem, step_time, rl_config, reward=rl.reward, progress=on_iteration)
+    return [plan]
 
 
 def _row(t: optuna.trial.FrozenTrial, objectives: tuple[str, ...]) -> dict[str, Any]:

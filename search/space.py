@@ -19,6 +19,8 @@ Three spaces (``--space``):
   EuroSys 2022). Ready ops run by increasing key; the list schedule of the keys becomes
   an explicit order in the Plan.
 - ``all``: both together.
+- ``placement``: which device runs each group of ops (`search.placement.space`); on a
+  machine of several devices, ``all`` searches placement, concurrency and order together.
 
 Sampling is separate from building: `SearchSpace.suggest(trial)` samples a flat dict of
 parameters and `SearchSpace.plan(params)` builds the Plan, so a stored trial's params
@@ -30,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, Op, OpKind
@@ -39,10 +41,19 @@ from schedlab.order import ranks, upward_rank_us
 from schedlab.plan import Plan, list_schedule
 from schedlab.sim.cost import CostModel, op_cost_us
 
-SPACES = ("concurrency", "order", "all")
+SPACES = ("concurrency", "order", "all", "placement")
+ONE_DEVICE_SPACES = ("concurrency", "order", "all")
 ORDER_CHOICES = ("topo", "critical-path", "w-last", "mixed")
 CONCURRENCY_ORDER = "critical-path"  # the order of the concurrency space
 HEAVY_CLASSES = 4  # op classes that get their own thread count
+
+
+class Space(Protocol):
+    """What a search needs of a space: its name, and a Plan from an Optuna trial."""
+
+    name: str
+
+    def suggest(self, trial: Any) -> Plan: ...
 
 
 @dataclass(frozen=True)
@@ -102,8 +113,8 @@ class SearchSpace:
         heavy_classes: int = HEAVY_CLASSES,
         order_base: Plan | None = None,
     ) -> None:
-        if name not in SPACES:
-            raise SchedlabError(f"unknown search space {name!r}; use one of: {', '.join(SPACES)}")
+        if name not in ONE_DEVICE_SPACES:
+            raise SchedlabError(f"unknown search space {name!r} for one device; use one of: {', '.join(ONE_DEVICE_SPACES)}")
         self.name = name
         self.graph = graph
         self.cores = machine.default_device.cores
@@ -163,3 +174,22 @@ class SearchSpace:
             else:
                 raise SchedlabError(f"unknown order choice {choice!r}; use one of: {', '.join(ORDER_CHOICES)}")
         return Plan(slots=slots, threads=threads, class_threads=class_threads, order=order)
+
+
+def make_space(name: str, graph: Graph, machine: Machine, cost: CostModel, *, split_fbw: bool = False) -> Space:
+    """The space `name` on `machine`: `SearchSpace` on one device; on several, ``placement``
+    and ``all`` are `search.placement.space.PlacementSpace` (the same interface)."""
+    multi = len(machine.devices) > 1
+    if name == "placement" or (name == "all" and multi):
+        if not multi:
+            raise SchedlabError(
+                f"--space placement needs several devices; machine {machine.name!r} has one: give --devices N "
+                "(N local ranks of this host) or a --machine with several devices (e.g. dgx-8gpu --devices 4)"
+            )
+        from schedlab.search.placement.problem import build_problem
+        from schedlab.search.placement.space import PlacementSpace
+
+        return PlacementSpace(name, build_problem(graph, machine, cost, split_fbw=split_fbw), cost)
+    if multi:
+        raise SchedlabError(f"--space {name} searches one device; on machine {machine.name!r} use --space placement or all")
+    return SearchSpace(name, graph, machine, cost)

@@ -50,7 +50,7 @@ from optuna.trial import FrozenTrial, TrialState
 from schedlab.errors import SchedlabError
 from schedlab.plan import Plan
 from schedlab.search.objective import Evaluation, Evaluator
-from schedlab.search.space import SearchSpace
+from schedlab.search.space import Space
 
 SQLITE_BUSY_TIMEOUT_S = 120.0
 STARTED_ATTR = "started_utc"  # user attribute: when the trial was reserved, ISO 8601 in UTC
@@ -353,7 +353,7 @@ def _reservation(params: dict[str, Any], distributions: dict[str, Any], attrs: d
 def optimize(
     study: optuna.Study,
     storage: optuna.storages.BaseStorage,
-    space: SearchSpace,
+    space: Space,
     evaluator: Evaluator,
     objectives: Sequence[str],
     target: int,

@@ -21,7 +21,7 @@ def run_worker(run_dir: Path, index: int) -> int:
     from schedlab.search.objective import Evaluator
     from schedlab.search.run_dir import RunPaths, read_run, storage_url
     from schedlab.search.runner import sampler_seed
-    from schedlab.search.space import SearchSpace
+    from schedlab.search.space import make_space
     from schedlab.search.strategies import OPTUNA
     from schedlab.search.study import load_study, make_sampler, open_storage, optimize
 
@@ -34,7 +34,7 @@ def run_worker(run_dir: Path, index: int) -> int:
     storage = open_storage(storage_url(run_dir, config))
     study = load_study(storage, config.study, make_sampler(config.objectives, 0))
     sampler = make_sampler(config.objectives, sampler_seed(config.seed, index + 1, len(study.get_trials(deepcopy=False))))
-    space = SearchSpace(config.space, graph, machine, cost)
+    space = make_space(config.space, graph, machine, cost, split_fbw=config.split_fbw)
     return optimize(study, storage, space, Evaluator(graph, machine, cost), config.objectives, config.trials, sampler=sampler)
 
 

@@ -8,7 +8,7 @@ import pytest
 from schedlab.graph import OpKind
 from schedlab.order import priorities
 from schedlab.plan import Plan, list_schedule, resolve
-from schedlab.search.space import SPACES, OrderParams, SearchSpace, heaviest_classes, parametric_order
+from schedlab.search.space import ONE_DEVICE_SPACES, OrderParams, SearchSpace, heaviest_classes, parametric_order
 from schedlab.sim.testing import cpu_machine, random_cost
 from tests.conftest import captured_workload
 
@@ -17,7 +17,7 @@ def _graph(name: str = "transformer"):  # type: ignore[no-untyped-def]
     return captured_workload(name)[1].graph  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("space_name", SPACES)
+@pytest.mark.parametrize("space_name", ONE_DEVICE_SPACES)
 @pytest.mark.parametrize("workload", ["mlp", "transformer"])
 def test_sampled_plans_resolve(space_name: str, workload: str) -> None:
     graph = _graph(workload)

@@ -1,0 +1,169 @@
+"""A placement search on this host's local ranks, run for real.
+
+`validate_placement_run(run_dir)` (what `schedlab validate RUN_DIR` does for a placement
+search): the best plan of every strategy in the study, on the local ranks it was searched
+for, beside the two one-process baselines on the whole host, through the machinery of
+`search.validate_plans` (numerics against eager PyTorch, then rounds of timed steps,
+round-robin). results.json keeps the run directory's format (search/RUN_DIR.md): each
+candidate names its strategy (``strategies``: every strategy whose best it is) with its
+prediction, measurement and spread, and ``error_pct`` = (predicted - measured) / measured.
+
+`measured_reward(...)`: the RL strategy's ``--reward measured``: a plan's median step time
+on the real ranks (no numerics check: the validation checks the winners).
+
+A placement searched on a preset (a machine this host is not) cannot be run here: that is
+one clear error.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from schedlab.errors import SchedlabError
+from schedlab.machine import Machine, detect_host, host_ranks
+from schedlab.plan import Plan, resolve
+from schedlab.search.run_dir import RESULTS_SCHEMA, RESULTS_VERSION, RunConfig, read_run, storage_url, write_results
+from schedlab.trace import library_versions
+
+DEFAULT_MEASURE_STEPS = 3
+DEFAULT_MEASURE_WARMUP = 1
+
+
+def is_placement_run(config: RunConfig) -> bool:
+    return config.space == "placement" or len(config.machine.get("devices", [])) > 1
+
+
+def rank_machine(config: RunConfig, profile: Any) -> Machine:
+    """The local ranks a placement run was searched for, with the Profile's fitted links."""
+    from schedlab.calibrate.links import apply_link_fit
+
+    if config.machine_spec != "host" or not config.devices:
+        raise SchedlabError(
+            f"this placement was searched on machine {config.machine_spec!r} (simulated): it cannot run on this host. "
+            "Search with --devices N (this host's local ranks) to validate on real ranks"
+        )
+    return apply_link_fit(host_ranks(config.devices), profile)
+
+
+def strategy_winners(study: optuna.Study) -> list[tuple[Plan, float, int, list[str]]]:
+    """(plan, predicted step s, trial, strategies) of each strategy's fastest complete trial,
+    one entry per distinct plan, fastest first."""
+    best: dict[str, optuna.trial.FrozenTrial] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        name = str(t.user_attrs.get("strategy", ""))
+        if t.values and t.user_attrs.get("plan") and (name not in best or t.values[0] < best[name].values[0]):
+            best[name] = t
+    by_plan: dict[str, tuple[Plan, float, int, list[str]]] = {}
+    for name, t in sorted(best.items(), key=lambda kv: kv[1].values[0]):
+        plan = Plan.from_json(t.user_attrs["plan"])
+        if plan.hash in by_plan:
+            by_plan[plan.hash][3].append(name)
+        else:
+            by_plan[plan.hash] = (plan, float(t.values[0]), t.number, [name])
+    return list(by_plan.values())
+
+
+def plan_step(config: RunConfig) -> Any:
+    """The run's model captured as one step (`data_parallel.PlanStep`, one replica)."""
+    from schedlab.capture import capture
+    from schedlab.data_parallel import plan_step as make_step
+    from schedlab.workloads import load_workload
+
+    workload = load_workload(config.model, config.size, seed=config.seed)
+    return make_step(workload, 1, lambda w: capture(w, config.optimizer))
+
+
+def validate_placement_run(
+    run_dir: Path, *, repeats: int, steps: int, warmup: int, timeout_s: float, progress: bool = True,
+) -> dict[str, Any]:
+    """Run every strategy's winner and the baselines on this host; writes results.json."""
+    from schedlab.calibrate.profile import Profile
+    from schedlab.search.baselines import baseline_plans
+    from schedlab.search.study import open_storage
+    from schedlab.search.validate_plans import PlanCase, validate_plans
+    from schedlab.sim.cost import op_cost_us
+
+    config = read_run(run_dir)
+    profile = Profile.load(config.profile, check_machine=False)
+    machine = rank_machine(config, profile)
+    study = optuna.load_study(storage=open_storage(storage_url(run_dir, config)), study_name=config.study)
+    winners = strategy_winners(study)
+    if not winners:
+        raise SchedlabError(f"{run_dir}: the study holds no complete placement trial to validate")
+    step = plan_step(config)
+    weights = op_cost_us(profile)
+    cases: list[PlanCase] = []
+    for plan, _, trial, names in winners:
+        label = f"trial {trial} ({', '.join(names)})"
+        cases.append(PlanCase(label, plan, machine, step, resolve(step.graph, plan, machine, op_cost_us=weights)))
+    host = detect_host()
+    for name, plan in baseline_plans(host).items():
+        cases.append(PlanCase(name, plan, host, step, resolve(step.graph, plan, host, op_cost_us=weights), baseline=name))
+    raw = validate_plans(cases, profile=profile, repeats=repeats, steps=steps, warmup=warmup, timeout_s=timeout_s,
+                         workload=config.model, progress=progress)
+    results = _as_run_results(config, raw, winners)
+    write_results(run_dir, results)
+    return results
+
+
+def _as_run_results(config: RunConfig, raw: dict[str, Any], winners: list[tuple[Plan, float, int, list[str]]]) -> dict[str, Any]:
+    keys = ("plan", "ranks", "devices", "predicted_step_time_s", "measured_step_time_s", "measured_step_times_s",
+            "spread_s", "error_pct", "max_rel_diff", "numeric_ok", "error", "speedup", "cost_sources")
+    candidates: list[dict[str, Any]] = []
+    for (_, _, trial, names), e in zip(winners, raw["plans"], strict=True):
+        candidates.append({"trial": trial, "strategy": names[0], "strategies": names, "baseline": None,
+                           **{k: e.get(k) for k in keys}})
+    baselines = {name: {k: b.get(k) for k in keys} for name, b in raw["baselines"].items()}
+    for name, b in baselines.items():
+        candidates.append({"trial": None, "strategy": "", "strategies": [], "baseline": name, **b})
+    usable = [i for i, c in enumerate(candidates) if c["measured_step_time_s"] and not c["error"]]
+    best = min(usable, key=lambda i: (candidates[i]["measured_step_time_s"], candidates[i]["baseline"] is None, i),
+               default=None)
+    return {
+        "schema": RESULTS_SCHEMA,
+        "version": RESULTS_VERSION,
+        "model": config.model,
+        "size": config.size,
+        "optimizer": config.optimizer,
+        "space": "placement",
+        "candidates": candidates,
+        "baselines": baselines,
+        "best": best,
+        "searched_plan_won": best is not None and candidates[best]["baseline"] is None,
+        "repeats": raw["repeats"],
+        "steps_per_repeat": raw["steps_per_repeat"],
+        "warmup": raw["warmup"],
+        "machine": raw["machine"],
+        "rank_machine": config.machine,
+        "versions": library_versions(),
+        "created_unix_s": time.time(),
+        "wall_s": raw["wall_s"],
+        "notes": raw["notes"],
+    }
+
+
+def measured_reward(
+    config: RunConfig, machine: Machine, profile: Any, *, steps: int = DEFAULT_MEASURE_STEPS,
+    warmup: int = DEFAULT_MEASURE_WARMUP, timeout_s: float,
+) -> Callable[[Plan], float]:
+    """A plan's median measured step time (s) on `machine`'s local ranks (see the module docstring)."""
+    from schedlab.search.validate_plans import PlanCase, _LocalRunner, _RankRunner
+    from schedlab.sim.cost import op_cost_us
+
+    step = plan_step(config)
+    weights = op_cost_us(profile)
+
+    def measure(plan: Plan) -> float:
+        resolved = resolve(step.graph, plan, machine, op_cost_us=weights)
+        case = PlanCase(plan.name or "rl", plan, machine, step, resolved)
+        runner = _RankRunner(case, config.model, timeout_s) if resolved.multi_device else _LocalRunner(case, config.model)
+        return float(statistics.median(runner.time(steps, warmup)))
+
+    return measure
