@@ -24,12 +24,16 @@ from schedlab.reports.figures import (
     fidelity,
     gantt,
     history,
+    placement_compare,
+    placement_map,
     pred_vs_meas,
+    rl_curve,
     speedup,
     thread_scaling,
 )
 from schedlab.reports.index import FIGURES_JSON, INDEX_HTML, Skipped, write_figures_json, write_index
 from schedlab.reports.load import RunData, Suite, load
+from schedlab.reports.load_placement import is_placement_run
 
 REPORT_DIR = "report"
 
@@ -40,7 +44,17 @@ PER_RUN: tuple[tuple[str, Callable[[RunData, Path], FigureRecord]], ...] = (
     ("thread_scaling", thread_scaling.draw),
     ("history", history.draw),
 )
-FIGURE_NAMES = ("speedup", *(name for name, _ in PER_RUN))
+FIGURE_NAMES = ("speedup", *(name for name, _ in PER_RUN))  # drawn, or noted as not drawn, for every run
+# The figures of a placement search (run.json "space": "placement"), after PER_RUN. They are
+# drawn, or noted as not drawn, for placement runs only: on a run of another space they do
+# not apply, and the index does not list them as missing.
+PER_PLACEMENT_RUN: tuple[tuple[str, Callable[[RunData, Path], FigureRecord]], ...] = (
+    (placement_compare.NAME, placement_compare.draw),
+    (rl_curve.NAME, rl_curve.draw),
+    (placement_map.NAME, placement_map.draw),
+)
+PLACEMENT_FIGURE_NAMES = tuple(name for name, _ in PER_PLACEMENT_RUN)
+ALL_FIGURE_NAMES = (*FIGURE_NAMES, *PLACEMENT_FIGURE_NAMES)
 
 
 @dataclass(frozen=True)
@@ -98,6 +112,6 @@ def _draw_all(
         return records, skipped
     attempt("speedup", None, lambda stem: speedup.draw(suite.runs, stem))
     for run in suite.runs:
-        for name, draw in PER_RUN:
+        for name, draw in PER_RUN + (PER_PLACEMENT_RUN if is_placement_run(run) else ()):
             attempt(name, run, lambda stem, draw=draw, run=run: draw(run, stem))  # type: ignore[misc]
     return records, skipped

@@ -16,7 +16,7 @@ import math
 import urllib.parse
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -258,8 +258,15 @@ def load(path: str | Path) -> Suite:
 
 def load_run(run_dir: Path) -> RunData:
     run = _required_json(run_dir, RUN_JSON, "schedlab.run")
-    results = parse_results(_required_json(run_dir, RESULTS_JSON, "schedlab.results"), run_dir)
     problems: dict[str, str] = {}
+    if run.get("space") == "placement" and not (run_dir / RESULTS_JSON).is_file():
+        # A placement simulated on a preset cannot be validated here: report what was searched.
+        empty = parse_results({"candidates": [], "baselines": {}, "best": None, "machine": run.get("machine", {})}, run_dir)
+        why = ("not validated (a placement searched on a preset is simulated only; one on --devices N local ranks "
+               "is validated with `schedlab validate RUN_DIR`)")
+        results = replace(empty, excluded=((RESULTS_JSON, why),))
+    else:
+        results = parse_results(_required_json(run_dir, RESULTS_JSON, "schedlab.results"), run_dir)
     search = _optional(problems, SEARCH_JSON, run_dir, lambda p: _as_dict(read_json(p, what="search results")))
     graph = _optional(problems, GRAPH_JSON, run_dir, Graph.load)
     traces: dict[str, Trace] = {}
