@@ -20,10 +20,12 @@ from tests.tools.package_tree import package_dirs
 FLOOR = {
     "schedlab": 0,
     "schedlab.workloads": 0,
+    "schedlab.pipeline": 0,
     "schedlab.exec": 1,
     "schedlab.sim": 1,
     "schedlab.calibrate": 2,
     "schedlab.search": 3,
+    "schedlab.search.placement": 3,
     "schedlab.reports": 4,
     "schedlab.reports.figures": 4,
     "schedlab.cli": 5,

@@ -1,0 +1,173 @@
+"""The one timing model every schedule is measured with.
+
+Each device runs its list in order, one action at a time; an action that spans several
+devices (a stage sharded over them) starts when all of them reach it. An action starts
+once the work it depends on within its micro-batch has finished, plus `comm_time` when
+that work ran on other devices. So a schedule's timeline is the longest path through the
+DAG of dependencies and per-device order, computed once in topological order: exact for
+the given costs, and a cycle in that DAG is a deadlock.
+
+Dependencies within a micro-batch, for stage s:
+- F(s) after F(p) of every stage p feeding s;
+- B(s) or I(s) after F(s) and after the input-gradient backward (I, else B) of every
+  stage s feeds;
+- W(s) after I(s).
+
+Unit costs and free communication give torch's own timing of its schedules
+(`torch.distributed.pipelining._schedule_visualizer.add_schedule_op_spacing`: F = I = W = 1,
+B = 2), and the closed forms: 1F1B's makespan 2M + 2(P - 1) with unit F and B.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass
+
+from schedlab.errors import SchedlabError
+from schedlab.pipeline.actions import Action, Kind
+from schedlab.pipeline.schedule import Schedule
+from schedlab.pipeline.shape import PipeShape
+
+
+def action_time(shape: PipeShape, a: Action) -> float:
+    st = shape.stages[a.stage]
+    if a.kind is Kind.F:
+        return st.f_time
+    if a.kind is Kind.B:
+        return st.b_time
+    if a.kind is Kind.I:
+        return st.i_time
+    if a.kind is Kind.W:
+        return st.w_time
+    raise SchedlabError(f"{a} is not a compute action; the timing model derives communication itself")
+
+
+def dependencies(shape: PipeShape, a: Action, present: set[Action]) -> list[Action]:
+    """The actions of a's micro-batch that must finish before a starts."""
+    s, m = a.stage, a.mb
+    if a.kind is Kind.F:
+        return [Action(p, Kind.F, m) for p in shape.prev[s]]
+    if a.kind in (Kind.B, Kind.I):
+        out = [Action(s, Kind.F, m)]
+        for n in shape.stages[s].next:
+            i = Action(n, Kind.I, m)
+            out.append(i if i in present else Action(n, Kind.B, m))
+        return out
+    if a.kind is Kind.W:
+        return [Action(s, Kind.I, m)]
+    raise SchedlabError(f"{a} is not a compute action")
+
+
+@dataclass(frozen=True)
+class Timeline:
+    schedule: Schedule
+    start: dict[Action, float]
+    end: dict[Action, float]
+    makespan: float
+    busy: tuple[float, ...]  # per device: time spent computing
+    peak_memory: tuple[float, ...]  # per device, in the shape's memory unit
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Share of device time idle within the makespan: 1 - busy / (P x makespan)."""
+        total = self.makespan * len(self.busy)
+        return 0.0 if total <= 0 else 1.0 - sum(self.busy) / total
+
+    def completion_spacing(self) -> float:
+        """Mean time between micro-batch completions over the middle half of the run: a
+        schedule-agnostic estimate of the steady state's time per micro-batch."""
+        done: dict[int, float] = {}
+        for a, t in self.end.items():
+            done[a.mb] = max(done.get(a.mb, 0.0), t)
+        times = sorted(done.values())
+        if len(times) < 2:
+            return self.makespan
+        lo, hi = len(times) // 4, max(len(times) // 4 + 1, (3 * len(times)) // 4)
+        hi = min(hi, len(times) - 1)
+        return (times[hi] - times[lo]) / (hi - lo)
+
+
+def time_schedule(schedule: Schedule, comm_time: float = 0.0) -> Timeline:
+    """Start and end of every action, makespan, busy time and peak memory per device."""
+    shape = schedule.shape
+    present = schedule.actions()
+    devices_of = [frozenset(st.devices) for st in shape.stages]
+    # prerequisites: (action, delay) pairs; successors for Kahn's algorithm
+    preds: dict[Action, list[tuple[Action, float]]] = {a: [] for a in present}
+    for a in present:
+        for dep in dependencies(shape, a, present):
+            if dep not in present:
+                raise SchedlabError(
+                    f"{a} depends on {dep}, which no device runs; every stage needs F and a backward "
+                    f"(B, or I and W) for every micro-batch"
+                )
+            delay = comm_time if devices_of[dep.stage] != devices_of[a.stage] else 0.0
+            preds[a].append((dep, delay))
+    for order in schedule.orders:
+        for before, after in itertools.pairwise(order):
+            preds[after].append((before, 0.0))
+    succs: dict[Action, list[Action]] = {a: [] for a in present}
+    indeg: dict[Action, int] = {}
+    for a, ps in preds.items():
+        indeg[a] = len(ps)
+        for p, _ in ps:
+            succs[p].append(a)
+    ready = deque(sorted(a for a, k in indeg.items() if k == 0))
+    start: dict[Action, float] = {}
+    end: dict[Action, float] = {}
+    while ready:
+        a = ready.popleft()
+        t0 = max((end[p] + delay for p, delay in preds[a]), default=0.0)
+        start[a] = t0
+        end[a] = t0 + action_time(shape, a)
+        for n in succs[a]:
+            indeg[n] -= 1
+            if indeg[n] == 0:
+                ready.append(n)
+    if len(end) != len(present):
+        raise SchedlabError(_deadlock_message(schedule, end, preds))
+    busy = tuple(sum(end[a] - start[a] for a in order) for order in schedule.orders)
+    return Timeline(
+        schedule=schedule,
+        start=start,
+        end=end,
+        makespan=max(end.values(), default=0.0),
+        busy=busy,
+        peak_memory=peak_memory(schedule),
+    )
+
+
+def peak_memory(schedule: Schedule) -> tuple[float, ...]:
+    """Per device, the most activation memory held at once: F holds its stage's f_mem
+    until B frees it, or I frees all but w_mem and W the rest; devices run their lists in
+    order, so walking each list gives its peak."""
+    out = []
+    for order in schedule.orders:
+        held = peak = 0.0
+        for a in order:
+            st = schedule.shape.stages[a.stage]
+            if a.kind is Kind.F:
+                held += st.f_mem
+                peak = max(peak, held)
+            elif a.kind is Kind.B:
+                held -= st.f_mem
+            elif a.kind is Kind.I:
+                held -= st.f_mem - st.w_mem
+            elif a.kind is Kind.W:
+                held -= st.w_mem
+        out.append(peak)
+    return tuple(out)
+
+
+def _deadlock_message(
+    schedule: Schedule, end: dict[Action, float], preds: dict[Action, list[tuple[Action, float]]]
+) -> str:
+    waits = []
+    for d, order in enumerate(schedule.orders):
+        head = next((a for a in order if a not in end), None)
+        if head is None:
+            continue
+        blocked_on = [str(p) for p, _ in preds[head] if p not in end]
+        waits.append(f"device {d} waits at {head} for {', '.join(blocked_on)}")
+    return "the schedule deadlocks: " + "; ".join(waits)
