@@ -29,9 +29,9 @@ from functools import cached_property
 
 from schedlab.distribute import input_homes
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph, Op, OpKind
+from schedlab.graph import Graph, Op, OpKind, TensorMeta
 from schedlab.layer_split import layers_in_order
-from schedlab.machine import Device, Machine
+from schedlab.machine import Device, Link, Machine
 from schedlab.plan import Plan
 from schedlab.sim.cost import CostModel
 from schedlab.sim.device_cost import kind_kernel_us
@@ -177,7 +177,7 @@ def build_problem(
     devs = tuple(machine.device(d) for d in ids)
     groups, op_group = _groups(graph, split_fbw)
     times = tuple(tuple(_op_time_us(cost, op, d) for d in devs) for op in graph.ops)
-    out_bytes = tuple(sum(graph.values[v].nbytes for v in op.outputs if graph.values[v] is not None) for op in graph.ops)  # type: ignore[union-attr]
+    out_bytes = tuple(sum(_nbytes(graph.values[v]) for v in op.outputs) for op in graph.ops)
     mem = _group_memory(graph, groups, op_group, out_bytes)
     links: dict[tuple[int, int], tuple[float, float]] = {}
     for a, da in enumerate(devs):
@@ -200,7 +200,11 @@ def _op_time_us(cost: CostModel, op: Op, device: Device) -> float:
     return float(cost.dispatch_us(op)) + float(kernel)
 
 
-def _link(machine: Machine, a: str, b: str) -> object:
+def _nbytes(meta: TensorMeta | None) -> int:
+    return 0 if meta is None else int(meta.nbytes)
+
+
+def _link(machine: Machine, a: str, b: str) -> Link:
     for link in machine.links:
         if link.src == a and link.dst == b:
             return link

@@ -40,8 +40,10 @@ class Grouper(nn.Module):
     def __init__(self, n_features: int, n_groups: int, hidden: int = HIDDEN) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, n_groups))
+        head = self.net[2]
+        assert isinstance(head, nn.Linear)
         with torch.no_grad():
-            self.net[2].weight.mul_(GROUPER_INIT_GAIN)
+            head.weight.mul_(GROUPER_INIT_GAIN)
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
         """[atoms, F] -> [atoms, G] logits."""
