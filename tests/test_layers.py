@@ -26,6 +26,7 @@ FLOOR = {
     "schedlab.calibrate": 2,
     "schedlab.search": 3,
     "schedlab.search.placement": 3,
+    "schedlab.search.tessel": 3,
     "schedlab.reports": 4,
     "schedlab.reports.figures": 4,
     "schedlab.cli": 5,
