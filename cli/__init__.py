@@ -18,6 +18,7 @@ COMMANDS = (
     "schedlab.cli.bench_cmd",
     "schedlab.cli.calibrate_cmd",
     "schedlab.cli.simulate_cmd",
+    "schedlab.cli.schedule_cmd",
     "schedlab.cli.fidelity_cmd",
     "schedlab.cli.search_cmd",
     "schedlab.cli.validate_cmd",
