@@ -34,9 +34,10 @@ def check_schedule(schedule: Schedule, memory_limit: float | None = None, comm_t
             if not 0 <= a.mb < schedule.n_microbatches:
                 raise SchedlabError(f"{label}: {a} names micro-batch {a.mb}; there are {schedule.n_microbatches}")
     present = schedule.actions()
+    on_device = [set(order) for order in schedule.orders]
     for a in present:
         for d in shape.stages[a.stage].devices:
-            if a not in schedule.orders[d]:
+            if a not in on_device[d]:
                 raise SchedlabError(
                     f"{label}: stage {a.stage} spans devices {shape.stages[a.stage].devices}, "
                     f"but device {d} does not run {a}"

@@ -20,9 +20,9 @@ B = 2), and the closed forms: 1F1B's makespan 2M + 2(P - 1) with unit F and B.
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from dataclasses import dataclass
+from itertools import pairwise
 
 from schedlab.errors import SchedlabError
 from schedlab.pipeline.actions import Action, Kind
@@ -92,47 +92,55 @@ def time_schedule(schedule: Schedule, comm_time: float = 0.0) -> Timeline:
     """Start and end of every action, makespan, busy time and peak memory per device."""
     shape = schedule.shape
     present = schedule.actions()
+    # Work on integer ids: 100k actions (64 stages x 512 micro-batches) time in about a second.
+    acts = list(dict.fromkeys(a for order in schedule.orders for a in order))
+    idx = {a: i for i, a in enumerate(acts)}
     devices_of = [frozenset(st.devices) for st in shape.stages]
-    # prerequisites: (action, delay) pairs; successors for Kahn's algorithm
-    preds: dict[Action, list[tuple[Action, float]]] = {a: [] for a in present}
-    for a in present:
+    preds: list[list[tuple[int, float]]] = [[] for _ in acts]
+    for i, a in enumerate(acts):
         for dep in dependencies(shape, a, present):
-            if dep not in present:
+            j = idx.get(dep)
+            if j is None:
                 raise SchedlabError(
                     f"{a} depends on {dep}, which no device runs; every stage needs F and a backward "
                     f"(B, or I and W) for every micro-batch"
                 )
-            delay = comm_time if devices_of[dep.stage] != devices_of[a.stage] else 0.0
-            preds[a].append((dep, delay))
+            preds[i].append((j, comm_time if devices_of[dep.stage] != devices_of[a.stage] else 0.0))
     for order in schedule.orders:
-        for before, after in itertools.pairwise(order):
+        ids = [idx[a] for a in order]
+        for before, after in pairwise(ids):
             preds[after].append((before, 0.0))
-    succs: dict[Action, list[Action]] = {a: [] for a in present}
-    indeg: dict[Action, int] = {}
-    for a, ps in preds.items():
-        indeg[a] = len(ps)
-        for p, _ in ps:
-            succs[p].append(a)
-    ready = deque(sorted(a for a, k in indeg.items() if k == 0))
-    start: dict[Action, float] = {}
-    end: dict[Action, float] = {}
+    succs: list[list[int]] = [[] for _ in acts]
+    indeg = [len(ps) for ps in preds]
+    for i, ps in enumerate(preds):
+        for j, _ in ps:
+            succs[j].append(i)
+    dur = [action_time(shape, a) for a in acts]
+    t_start = [0.0] * len(acts)
+    t_end = [-1.0] * len(acts)
+    ready = deque(i for i, k in enumerate(indeg) if k == 0)
+    done = 0
     while ready:
-        a = ready.popleft()
-        t0 = max((end[p] + delay for p, delay in preds[a]), default=0.0)
-        start[a] = t0
-        end[a] = t0 + action_time(shape, a)
-        for n in succs[a]:
+        i = ready.popleft()
+        t0 = max((t_end[j] + delay for j, delay in preds[i]), default=0.0)
+        t_start[i] = t0
+        t_end[i] = t0 + dur[i]
+        done += 1
+        for n in succs[i]:
             indeg[n] -= 1
             if indeg[n] == 0:
                 ready.append(n)
-    if len(end) != len(present):
-        raise SchedlabError(_deadlock_message(schedule, end, preds))
-    busy = tuple(sum(end[a] - start[a] for a in order) for order in schedule.orders)
+    if done != len(acts):
+        finished = {a: t_end[i] for i, a in enumerate(acts) if t_end[i] >= 0}
+        raise SchedlabError(_deadlock_message(schedule, finished, shape, present))
+    start = dict(zip(acts, t_start, strict=True))
+    end = dict(zip(acts, t_end, strict=True))
+    busy = tuple(sum(dur[idx[a]] for a in order) for order in schedule.orders)
     return Timeline(
         schedule=schedule,
         start=start,
         end=end,
-        makespan=max(end.values(), default=0.0),
+        makespan=max(t_end, default=0.0),
         busy=busy,
         peak_memory=peak_memory(schedule),
     )
@@ -160,14 +168,15 @@ def peak_memory(schedule: Schedule) -> tuple[float, ...]:
     return tuple(out)
 
 
-def _deadlock_message(
-    schedule: Schedule, end: dict[Action, float], preds: dict[Action, list[tuple[Action, float]]]
-) -> str:
+def _deadlock_message(schedule: Schedule, end: dict[Action, float], shape: PipeShape, present: set[Action]) -> str:
     waits = []
     for d, order in enumerate(schedule.orders):
-        head = next((a for a in order if a not in end), None)
-        if head is None:
+        pos = next((k for k, a in enumerate(order) if a not in end), None)
+        if pos is None:
             continue
-        blocked_on = [str(p) for p, _ in preds[head] if p not in end]
+        head = order[pos]
+        blocked_on = [str(p) for p in dependencies(shape, head, present) if p not in end]
+        if pos and order[pos - 1] not in end:
+            blocked_on.append(str(order[pos - 1]))
         waits.append(f"device {d} waits at {head} for {', '.join(blocked_on)}")
     return "the schedule deadlocks: " + "; ".join(waits)
