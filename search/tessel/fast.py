@@ -11,10 +11,20 @@ beside the solver): build the repetend directly instead of searching for it.
    plus one where a predecessor ends after the block starts in the pattern (the block
    then serves a micro-batch one repetition older).
 
-Three flip patterns are tried (none, odd devices, even devices); the repetend kept is
-the shortest that meets the memory limit, then the one with the fewest offsets. The
-length is the lower bound whenever the packing is tight (balanced shapes); memory is
-where it loses to the solvers, which trade offsets against it.
+Three flip patterns are tried (none, odd devices, even devices). Their length is the
+lower bound whenever the packing is tight (balanced shapes), but they hold many
+micro-batches in flight: on a V at 4 devices, 5 against 1F1B's 4.
+
+So a fourth construction is tried beside them, one that is not in Tessel: modulo
+scheduling, as compilers pipeline loops. Blocks are placed in dependency order, each at
+the earliest absolute time after its predecessors end at which its devices are free on
+the circle of length L; offset and start are that time's quotient and remainder by L.
+Dependencies then hold by construction, and the V comes out as 1F1B. Where the circle
+has no room, or the repetend holds more than the memory limit, L grows (by a quarter of
+the shortest block) until it fits.
+
+The repetend kept is the shortest that meets the memory limit, then the one with the
+fewest offsets.
 """
 
 from __future__ import annotations
@@ -27,21 +37,94 @@ FLIPS = ("none", "odd", "even")
 
 
 def fast_repetend(problem: BlockProblem, memory_limit: float | None) -> Repetend:
-    """The best Tessel-fast repetend under `memory_limit`; an error names the least
-    memory any of its flip patterns needs."""
-    candidates = [_construct(problem, flip) for flip in FLIPS]
-    fits = [r for r in candidates if memory_limit is None or max(r.peak_memory()) <= memory_limit + TIME_TOL]
+    """The best fast repetend under `memory_limit`; an error names the least memory any
+    of the constructions needs."""
+    candidates = [pack_repetend(problem, flip) for flip in FLIPS]
+    modulo = modulo_repetend(problem, memory_limit)
+    if modulo is not None:  # over the limit too, when nothing fits: its peak is then the least
+        candidates.append(modulo)
+    fits = [r for r in candidates if _fits(r, memory_limit)]
     if not fits:
         least = min(max(r.peak_memory()) for r in candidates)
         raise SchedlabError(
-            f"Tessel-fast's repetends for {problem.shape.name or 'this shape'} hold at least {least:g} on some "
-            f"device, over the memory limit {memory_limit:g}; raise the limit to {least:g} or search with "
-            f"solver='highs', which trades repetend length for memory"
+            f"the fast constructions' repetends for {problem.shape.name or 'this shape'} hold at least {least:g} "
+            f"on some device, over the memory limit {memory_limit:g}; raise the limit to {least:g} or search "
+            f"with solver='highs', which trades repetend length for memory"
         )
     return min(fits, key=lambda r: (r.length, r.max_offset, max(r.peak_memory())))
 
 
-def _construct(problem: BlockProblem, flip: str) -> Repetend:
+def _fits(r: Repetend, memory_limit: float | None) -> bool:
+    return memory_limit is None or max(r.peak_memory()) <= memory_limit + TIME_TOL
+
+
+def modulo_repetend(problem: BlockProblem, memory_limit: float | None) -> Repetend | None:
+    """The shortest modulo-scheduled repetend within `memory_limit`, from the lower bound
+    up to one micro-batch run serially; where none fits, the last one built (the one
+    holding least), and None only if the circle never had room."""
+    step = min(b.duration for b in problem.blocks) / 4
+    length = problem.lower_bound
+    last = None
+    while length <= problem.serial_time + TIME_TOL:
+        r = _modulo(problem, length)
+        if r is not None:
+            if _fits(r, memory_limit):
+                return r
+            last = r
+        length += step
+    return last
+
+
+def _modulo(problem: BlockProblem, length: float) -> Repetend | None:
+    blocks = problem.blocks
+    busy: list[list[tuple[float, float]]] = [[] for _ in range(problem.shape.n_devices)]  # (start, end) on the circle
+    end = [0.0] * problem.n_blocks
+    starts = [0.0] * problem.n_blocks
+    offsets = [0] * problem.n_blocks
+    for j in problem.topological:
+        b = blocks[j]
+        earliest = max((end[i] for i in problem.preds[j]), default=0.0)
+        at = _circle_fit(busy, b.devices, b.duration, earliest, length)
+        if at is None:
+            return None
+        k, t = divmod(at, length)
+        if t >= length - TIME_TOL:
+            k, t = k + 1, 0.0
+        starts[j], offsets[j], end[j] = t, int(k), at + b.duration
+        for d in b.devices:
+            busy[d].append((t, t + b.duration))
+    return Repetend(problem, length, tuple(starts), tuple(offsets)).normalized()
+
+
+def _circle_fit(
+    busy: list[list[tuple[float, float]]], devices: tuple[int, ...], duration: float, earliest: float, length: float
+) -> float | None:
+    """The earliest absolute time >= `earliest` at which `devices` are all free for
+    `duration` on the circle of `length` (None: nowhere in one turn)."""
+    base = earliest - earliest % length
+    candidates = {earliest}
+    for d in devices:
+        for _, e in busy[d]:
+            for turn in (0, 1):
+                at = base + turn * length + e
+                if earliest - TIME_TOL <= at < earliest + length:
+                    candidates.add(at)
+    for at in sorted(candidates):
+        t = at % length
+        if all(not _overlaps(t, duration, s, e, length) for d in devices for s, e in busy[d]):
+            return at
+    return None
+
+
+def _overlaps(t: float, duration: float, s: float, e: float, length: float) -> bool:
+    """Whether [t, t + duration) and [s, e) meet on the circle of `length`."""
+    gap_after = (s - t) % length  # from this block's start to the other's
+    gap_before = (t - s) % length
+    return gap_after < duration - TIME_TOL or gap_before < (e - s) - TIME_TOL
+
+
+def pack_repetend(problem: BlockProblem, flip: str) -> Repetend:
+    """Tessel-fast's construction with flip pattern `flip` (one of FLIPS)."""
     blocks = problem.blocks
     asap = [0.0] * problem.n_blocks
     for j in problem.topological:

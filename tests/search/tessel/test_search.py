@@ -8,6 +8,7 @@ import pytest
 
 from schedlab.errors import SchedlabError
 from schedlab.pipeline import check_schedule
+from schedlab.pipeline.generators import generate
 from schedlab.pipeline.tessel_shapes import tessel_shape
 from schedlab.search.tessel import best_1f1b_like, search_tessel
 from schedlab.search.tessel import search as search_module
@@ -44,7 +45,8 @@ def test_vshape_makespan_is_no_worse_than_1f1b(n_microbatches: int) -> None:
     p = 4
     shape = tessel_shape("vshape", p)
     r = search_tessel(shape, n_microbatches, memory_limit=p)
-    one_f_one_b = (n_microbatches + p - 1) * (1 + 2)  # 1F1B's makespan, uniform stages
+    one_f_one_b = check_schedule(generate("1f1b", shape, n_microbatches), memory_limit=p).makespan
+    assert one_f_one_b == (n_microbatches + p - 1) * (1 + 2)  # 1F1B's closed form, uniform stages
     assert check_schedule(best_1f1b_like(shape, n_microbatches, p), memory_limit=p).makespan == one_f_one_b
     assert r.makespan <= one_f_one_b
     assert r.peak_memory[0] <= p
@@ -67,9 +69,11 @@ def test_a_limit_below_the_smallest_feasible_says_which_is() -> None:
         search_tessel(shape, 8, memory_limit=0.5)
 
 
-def test_tessel_fast_refuses_a_limit_it_cannot_meet() -> None:
-    with pytest.raises(SchedlabError, match=r"hold at least 5 on some device, over the memory limit 4"):
-        search_tessel(tessel_shape("vshape", 4), 8, memory_limit=4, solver="fast")
+def test_fast_meets_1f1b_memory_on_the_v_and_refuses_a_limit_it_cannot_meet() -> None:
+    r = search_tessel(tessel_shape("vshape", 4), 8, memory_limit=4, solver="fast")
+    assert r.repetend_time == 3 and r.peak_memory == (4, 3, 2, 1)  # modulo scheduling gives 1F1B
+    with pytest.raises(SchedlabError, match=r"hold at least 1 on some device, over the memory limit 0\.5"):
+        search_tessel(tessel_shape("vshape", 4), 8, memory_limit=0.5, solver="fast")
 
 
 def test_a_shape_whose_zero_bubble_needs_more_memory_gets_a_longer_repetend() -> None:
@@ -100,3 +104,13 @@ def test_no_solution_within_the_time_limit_is_a_clear_error(monkeypatch: pytest.
 def test_bad_arguments_say_what_to_fix(kwargs, message) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SchedlabError, match=message):
         search_tessel(tessel_shape("vshape", 2), 4, **kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["vshape", "mshape", "xshape", "nnshape", "kshape"])
+def test_every_shape_at_8_devices_has_a_zero_bubble_repetend_without_a_limit(name: str) -> None:
+    shape = tessel_shape(name, 8)
+    r = search_tessel(shape, 32, time_limit_s=120)
+    assert r.repetend_time == r.lower_bound
+    baseline = check_schedule(best_1f1b_like(shape, 32, max(r.peak_memory))).makespan
+    assert r.makespan <= baseline
