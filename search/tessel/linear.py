@@ -58,14 +58,8 @@ class LinearModel:
         terms = tuple((v, c) for v, c in coefs.items() if c != 0)
         self.rows.append(Row(terms, lo, hi, when))
 
-    def fix(self, var: int, value: float) -> LinearModel:
-        """A copy with `var` held at `value`."""
-        out = LinearModel(list(self.vars), list(self.rows))
-        v = out.vars[var]
-        out.vars[var] = Var(v.name, v.kind, value, value)
-        return out
-
     def bound(self, var: int, lb: float, ub: float) -> LinearModel:
+        """A copy with `var` between `lb` and `ub`."""
         out = LinearModel(list(self.vars), list(self.rows))
         v = out.vars[var]
         out.vars[var] = Var(v.name, v.kind, lb, ub)

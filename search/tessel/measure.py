@@ -2,7 +2,8 @@
 length against its lower bound, makespan against the baseline (1F1B on the V, the
 1F1B-like list schedule elsewhere) and each solver's search time.
 
-    python -m schedlab.search.tessel.measure 4 8 > table.md
+    python -m schedlab.search.tessel.measure 4 8 > table.md            # memory limit P
+    python -m schedlab.search.tessel.measure --no-limit 4 8 > table.md  # no limit
 """
 
 from __future__ import annotations
@@ -94,12 +95,13 @@ def markdown(rows: list[Row], solvers: tuple[str, ...] = SOLVERS) -> str:
 
 def main(argv: list[str]) -> int:
     """Rows for every shape at each device count in argv, M = 4P micro-batches, memory
-    limit P (what 1F1B holds on a V's first device)."""
-    devices = [int(a) for a in argv] or [4, 8]
+    limit P (what 1F1B holds on a V's first device), or none with --no-limit."""
+    no_limit = "--no-limit" in argv
+    devices = [int(a) for a in argv if a != "--no-limit"] or [4, 8]
     rows = []
     for p in devices:
         for name in SHAPES:
-            rows.append(measure(name, p, 4 * p, float(p)))
+            rows.append(measure(name, p, 4 * p, None if no_limit else float(p)))
             sys.stderr.write(f"{name} {p} done\n")
     sys.stdout.write(markdown(rows))
     for r in rows:

@@ -62,7 +62,7 @@ def solve_z3(model: LinearModel, objective: dict[int, float], time_limit_s: floa
         else:
             b, value = row.when
             opt.add(z3.Implies(terms[b] if value == 1 else z3.Not(terms[b]), body))
-    handle = opt.minimize(linear(objective))
+    opt.minimize(linear(objective))
     t0 = time.perf_counter()
     result = opt.check()
     took = time.perf_counter() - t0
@@ -79,7 +79,6 @@ def solve_z3(model: LinearModel, objective: dict[int, float], time_limit_s: floa
         values = _read(z3, m, terms, model)
         return Solution(Status.FEASIBLE, values, sum(c * values[v] for v, c in objective.items()), took)
     values = _read(z3, opt.model(), terms, model)
-    del handle
     return Solution(Status.OPTIMAL, values, sum(c * values[v] for v, c in objective.items()), took)
 
 
