@@ -34,9 +34,9 @@ def list_schedule(
     deps = {a: dependencies(shape, a, every) for a in every}
     waiting_on = {a: len(deps[a]) for a in every}
     users: dict[Action, list[Action]] = {a: [] for a in every}
-    for a, ds in deps.items():
-        for d in ds:
-            users[d].append(a)
+    for a, needs in deps.items():
+        for dep in needs:
+            users[dep].append(a)
     ready = {a for a, n in waiting_on.items() if n == 0}
     busy_until = [0.0] * shape.n_devices
     held = [0.0] * shape.n_devices
