@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from schedlab.allocator import tune_malloc
 from schedlab.exec.ddp import stepper_for_job
 from schedlab.exec.dist import CommFailed, RankExecutor, clock_offset_ns, rank_device
 from schedlab.exec.job import (
@@ -97,6 +98,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m schedlab.exec.rank JOB_DIR", file=sys.stderr)
         return 2
     env = read_env(os.environ)
+    tune_malloc()  # the allocator the CLI runs under, and the profile was calibrated under
     _die_with_parent()
     if os.environ.get(CPUS_ENV):
         pin_process([int(c) for c in os.environ[CPUS_ENV].split(",")])
