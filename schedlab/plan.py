@@ -26,8 +26,8 @@ from schedlab.machine import Machine
 if TYPE_CHECKING:
     from schedlab.order import OpCostUs
 
-PLAN_SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+PLAN_SCHEMA_VERSION = 3  # written only by pipeline plans; the others are still written as version 2
+READABLE_VERSIONS = (1, 2, 3)
 DEFAULT_BUCKET_MB = 25.0  # DDP's bucket_cap_mb default
 
 
@@ -57,23 +57,54 @@ class Plan:
     replicas: int = 1  # data-parallel degree
     bucket_mb: float = DEFAULT_BUCKET_MB  # gradient all-reduce bucket size (DDP's bucket_cap_mb)
     split_batch_stats: bool = False  # allow replicas to change results (batch-norm statistics)
+    # Pipeline (`schedlab.pipeline_plan`): the batch split into micro-batches, the layers into stages.
+    micro_batches: int = 1
+    stages: int | tuple[int, ...] = 1  # a count (equal shares of layers) or each later stage's first layer index
+    stage_map: str = "loop"  # how stages map onto pipeline_devices: "loop" (s mod P) or "v" (down and back up)
+    schedule: str | tuple[tuple[str, ...], ...] | None = None  # a generator name, or per device its actions
+    pipeline_devices: tuple[str, ...] = ()  # the device of each schedule row; () = the default device
 
     @property
     def multi_device(self) -> bool:
         """Whether the plan can place ops on more than one device."""
-        return bool(self.layer_devices or self.op_devices) or self.replicas > 1
+        return bool(self.layer_devices or self.op_devices) or self.replicas > 1 or len(self.pipeline_devices) > 1
+
+    @property
+    def n_stages(self) -> int:
+        return self.stages if isinstance(self.stages, int) else len(self.stages) + 1
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether the plan runs micro-batches or stages under a pipeline schedule."""
+        return self.micro_batches != 1 or self.n_stages != 1 or self.schedule is not None or bool(self.pipeline_devices)
 
     def _v1_expressible(self) -> bool:
-        return not (self.multi_device or self.device_slots or self.device_threads or self.split_batch_stats) and (
-            self.bucket_mb == DEFAULT_BUCKET_MB
-        )
+        return not (self.multi_device or self.device_slots or self.device_threads or self.split_batch_stats
+                    or self.pipelined) and self.bucket_mb == DEFAULT_BUCKET_MB
 
     # ---- serialisation -------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
+        """Version 3 for a pipeline plan; otherwise version 2, as before pipelines, so that
+        such files and their hashes stay what they were."""
+        out = self._v2_json()
+        if not self.pipelined:
+            return out
+        return {
+            **out,
+            "version": PLAN_SCHEMA_VERSION,
+            "micro_batches": self.micro_batches,
+            "stages": self.stages if isinstance(self.stages, int) else list(self.stages),
+            "stage_map": self.stage_map,
+            "schedule": self.schedule if self.schedule is None or isinstance(self.schedule, str)
+            else [list(row) for row in self.schedule],
+            "pipeline_devices": list(self.pipeline_devices),
+        }
+
+    def _v2_json(self) -> dict[str, Any]:
         return {
             "schema": "schedlab.plan",
-            "version": PLAN_SCHEMA_VERSION,
+            "version": 2,
             "name": self.name,
             "slots": self.slots,
             "threads": self.threads,
@@ -114,6 +145,11 @@ class Plan:
             out += f" placed on {','.join(devs)}"
         if self.replicas > 1:
             out += f" replicas={self.replicas} bucket={self.bucket_mb:g}MB"
+        if self.pipelined:
+            sched = self.schedule if self.schedule is None or isinstance(self.schedule, str) else "inline"
+            on = ",".join(self.pipeline_devices) or "one device"
+            out += (f" pipeline: {self.micro_batches} micro-batch(es), {self.n_stages} stage(s) "
+                    f"({self.stage_map}) on {on}, schedule {sched}")
         return out
 
     @staticmethod
@@ -123,7 +159,7 @@ class Plan:
         version = d.get("version")
         if version not in READABLE_VERSIONS:
             raise SchedlabError(f"plan version {version!r} is not supported (expected one of {list(READABLE_VERSIONS)})")
-        known = set(_V1_FIELDS) if version == 1 else set(_V2_FIELDS)
+        known = set(_V1_FIELDS) if version == 1 else set(_V2_FIELDS) if version == 2 else set(_V3_FIELDS)
         unknown = sorted(set(d) - known)
         if unknown:
             raise SchedlabError(f"plan has unknown field(s) {unknown}; known fields: {sorted(known)}")
@@ -174,6 +210,7 @@ class Plan:
                 replicas=_int(d.get("replicas", 1), "replicas"),
                 bucket_mb=float(bucket),
                 split_batch_stats=split,
+                **_pipeline_fields(d),
             )
         except (TypeError, ValueError) as e:
             raise SchedlabError(f"malformed plan: {e}") from None
@@ -200,6 +237,43 @@ _V2_FIELDS = (
     "schema", "version", "name", "slots", "threads", "class_threads", "op_threads", "order", "placement",
     "device_slots", "device_threads", "replicas", "bucket_mb", "split_batch_stats",
 )
+
+
+_V3_FIELDS = (*_V2_FIELDS, "micro_batches", "stages", "stage_map", "schedule", "pipeline_devices")
+
+
+def _pipeline_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline fields of a plan's JSON (absent before version 3), checked for type."""
+    stages_raw = d.get("stages", 1)
+    stages: int | tuple[int, ...]
+    if isinstance(stages_raw, list):
+        stages = tuple(_int(x, "stages[]") for x in stages_raw)
+    else:
+        stages = _int(stages_raw, "stages")
+    stage_map = d.get("stage_map", "loop")
+    if not isinstance(stage_map, str):
+        raise SchedlabError(f"plan field stage_map must be a string (loop or v), got {stage_map!r}")
+    raw = d.get("schedule")
+    schedule: str | tuple[tuple[str, ...], ...] | None
+    if raw is None or isinstance(raw, str):
+        schedule = raw
+    elif isinstance(raw, list) and all(isinstance(r, list) and all(isinstance(c, str) for c in r) for r in raw):
+        schedule = tuple(tuple(r) for r in raw)
+    else:
+        raise SchedlabError(
+            "plan field schedule must be a schedule name (e.g. \"1f1b\") or one list of actions per device "
+            f'(e.g. [["0F0", "0B0"], ["1F0", "1B0"]]), got {raw!r}'
+        )
+    devices = d.get("pipeline_devices", [])
+    if not isinstance(devices, list) or not all(isinstance(x, str) for x in devices):
+        raise SchedlabError(f"plan field pipeline_devices must be a list of device ids, got {devices!r}")
+    return {
+        "micro_batches": _int(d.get("micro_batches", 1), "micro_batches"),
+        "stages": stages,
+        "stage_map": stage_map,
+        "schedule": schedule,
+        "pipeline_devices": tuple(devices),
+    }
 
 
 def _int(x: Any, what: str) -> int:
@@ -313,51 +387,16 @@ def resolve(
     from schedlab.distribute import expand
     from schedlab.order import priorities, rough_cost_us
 
+    if plan.pipelined:
+        from schedlab.pipeline_plan import resolve_pipeline
+
+        return resolve_pipeline(graph, plan, machine, steps)
     n = len(graph.ops)
     op_device = place(graph, plan, machine)
     replica_devices = _replica_devices(graph, plan, machine, op_device)
     used = tuple(dict.fromkeys(op_device))
-    for dev_id, what in [(d, "device_slots") for d in plan.device_slots] + [(d, "device_threads") for d in plan.device_threads]:
-        try:
-            machine.device(dev_id)
-        except SchedlabError as e:
-            raise PlanError(f"{what}[{dev_id}]", str(e)) from None
-    slots_of: dict[str, int] = {}
-    default_threads: dict[str, int] = {}
-    for dev_id in used:
-        device = machine.device(dev_id)
-        k_slots = plan.device_slots.get(dev_id, plan.slots)
-        field_name = f"device_slots[{dev_id}]" if dev_id in plan.device_slots else "slots"
-        if k_slots < 1:
-            raise PlanError(field_name, f"must be >= 1, got {k_slots}")
-        if k_slots > device.cores and device.kind == "cpu":
-            raise PlanError(
-                field_name, f"{k_slots} co-run slots need {k_slots} cores, device {device.id} has "
-                f"{device.cores}; use {device.cores} or fewer"
-            )
-        slots_of[dev_id] = k_slots
-        t = plan.device_threads.get(dev_id, plan.threads)
-        default_threads[dev_id] = device.cores if t is None else t
-        _check_threads(default_threads[dev_id], device.cores, dev_id,
-                       f"device_threads[{dev_id}]" if dev_id in plan.device_threads else "threads")
-    known_classes = {op.op_class for op in graph.ops}
-    for cls, k in plan.class_threads.items():
-        if cls not in known_classes:
-            raise PlanError(
-                "class_threads", f"names op class {cls!r}, which this graph does not have "
-                f"(it has: {', '.join(sorted(known_classes))})"
-            )
-        for dev_id in used:
-            _check_threads(k, machine.device(dev_id).cores, dev_id, f"class_threads[{cls}]")
-    for op_id, k in plan.op_threads.items():
-        if not 0 <= op_id < n:
-            raise PlanError("op_threads", f"names unknown op id {op_id} (graph has ops 0..{n - 1})")
-        _check_threads(k, machine.device(op_device[op_id]).cores, op_device[op_id], f"op_threads[{op_id}]")
-
-    threads = tuple(
-        plan.op_threads.get(op.id, plan.class_threads.get(op.op_class, default_threads[op_device[op.id]]))
-        for op in graph.ops
-    )
+    slots_of, default_threads = device_settings(plan, machine, used)
+    threads = op_threads(graph, plan, machine, op_device, default_threads)
 
     def weight(op: Op) -> float:
         return rough_cost_us(op) if op_cost_us is None else op_cost_us(op, threads[op.id])
@@ -373,7 +412,7 @@ def resolve(
             device=tuple(op_device), sequence=list_schedule(graph, prio), device_slots=slots_of,
         )
         return one if steps == 1 else _unrolled(one, graph, steps, machine, weight)
-    _check_memory(graph, op_device, machine)
+    check_memory(graph, op_device, machine)
     if replica_devices is None:
         ex = expand(graph, op_device)
         copies = 1
@@ -411,6 +450,60 @@ def resolve(
         device_slots=slots_of, base_ops=n,
     )
     return resolved if steps == 1 else _unrolled(resolved, graph, steps, machine, weight)
+
+
+def device_settings(plan: Plan, machine: Machine, used: tuple[str, ...]) -> tuple[dict[str, int], dict[str, int]]:
+    """(co-run slots, default intra-op threads) of each device in `used`, checked against
+    the machine's cores; `device_slots` and `device_threads` must name its devices."""
+    for dev_id, what in [(d, "device_slots") for d in plan.device_slots] + [(d, "device_threads") for d in plan.device_threads]:
+        try:
+            machine.device(dev_id)
+        except SchedlabError as e:
+            raise PlanError(f"{what}[{dev_id}]", str(e)) from None
+    slots_of: dict[str, int] = {}
+    default_threads: dict[str, int] = {}
+    for dev_id in used:
+        device = machine.device(dev_id)
+        k_slots = plan.device_slots.get(dev_id, plan.slots)
+        field_name = f"device_slots[{dev_id}]" if dev_id in plan.device_slots else "slots"
+        if k_slots < 1:
+            raise PlanError(field_name, f"must be >= 1, got {k_slots}")
+        if k_slots > device.cores and device.kind == "cpu":
+            raise PlanError(
+                field_name, f"{k_slots} co-run slots need {k_slots} cores, device {device.id} has "
+                f"{device.cores}; use {device.cores} or fewer"
+            )
+        slots_of[dev_id] = k_slots
+        t = plan.device_threads.get(dev_id, plan.threads)
+        default_threads[dev_id] = device.cores if t is None else t
+        _check_threads(default_threads[dev_id], device.cores, dev_id,
+                       f"device_threads[{dev_id}]" if dev_id in plan.device_threads else "threads")
+    return slots_of, default_threads
+
+
+def op_threads(
+    graph: Graph, plan: Plan, machine: Machine, op_device: tuple[str, ...], default_threads: dict[str, int]
+) -> tuple[int, ...]:
+    """Each op's intra-op threads: its `op_threads` entry, else its class's, else its device's default."""
+    n = len(graph.ops)
+    used = tuple(dict.fromkeys(op_device))
+    known_classes = {op.op_class for op in graph.ops}
+    for cls, k in plan.class_threads.items():
+        if cls not in known_classes:
+            raise PlanError(
+                "class_threads", f"names op class {cls!r}, which this graph does not have "
+                f"(it has: {', '.join(sorted(known_classes))})"
+            )
+        for dev_id in used:
+            _check_threads(k, machine.device(dev_id).cores, dev_id, f"class_threads[{cls}]")
+    for op_id, k in plan.op_threads.items():
+        if not 0 <= op_id < n:
+            raise PlanError("op_threads", f"names unknown op id {op_id} (graph has ops 0..{n - 1})")
+        _check_threads(k, machine.device(op_device[op_id]).cores, op_device[op_id], f"op_threads[{op_id}]")
+    return tuple(
+        plan.op_threads.get(op.id, plan.class_threads.get(op.op_class, default_threads[op_device[op.id]]))
+        for op in graph.ops
+    )
 
 
 def _unrolled(
@@ -542,7 +635,7 @@ def place(graph: Graph, plan: Plan, machine: Machine) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _check_memory(graph: Graph, op_device: tuple[str, ...], machine: Machine) -> None:
+def check_memory(graph: Graph, op_device: tuple[str, ...], machine: Machine) -> None:
     """Parameters and optimizer state alone must fit each device they are placed on."""
     from schedlab.distribute import input_homes
 
