@@ -50,6 +50,12 @@ def run(args: argparse.Namespace) -> int:
         return run_ddp(args)
     machine = detect_host()
     plan = load_plan_arg(args.plan)
+    if plan.pipelined:
+        raise SchedlabError(
+            f"plan file {args.plan} is a pipeline plan: bench times one process's step on the full batch against eager "
+            "PyTorch's; time a pipeline with `schedlab trace MODEL --plan PLAN.json` or, beside the baselines, "
+            "`schedlab validate MODEL --plan PLAN.json`"
+        )
     rows: dict[str, dict[str, object]] = {}
     results = {}
     for model in args.models:

@@ -73,22 +73,30 @@ def capture_spec(spec: str, size: str, optimizer: str, seed: int = 0, *, cache: 
     return step.workload, step.full
 
 
-def capture_for_plan(args: argparse.Namespace, replicas: int, cache: bool = True) -> Any:
+def capture_for_plan(args: argparse.Namespace, replicas: int, cache: bool = True, micro_batches: int = 1) -> Any:
     """The `schedlab.data_parallel.PlanStep` of the command line's model for a plan with
-    `replicas`: the full-batch step, and with replicas the per-replica steps (graph cache)."""
-    return plan_step_of(args.model, args.size, args.optimizer, args.seed, replicas=replicas, cache=cache)
+    `replicas` or `micro_batches`: the full-batch step, and with replicas the per-replica
+    steps, with micro-batches one micro-batch's step (graph cache)."""
+    return plan_step_of(args.model, args.size, args.optimizer, args.seed, replicas=replicas, cache=cache,
+                        micro_batches=micro_batches)
 
 
-def plan_step_of(spec: str, size: str, optimizer: str, seed: int, *, replicas: int, cache: bool) -> Any:
-    """Capture a model spec for a plan with `replicas` (`schedlab.data_parallel.plan_step`),
-    through the graph cache unless `cache` is False."""
+def plan_step_of(
+    spec: str, size: str, optimizer: str, seed: int, *, replicas: int, cache: bool, micro_batches: int = 1
+) -> Any:
+    """Capture a model spec for a plan with `replicas` (`schedlab.data_parallel.plan_step`) or
+    `micro_batches` (`schedlab.microbatch.pipeline_step`), through the graph cache unless
+    `cache` is False."""
     from schedlab.data_parallel import plan_step
     from schedlab.graph_cache import GraphCacheWarning, capture_cached
+    from schedlab.microbatch import pipeline_step
     from schedlab.workloads import load_workload
 
     workload = load_workload(spec, size, seed=seed)
     root = graph_cache_dir() if cache else None
     with warnings_on_stderr(GraphCacheWarning):
+        if micro_batches != 1:
+            return pipeline_step(workload, micro_batches, lambda w: capture_cached(w, optimizer, seed, root))
         return plan_step(workload, replicas, lambda w: capture_cached(w, optimizer, seed, root))
 
 
@@ -98,7 +106,7 @@ def plan_ranks(plan: Any) -> int:
     from schedlab.errors import SchedlabError
 
     named = {plan.device, *plan.layer_devices.values(), *plan.op_devices.values(), *plan.device_slots,
-             *plan.device_threads} - {None}
+             *plan.device_threads, *plan.pipeline_devices} - {None}
     top = 0
     for dev in named:
         if not (dev.startswith("cpu") and dev[3:].isdigit()):

@@ -10,21 +10,25 @@ from typing import Any
 
 from schedlab.cli.common import add_machine_arg, add_model_args, capture_for_plan
 from schedlab.errors import SchedlabError
+from schedlab.graph import OpKind
 from schedlab.order import ORDER_HELP
 from schedlab.plan import DEFAULT_BUCKET_MB, Plan, PlanError, resolve
 
 # plan fields this command sets from flags: field -> flag
 FLAG_OF = {"slots": "--slots", "threads": "--threads", "order": "--order", "replicas": "--replicas",
-           "placement": "--placement", "placement.layers": "--placement", "placement.ops": "--placement"}
+           "placement": "--placement", "placement.layers": "--placement", "placement.ops": "--placement",
+           "micro_batches": "--micro-batches", "stages": "--stages", "stage_map": "--stage-map",
+           "schedule": "--schedule", "pipeline_devices": "--devices"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "plan",
-        help="write a plan (co-run slots, intra-op threads, op order, placement, replicas) for a model",
+        help="write a plan (co-run slots, intra-op threads, op order, placement, replicas, pipeline) for a model",
         description="Write a Plan JSON file. The plan is checked against the model's captured graph "
         "and the machine before it is written. With --devices N the plan runs on N local ranks of "
-        "this host (processes that split its cores); `schedlab trace --plan` starts them.",
+        "this host (processes that split its cores); `schedlab trace --plan` starts them. With --stages, "
+        "--micro-batches or --schedule the plan is a pipeline over those devices.",
     )
     add_model_args(p)
     add_machine_arg(p)
@@ -44,8 +48,23 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help=f"gradient all-reduce bucket size in MiB, as DDP's bucket_cap_mb (default {DEFAULT_BUCKET_MB:g})")
     p.add_argument("--split-batch-stats", action="store_true",
                    help="allow replicas on a model with batch norm, whose statistics then cover each replica's part only")
+    p.add_argument("--micro-batches", type=int, default=None, metavar="M",
+                   help="pipeline: split the batch into M micro-batches (must divide it); their gradients are averaged "
+                   "before one update per parameter")
+    p.add_argument("--stages", type=int, default=None, metavar="S",
+                   help="pipeline: cut the layers into S contiguous stages, S a multiple of --devices (default: what the "
+                   "schedule runs, one stage per device for 1f1b)")
+    p.add_argument("--stage-cuts", default="equal", metavar="equal|balanced|I,J,...",
+                   help="pipeline: where stages begin: equal shares of layers (default), layers balanced by calibrated "
+                   "cost, or the index of each later stage's first layer")
+    p.add_argument("--schedule", default=None, metavar="NAME|FILE.csv",
+                   help="pipeline schedule: gpipe, 1f1b, interleaved:V, looped-bfs, zb-h1, zb-h2, zbv, ooo, or a "
+                   "schedule file in torch's CSV (one row per device), written into the plan (default 1f1b)")
+    p.add_argument("--stage-map", choices=("loop", "v"), default=None,
+                   help="pipeline: stage s on device s mod P (loop) or down and back up (v); default: the schedule's")
     p.add_argument("--profile", default=None, metavar="PROFILE",
-                   help="cost-model profile that weighs layers for --placement layers (default: traces/profile.json when it exists)")
+                   help="cost-model profile that weighs layers for --placement layers and --stage-cuts balanced "
+                   "(default: traces/profile.json when it exists)")
     p.add_argument("--name", default="", help="a name stored in the plan")
     p.add_argument("-o", "--out", required=True, metavar="PLAN.json", help="where to write the plan")
     p.set_defaults(handler=run)
@@ -57,10 +76,17 @@ def run(args: argparse.Namespace) -> int:
     machine = load_machine(args.machine, devices=args.devices)
     if args.replicas < 1:
         raise SchedlabError(f"--replicas must be >= 1, got {args.replicas}")
-    step = capture_for_plan(args, args.replicas)
+    pipelined = any(x is not None for x in (args.micro_batches, args.stages, args.schedule, args.stage_map)) or (
+        args.stage_cuts != "equal")
+    schedule = read_schedule_arg(args.schedule) if pipelined else None
+    micro_batches = args.micro_batches if args.micro_batches is not None else (
+        schedule.n_microbatches if schedule is not None else 1)
+    step = capture_for_plan(args, args.replicas, micro_batches=micro_batches)
     graph = step.graph
     base = Plan(slots=args.slots, threads=args.threads, order=args.order, name=args.name, replicas=args.replicas,
                 bucket_mb=args.bucket_mb, split_batch_stats=args.split_batch_stats)
+    if pipelined:
+        base = _with_pipeline(base, args, graph, machine, schedule, micro_batches)
     plan = _with_placement(base, args, graph, machine)
     try:
         resolved = resolve(graph, plan, machine)
@@ -68,15 +94,16 @@ def run(args: argparse.Namespace) -> int:
         flag = FLAG_OF.get(e.field.split("[")[0])
         if flag is None:
             raise
-        raise SchedlabError(f"{flag} {getattr(args, flag[2:].replace('-', '_'))}: {e.detail}") from None
+        value = getattr(args, flag[2:].replace("-", "_"))
+        raise SchedlabError(f"{flag}{'' if value is None else f' {value}'}: {e.detail}") from None
     plan.save(args.out)
     run_graph = resolved.run_graph(graph)
-    comm = len(run_graph.ops) - resolved.base_ops * max(1, args.replicas) if resolved.multi_device else 0
+    comm = sum(1 for op in run_graph.ops if op.kind is OpKind.COMM)
     where = f" on {len(resolved.devices)} devices ({', '.join(resolved.devices)}), {comm} communication ops" if (
         resolved.multi_device) else ""
     print(
         f"wrote {args.out}: {plan.describe()} "
-        f"({len(graph)} ops of {args.model}/{args.size}{where}, max threads {max(resolved.threads)})",
+        f"({len(run_graph)} ops of {args.model}/{args.size}{where}, max threads {max(resolved.threads)})",
         file=sys.stderr,
     )
     return 0
@@ -115,6 +142,72 @@ def _with_placement(plan: Plan, args: argparse.Namespace, graph: Any, machine: A
         return Plan.from_json(json.loads(json.dumps(body)))
     except SchedlabError as e:
         raise SchedlabError(f"placement file {path}: {e}") from None
+
+
+def read_schedule_arg(spec: str | None) -> Any:
+    """--schedule as a `pipeline.Schedule` when it names a schedule file (its rows go into
+    the plan, so the plan file is self-contained), else None (a generator name, or none:
+    1f1b)."""
+    if spec is None or not spec.endswith(".csv"):
+        return None
+    from schedlab.pipeline.torch_io import read_csv
+
+    return read_csv(spec)
+
+
+def _with_pipeline(
+    plan: Plan, args: argparse.Namespace, graph: Any, machine: Any, schedule: Any, micro_batches: int
+) -> Plan:
+    """`plan` with the pipeline flags: its devices (every device of the machine, one schedule
+    row each), stages, stage map and schedule."""
+    from dataclasses import replace
+
+    from schedlab.pipeline import stage_devices
+    from schedlab.pipeline.generators import parse_name, stages_per_device
+
+    devices = tuple(d.id for d in machine.devices)
+    P = len(devices)
+    if schedule is not None:
+        rows: Any = tuple(tuple(row) for row in schedule.to_rows())
+        n_stages = schedule.shape.n_stages
+        got = tuple(st.devices[0] for st in schedule.shape.stages)
+        stage_map = args.stage_map or next(
+            (m for m in ("loop", "v") if schedule.n_devices == P and got == stage_devices(n_stages, P, m)), "loop")
+        if args.stages is not None and args.stages != n_stages:
+            raise SchedlabError(f"--stages {args.stages}: schedule file {args.schedule} runs {n_stages} stages")
+    else:
+        rows = args.schedule or "1f1b"
+        try:
+            kind, _ = parse_name(rows)
+            n_stages = args.stages if args.stages is not None else P * stages_per_device(rows, P)
+        except SchedlabError as e:
+            raise SchedlabError(f"--schedule {rows}: {e}") from None
+        stage_map = args.stage_map or kind.stage_map
+    stages: int | tuple[int, ...] = n_stages if args.stage_cuts == "equal" else _stage_cuts(args, graph, n_stages)
+    return replace(plan, micro_batches=micro_batches, stages=stages, stage_map=stage_map, schedule=rows,
+                   pipeline_devices=devices if P > 1 else ())
+
+
+def _stage_cuts(args: argparse.Namespace, graph: Any, n_stages: int) -> tuple[int, ...]:
+    """--stage-cuts balanced (layers balanced by cost into `n_stages` blocks) or I,J,...:
+    the index of each later stage's first layer."""
+    from schedlab.layer_split import balanced_blocks, layer_costs_us, layers_in_order
+
+    spec = args.stage_cuts
+    if spec == "balanced":
+        order = layers_in_order(graph)
+        if n_stages > len(order):
+            raise SchedlabError(f"--stages {n_stages}: {args.model} has {len(order)} layers; use {len(order)} or fewer")
+        cost = layer_costs_us(graph, _cost(args), threads=1)
+        blocks = balanced_blocks([cost.get(lay, 0.0) for lay in order], n_stages)
+        return tuple(k for k in range(1, len(order)) if blocks[k] != blocks[k - 1])
+    try:
+        cuts = tuple(int(x) for x in spec.split(","))
+    except ValueError:
+        raise SchedlabError(f"--stage-cuts {spec!r}: give equal, balanced or layer indices such as 2,5") from None
+    if len(cuts) + 1 != n_stages:
+        raise SchedlabError(f"--stage-cuts {spec}: {len(cuts)} cut(s) make {len(cuts) + 1} stages, not --stages {n_stages}")
+    return cuts
 
 
 def _cost(args: argparse.Namespace) -> Any:

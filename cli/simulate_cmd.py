@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile, machine_is_host=args.machine in (None, "host"))
     if args.machine in (None, "host"):
         machine = apply_link_fit(machine, profile)  # measured loopback links between local ranks
-    step = capture_for_plan(args, plan.replicas, cache=not args.no_cache)
+    step = capture_for_plan(args, plan.replicas, cache=not args.no_cache, micro_batches=plan.micro_batches)
     graph = step.graph
     resolved = resolve_plan_arg(graph, plan, machine, args.plan, profile, steps)
     run_graph = resolved.run_graph(graph)

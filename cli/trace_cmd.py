@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         from schedlab.calibrate.links import apply_link_fit
 
         machine = apply_link_fit(machine, profile)  # the links `simulate` weighs the sequence by
-    step = capture_for_plan(args, plan.replicas)
+    step = capture_for_plan(args, plan.replicas, micro_batches=plan.micro_batches)
     workload, captured = step.workload, step.full
     graph = step.graph  # with replicas: the per-replica step
     resolved = resolve_plan_arg(graph, plan, machine, args.plan, profile, per_run)
@@ -128,17 +128,18 @@ def run(args: argparse.Namespace) -> int:
         rank_step_times = [list(t) for t in dist.rank_step_times_s]
         ops = len(resolved.run_graph(graph))
     else:
-        graph = captured.graph
-        run_graph = resolved.run_graph(graph)
+        run_graph = resolved.run_graph(graph)  # unrolled (steady state) or pipelined, or the graph itself
+        inputs = step.inputs_for(run_graph)
         executor = Executor(run_graph, resolved)
-        check = check_step(workload.module, graph, captured.input_values,
-                           lambda iv: as_step_outputs(graph, run_graph, executor.step(iv)[0]), steps=per_run)
+        check = check_step(workload.module, captured.graph, captured.input_values,
+                           lambda iv: as_step_outputs(captured.graph, run_graph, executor.step(_cloned(inputs))[0]),
+                           steps=per_run)
         unit = "step" if per_run == 1 else f"{per_run}-step run"
         bar = tqdm(total=args.warmup + runs, desc=f"trace {args.model}", unit=unit, file=sys.stderr, disable=None)
         try:
             result = run_steps(
                 graph,
-                captured.input_values,
+                inputs,
                 plan,
                 machine,
                 steps=runs,
@@ -194,3 +195,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  trace       {out}")
         print(f"  chrome      {chrome}  (open in https://ui.perfetto.dev)")
     return 0 if check.ok() else 3
+
+
+def _cloned(values: dict[int, Any]) -> dict[int, Any]:
+    """Fresh copies, so the numerics check starts from the same values the timed steps do."""
+    return {v: t.clone() for v, t in values.items()}

@@ -38,13 +38,15 @@ def run_plans(args: argparse.Namespace) -> int:
     else:
         notes.append(f"no predictions: no profile at {DEFAULT_PROFILE_PATH} (run `schedlab calibrate --quick`, "
                      "or give --profile)")
-    steps: dict[int, Any] = {}  # replicas -> PlanStep, one capture each
+    steps: dict[tuple[int, int], Any] = {}  # (replicas, micro-batches) -> PlanStep, one capture each
 
-    def step_for(replicas: int) -> Any:
-        if replicas not in steps:
-            steps[replicas] = plan_step_of(args.target, args.size, args.optimizer, args.seed, replicas=replicas,
-                                           cache=not args.no_cache)
-        return steps[replicas]
+    def step_for(replicas: int, micro_batches: int = 1) -> Any:
+        if (replicas, micro_batches) not in steps:
+            steps[(replicas, micro_batches)] = plan_step_of(
+                args.target, args.size, args.optimizer, args.seed, replicas=replicas, cache=not args.no_cache,
+                micro_batches=micro_batches,
+            )
+        return steps[(replicas, micro_batches)]
 
     host = detect_host()
     cases = []
@@ -52,7 +54,7 @@ def run_plans(args: argparse.Namespace) -> int:
         machine = host_ranks(args.devices if args.devices is not None else plan_ranks(plan), host)
         if profile is not None:
             machine = apply_link_fit(machine, profile)  # the links a steady-state sequence is weighed by
-        step = step_for(plan.replicas)
+        step = step_for(plan.replicas, plan.micro_batches)
         resolved = resolve_plan_arg(step.graph, plan, machine, path, profile, steady_steps(plan, None))
         cases.append(PlanCase(path, plan, machine, step, resolved))
     for name, plan in baseline_plans(host).items():

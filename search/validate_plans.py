@@ -75,23 +75,26 @@ class _LocalRunner:
         from schedlab.exec import Executor
 
         self.case, self.workload = case, workload
-        self.graph = case.step.full.graph
-        self.run_graph = case.resolved.run_graph(self.graph)  # unrolled for a steady-state plan
+        self.graph = case.step.graph  # the full step; one micro-batch's for a pipeline plan
+        self.run_graph = case.resolved.run_graph(self.graph)  # unrolled for a steady-state plan, or pipelined
+        self.inputs = case.step.inputs_for(self.run_graph)
         self.executor = Executor(self.run_graph, case.resolved)
 
     def check(self) -> Any:
         from schedlab.exec import check_step
         from schedlab.steps import as_step_outputs
 
-        full, g, run = self.case.step.full, self.graph, self.run_graph
-        return check_step(self.case.step.workload.module, g, full.input_values,
-                          lambda iv: as_step_outputs(g, run, self.executor.step(iv)[0]), steps=self.case.resolved.steps)
+        full, run = self.case.step.full, self.run_graph
+        return check_step(self.case.step.workload.module, full.graph, full.input_values,
+                          lambda iv: as_step_outputs(full.graph, run, self.executor.step(
+                              {v: t.clone() for v, t in self.inputs.items()})[0]),
+                          steps=self.case.resolved.steps)
 
     def time(self, steps: int, warmup: int) -> tuple[float, ...]:
         from schedlab.exec import run_steps
 
         c = self.case
-        res = run_steps(self.graph, c.step.full.input_values, c.plan, c.machine, steps=steps, warmup=warmup,
+        res = run_steps(self.graph, self.inputs, c.plan, c.machine, steps=steps, warmup=warmup,
                         workload=self.workload, executor=self.executor)
         return tuple(res.step_times_s)
 
