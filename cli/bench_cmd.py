@@ -1,7 +1,9 @@
 """`schedlab bench`: the executor's step time against plain eager PyTorch, same run; with
 `--ddp`, a data-parallel plan's step on its ranks against DistributedDataParallel's on the
 same ranks (the same model, batch split, initial values, optimizer, bucket size and
-threads), the two alternating step by step."""
+threads), the two alternating step by step; with `--pipelining`, a pipeline plan's step against
+torch.distributed.pipelining's on the same ranks (the same stages, micro-batches, schedule,
+initial values and optimizer), alternating likewise."""
 
 from __future__ import annotations
 
@@ -34,6 +36,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="compare a data-parallel plan (--plan with replicas > 1) with torch DistributedDataParallel on the "
         "same ranks, steps alternating; prints the median per-step ratio schedlab/DDP (ratio_vs_ddp) and its IQR",
     )
+    p.add_argument(
+        "--pipelining", action="store_true",
+        help="compare a pipeline plan (--plan with stages and a schedule) with torch.distributed.pipelining on the "
+        "same ranks, steps alternating; prints the median per-step ratio schedlab/torch (ratio_vs_pipelining) and "
+        "its IQR (workloads mlp and transformer; schedules gpipe, 1f1b, interleaved:V, looped-bfs, zbv)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=run)
 
@@ -46,15 +54,19 @@ def run(args: argparse.Namespace) -> int:
 
     if args.repeats < 1:
         raise SchedlabError("--repeats must be >= 1")
+    if args.ddp and args.pipelining:
+        raise SchedlabError("--ddp and --pipelining compare different plans; give one of them")
     if args.ddp:
         return run_ddp(args)
+    if args.pipelining:
+        return run_pipelining(args)
     machine = detect_host()
     plan = load_plan_arg(args.plan)
     if plan.pipelined:
         raise SchedlabError(
             f"plan file {args.plan} is a pipeline plan: bench times one process's step on the full batch against eager "
             "PyTorch's; time a pipeline with `schedlab trace MODEL --plan PLAN.json` or, beside the baselines, "
-            "`schedlab validate MODEL --plan PLAN.json`"
+            "`schedlab validate MODEL --plan PLAN.json`; compare it with torch's pipeline with --pipelining"
         )
     rows: dict[str, dict[str, object]] = {}
     results = {}
@@ -118,5 +130,47 @@ def run_ddp(args: argparse.Namespace) -> int:
         print(
             f"{model:<14}{r.schedlab_step_s * 1e3:>12.2f}{r.ddp_step_s * 1e3:>10.2f}"
             f"{r.ratio_vs_ddp:>8.3f}  {lo:.3f}-{hi:.3f}"
+        )
+    return 0
+
+
+def run_pipelining(args: argparse.Namespace) -> int:
+    from schedlab.cli.common import capture_for_plan, plan_ranks
+    from schedlab.exec.bench import compare_with_pipelining
+    from schedlab.exec.pipelining import check_workload, torch_schedule_name
+    from schedlab.machine import host_ranks
+
+    plan = load_plan_arg(args.plan)
+    if args.plan is None or not plan.pipelined:
+        raise SchedlabError(
+            "--pipelining compares a pipeline plan with torch.distributed.pipelining: give --plan PLAN.json with "
+            "stages and a schedule (e.g. `schedlab plan MODEL --devices 2 --stages 2 --micro-batches 2 "
+            "--schedule 1f1b -o pipe.json`)"
+        )
+    if args.steps is not None:
+        raise SchedlabError("--pipelining times one step at a time; drop --steps")
+    torch_schedule_name(plan.schedule)  # refuse an unsupported schedule before capturing anything
+    for model in args.models:
+        check_workload(model)
+    machine = host_ranks(plan_ranks(plan))
+    results = {}
+    for model in args.models:
+        ns = argparse.Namespace(model=model, size=args.size, optimizer=args.optimizer, seed=0)
+        step = capture_for_plan(ns, plan.replicas, micro_batches=plan.micro_batches)
+        resolved = resolve_plan_arg(step.graph, plan, machine, args.plan)
+        print(f"bench {model}: {len(machine.processes)} ranks, {args.repeats} step pairs ...", file=sys.stderr)
+        res, _ = compare_with_pipelining(step, resolved, machine, spec=model, size=args.size, seed=0,
+                                         repeats=args.repeats)
+        results[model] = res
+    if args.json:
+        print_json({"plan": plan.to_json(), "size": args.size, "results": {m: r.to_json() for m, r in results.items()}})
+        return 0
+    print(f"plan {plan.describe()}; {len(machine.processes)} ranks; step time: first rank's start to last rank's end")
+    print(f"{'model':<14}{'torch schedule':<26}{'schedlab ms':>12}{'torch ms':>10}{'ratio':>8}  {'IQR':<14}")
+    for model, r in results.items():
+        lo, hi = r.ratio_spread
+        print(
+            f"{model:<14}{r.torch_schedule:<26}{r.schedlab_step_s * 1e3:>12.2f}{r.pipelining_step_s * 1e3:>10.2f}"
+            f"{r.ratio_vs_pipelining:>8.3f}  {lo:.3f}-{hi:.3f}"
         )
     return 0

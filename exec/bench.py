@@ -180,3 +180,109 @@ def compare_with_ddp(
         repeats=repeats,
         steps_per_run=resolved.steps,
     ), dist
+
+
+@dataclass(frozen=True)
+class PipeliningResult:
+    """A pipeline plan's step against torch.distributed.pipelining's, same ranks, alternating."""
+
+    ranks: int
+    stages: int
+    micro_batches: int
+    schedule: str  # the plan's schedule name
+    torch_schedule: str  # the torch.distributed.pipelining class it ran as
+    threads: int  # intra-op threads of each rank, both sides
+    schedlab_step_s: float  # median
+    pipelining_step_s: float  # median
+    ratio_vs_pipelining: float  # median of per-step ratios schedlab / torch pipelining
+    ratio_spread: tuple[float, float]  # 25th and 75th percentile of those ratios
+    schedlab_step_times_s: tuple[float, ...]
+    pipelining_step_times_s: tuple[float, ...]
+    repeats: int
+    step_time: str = SPAN_STEP_TIME_DEFINITION
+
+    def to_json(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["ratio_spread"] = list(self.ratio_spread)
+        d["schedlab_step_times_s"] = list(self.schedlab_step_times_s)
+        d["pipelining_step_times_s"] = list(self.pipelining_step_times_s)
+        return d
+
+
+def stage_ranks(plan: Plan, machine: Machine) -> tuple[int, ...]:
+    """The rank that runs each of the plan's stages. torch's schedules place stage s on the
+    rank its stage map says for device index d = rank d, so the plan's pipeline devices
+    must be its ranks in order (cpu0, cpu1, ...); anything else is refused."""
+    from schedlab.pipeline import stage_devices
+    from schedlab.pipeline_plan import plan_devices
+
+    devices = plan_devices(plan, machine)
+    procs = [machine.device(d).process for d in devices]
+    if procs != list(range(len(procs))):
+        raise SchedlabError(
+            f"the plan's pipeline devices {list(devices)} run on ranks {procs}; torch's pipeline schedules put "
+            f"device index d on rank d: list them in rank order ({', '.join(f'cpu{k}' for k in range(len(procs)))})"
+        )
+    return tuple(procs[d] for d in stage_devices(plan.n_stages, len(devices), plan.stage_map))
+
+
+def compare_with_pipelining(
+    step: PlanStep,
+    resolved: ResolvedPlan,
+    machine: Machine,
+    *,
+    spec: str,
+    size: str,
+    seed: int,
+    repeats: int = 10,
+    warmup: int = 2,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> tuple[PipeliningResult, DistResult]:
+    """Run `repeats` (+ `warmup`) steps of the pipeline plan on its ranks, each rank
+    following each step with a torch.distributed.pipelining step of the same stages,
+    micro-batches and schedule on workload `spec` (`size`, `seed`: the one `step` was
+    captured from; see `schedlab.exec.pipelining`). Step times as SPAN_STEP_TIME_DEFINITION."""
+    from schedlab.exec.pipelining import PIPELINING_KIND, check_workload, torch_schedule_name
+    from schedlab.pipeline_stages import stage_layers
+
+    plan = resolved.plan
+    if not plan.pipelined:
+        raise SchedlabError(
+            "--pipelining compares a pipeline plan with torch.distributed.pipelining: the plan has no stages; write "
+            "one with `schedlab plan MODEL --devices 2 --stages 2 --micro-batches 2 --schedule 1f1b -o PLAN.json`"
+        )
+    if repeats < 1:
+        raise SchedlabError("repeats must be >= 1")
+    check_workload(spec)
+    cls_name = torch_schedule_name(plan.schedule)
+    graph = step.graph
+    threads = plan_threads(resolved)
+    side = {
+        "kind": PIPELINING_KIND, "spec": spec, "size": size, "seed": seed,
+        "optimizer": str(graph.meta["optimizer"]), "lr": float(graph.meta["lr"]), "threads": threads,
+        "schedule": str(plan.schedule), "micro_batches": plan.micro_batches,
+        "stage_layers": [list(st) for st in stage_layers(graph, plan.stages)],
+        "stage_ranks": list(stage_ranks(plan, machine)),
+    }
+    run_graph = resolved.run_graph(graph)
+    dist = run_ranks(
+        graph, resolved, machine, step.inputs_for(run_graph), steps=repeats, warmup=warmup, timeout_s=timeout_s,
+        workload=spec, ddp=side,
+    )
+    ours, theirs = dist.span_step_times_s, dist.ddp_step_times_s
+    ratio, spread = ratio_stats(ours, theirs)
+    return PipeliningResult(
+        ranks=dist.ranks,
+        stages=plan.n_stages,
+        micro_batches=plan.micro_batches,
+        schedule=str(plan.schedule),
+        torch_schedule=cls_name,
+        threads=threads,
+        schedlab_step_s=statistics.median(ours),
+        pipelining_step_s=statistics.median(theirs),
+        ratio_vs_pipelining=ratio,
+        ratio_spread=spread,
+        schedlab_step_times_s=ours,
+        pipelining_step_times_s=theirs,
+        repeats=repeats,
+    ), dist

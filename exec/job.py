@@ -44,7 +44,7 @@ class Job:
     want_outputs: bool  # return the outputs of the first step (for the numerics check)
     collective_timeout_s: float  # passed to init_process_group: every collective and receive
     workload: str = ""
-    ddp: dict[str, Any] | None = None  # run a DDP step after each step: `DdpSpec` fields (`rank.py`)
+    ddp: dict[str, Any] | None = None  # run a DDP (or torch pipelining) step after each step (`rank.py`)
 
 
 DDP_KEYS = ("spec", "size", "seed", "optimizer", "lr", "bucket_mb", "threads", "replicas")
@@ -53,7 +53,13 @@ DDP_KEYS = ("spec", "size", "seed", "optimizer", "lr", "bucket_mb", "threads", "
 def check_ddp_spec(ddp: dict[str, Any]) -> dict[str, Any]:
     """The job's DDP side-by-side spec: the workload (spec, size, seed: the same module,
     initial values and batch as the captured step), optimizer, lr, bucket_mb, threads and
-    replicas (one rank each); `want_params` (optional) returns DDP's parameters after step 0."""
+    replicas (one rank each); `want_params` (optional) returns DDP's parameters after step 0.
+    A spec whose `kind` is "pipelining" runs torch's pipeline instead (`schedlab.exec.pipelining`);
+    its steps are then what `RankResult.ddp_steps` holds."""
+    from schedlab.exec.pipelining import PIPELINING_KIND, check_pipelining_spec
+
+    if ddp.get("kind") == PIPELINING_KIND:
+        return check_pipelining_spec(ddp)
     missing = [k for k in DDP_KEYS if k not in ddp]
     if missing:
         raise SchedlabError(f"the job's ddp spec lacks {', '.join(missing)}")

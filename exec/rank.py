@@ -25,7 +25,9 @@ timed steps, and writes its result file, or an error file saying why it failed.
 A job with a `ddp` spec (`schedlab bench --ddp`) also runs torch's DistributedDataParallel
 on the rank's part of the batch (`schedlab.exec.ddp`): after each schedlab step (warmup
 ones too) the rank drains that step's sends and runs one DDP step, so both are timed in
-the same processes, alternately, and see the same noise.
+the same processes, alternately, and see the same noise. A job whose `ddp` spec has kind
+"pipelining" (`schedlab bench --pipelining`) runs torch.distributed.pipelining's step of
+the same stages and schedule there instead (`schedlab.exec.pipelining`).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from schedlab.allocator import tune_malloc
-from schedlab.exec.ddp import stepper_for_job
+from schedlab.exec.ddp import DdpStepper, stepper_for_job
 from schedlab.exec.dist import CommFailed, RankExecutor, clock_offset_ns, rank_device
 from schedlab.exec.job import (
     DONE,
@@ -56,6 +58,7 @@ from schedlab.exec.job import (
     write_error,
     write_result,
 )
+from schedlab.exec.pipelining import PIPELINING_KIND, PipeliningStepper
 from schedlab.exec.rankenv import CPUS_ENV, FAULT_ENV, PARENT_ENV, RankEnv, core_share, pin_process, read_env
 from schedlab.exec.runner import OpFailed, next_inputs
 
@@ -148,7 +151,11 @@ def _run(job_dir: Path, env: RankEnv, state: dict[str, int | None], progress: Pr
     missing = [v for v in ex.input_ids if v not in inputs]
     if missing:
         raise SystemExit(f"rank {env.rank}: the job has no tensors for graph inputs {missing[:5]}")
-    ddp = stepper_for_job(job.ddp, env.rank, env.world) if job.ddp is not None else None
+    ddp: DdpStepper | PipeliningStepper | None = None
+    if job.ddp is not None and job.ddp.get("kind") == PIPELINING_KIND:
+        ddp = PipeliningStepper(job.ddp, env.rank, env.world, timeout)
+    elif job.ddp is not None:
+        ddp = stepper_for_job(job.ddp, env.rank, env.world)
     ddp_steps: list[tuple[int, int]] = []
     ddp_params = None
     records = []

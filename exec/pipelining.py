@@ -1,0 +1,296 @@
+"""torch's own pipeline parallelism, the side-by-side reference for schedlab's pipeline plans.
+
+`PipeliningStepper` runs a pipeline plan's stages, micro-batches and schedule under
+`torch.distributed.pipelining` inside the multi-process executor's ranks (`schedlab bench
+--pipelining`), so schedlab's pipelined step and torch's are timed in the same processes,
+alternating step by step, as `schedlab.exec.ddp` does for data parallelism.
+
+The same layer split: each plan stage's layers (`schedlab.pipeline_stages.stage_layers`)
+are cut out of the eager model. torch runs a stage as one module whose forward takes one
+activation and returns one, so the model must be a sequence of such pieces; that is
+written out for the built-in workloads whose layer sequence is explicit (`SEGMENTS`:
+mlp's Linear+ReLU pairs and head; transformer's embedding, each block's attention half
+and MLP half, and the final norm with the head). A stage must be a run of whole pieces:
+a cut inside one (e.g. between a transformer block's two MLP linears) is refused with
+the cut points that would work. Other workloads are refused.
+
+Everything else matches the plan: the same full batch split into the same micro-batches
+(`torch.chunk` along dim 0), the same initial values (the workload's seed), the same loss
+(the workload's, per micro-batch, gradients averaged over micro-batches), the optimizer
+and learning rate of the captured step, and the plan's intra-op threads. The pipeline's
+point-to-point transfers run on their own group of all ranks (made on every rank at the
+same point, as DDP's is), so they can never be matched against a schedlab transfer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from schedlab.errors import SchedlabError
+from schedlab.exec.threads import set_intra_op_threads
+from schedlab.optim import OPTIMIZERS
+from schedlab.workloads import load_workload
+
+PIPELINING_KIND = "pipelining"  # the `kind` of a job's side-by-side spec that runs this
+PIPELINING_KEYS = (
+    "spec",
+    "size",
+    "seed",
+    "optimizer",
+    "lr",
+    "threads",
+    "schedule",
+    "micro_batches",
+    "stage_layers",
+    "stage_ranks",
+)
+
+# Plan schedule name (its base, before ':') -> torch.distributed.pipelining class name.
+TORCH_SCHEDULES: dict[str, str] = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved": "ScheduleInterleaved1F1B",
+    "looped-bfs": "ScheduleLoopedBFS",
+    "zbv": "ScheduleZBVZeroBubble",
+}
+SINGLE_STAGE_SCHEDULES = ("gpipe", "1f1b")  # torch takes one stage per rank for these
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A piece of a model torch can run as (part of) a stage: one activation in, one out."""
+
+    layers: tuple[str, ...]  # capture's layer names inside it, forward order
+    module: nn.Module
+
+
+class _Chain(nn.Module):
+    """A stage: its segments run one after the other."""
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for part in self.parts:
+            x = part(x)
+        return x
+
+
+class _MlpLayer(nn.Module):
+    def __init__(self, linear: nn.Module, act: nn.Module) -> None:
+        super().__init__()
+        self.linear, self.act = linear, act
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.act(self.linear(x))
+        return out
+
+
+class _Embed(nn.Module):
+    def __init__(self, tok_emb: nn.Module, pos_emb: nn.Parameter) -> None:
+        super().__init__()
+        self.tok_emb, self.pos_emb = tok_emb, pos_emb
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        out: Tensor = self.tok_emb(tokens) + self.pos_emb  # [B, T, C]
+        return out
+
+
+class _AttnHalf(nn.Module):
+    """x + attn(ln1(x)): the first residual half of a pre-norm block."""
+
+    def __init__(self, ln: nn.Module, attn: nn.Module, mask: Tensor) -> None:
+        super().__init__()
+        self.ln, self.attn = ln, attn
+        self.register_buffer("mask", mask, persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.attn(self.ln(x), self.mask)
+
+
+class _MlpHalf(nn.Module):
+    """x + mlp(ln2(x)): the second residual half of a pre-norm block."""
+
+    def __init__(self, ln: nn.Module, mlp: nn.Module) -> None:
+        super().__init__()
+        self.ln, self.mlp = ln, mlp
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.mlp(self.ln(x))
+
+
+def _mlp_segments(model: nn.Module) -> list[Segment]:
+    body = model.get_submodule("body")
+    assert isinstance(body, nn.Sequential)
+    segs = [Segment((f"body.{k}",), _MlpLayer(body[k], body[k + 1])) for k in range(0, len(body), 2)]
+    return [*segs, Segment(("head",), model.get_submodule("head"))]
+
+
+def _transformer_segments(model: nn.Module) -> list[Segment]:
+    pos = model.get_parameter("pos_emb")
+    mask = model.get_buffer("causal_mask")
+    segs = [Segment(("tok_emb",), _Embed(model.get_submodule("tok_emb"), pos))]
+    for b in range(len(list(model.get_submodule("blocks").children()))):
+        p = f"blocks.{b}"
+        attn = _AttnHalf(model.get_submodule(f"{p}.ln1"), model.get_submodule(f"{p}.attn"), mask)
+        segs.append(Segment((f"{p}.ln1", f"{p}.attn.qkv", f"{p}.attn.proj"), attn))
+        mlp = _MlpHalf(model.get_submodule(f"{p}.ln2"), model.get_submodule(f"{p}.mlp"))
+        segs.append(Segment((f"{p}.ln2", f"{p}.mlp.0", f"{p}.mlp.2"), mlp))
+    final = nn.Sequential(model.get_submodule("ln_f"), model.get_submodule("head"))
+    return [*segs, Segment(("ln_f", "head"), final)]
+
+
+def _class_loss(out: Tensor, target: Tensor) -> Tensor:
+    """The workloads' cross-entropy: [B, classes] logits, or [B, T, V] with [B, T] targets."""
+    return F.cross_entropy(out.flatten(0, -2), target.flatten())
+
+
+# Workload -> (its segments, its loss on the last segment's output and the target input).
+SEGMENTS: dict[str, tuple[Callable[[nn.Module], list[Segment]], Callable[[Tensor, Tensor], Tensor]]] = {
+    "mlp": (_mlp_segments, _class_loss),
+    "transformer": (_transformer_segments, _class_loss),
+}
+
+
+def check_workload(spec: str) -> None:
+    """Refuse a workload whose model this module cannot cut into pipeline stages."""
+    if spec not in SEGMENTS:
+        raise SchedlabError(
+            f"--pipelining builds torch pipeline stages for the workloads {', '.join(SEGMENTS)} (their layer "
+            f"sequence is explicit); {spec!r} is not one of them"
+        )
+
+
+def torch_schedule_name(schedule: object) -> str:
+    """The torch.distributed.pipelining class for a plan's schedule, or a SchedlabError."""
+    if not isinstance(schedule, str):
+        raise SchedlabError(
+            "--pipelining needs a plan with a named schedule (one of "
+            f"{', '.join(TORCH_SCHEDULES)}), not one written out action by action"
+        )
+    base = schedule.strip().partition(":")[0]
+    if base not in TORCH_SCHEDULES:
+        raise SchedlabError(
+            f"schedule {schedule!r} has no counterpart in torch.distributed.pipelining that runs the same actions; "
+            f"--pipelining compares {', '.join(n + (':V' if n == 'interleaved' else '') for n in TORCH_SCHEDULES)}"
+        )
+    return TORCH_SCHEDULES[base]
+
+
+def stage_modules(model: nn.Module, spec: str, stage_layers: list[list[str]]) -> list[nn.Module]:
+    """Each plan stage of `model` (workload `spec`) as one module, built from the model's
+    own submodules (shared, not copied), or a SchedlabError naming cut points that work."""
+    check_workload(spec)
+    segments = SEGMENTS[spec][0](model)
+    flat = [lay for s in segments for lay in s.layers]
+    wanted = [lay for st in stage_layers for lay in st]
+    if flat != wanted:
+        raise SchedlabError(
+            f"the plan's stages hold layers {wanted}, but {spec}'s pieces for torch hold {flat}; "
+            "the plan was made for another model"
+        )
+    starts = {}  # layer index -> segment index, for each segment's first layer
+    k = 0
+    for i, s in enumerate(segments):
+        starts[k] = i
+        k += len(s.layers)
+    out: list[nn.Module] = []
+    k = 0
+    for st in stage_layers:
+        a, b = k, k + len(st)
+        if a not in starts or (b < len(flat) and b not in starts):
+            bad = b if a in starts else a
+            ok = ", ".join(str(c) for c in sorted(starts) if c > 0)
+            raise SchedlabError(
+                f"a stage cut at layer {bad} ({flat[bad]}) falls inside one of {spec}'s pieces torch runs whole; "
+                f"give the plan stage cut points (--stage-cuts) among: {ok}"
+            )
+        end = starts[b] if b < len(flat) else len(segments)
+        out.append(_Chain([s.module for s in segments[starts[a] : end]]))
+        k = b
+    return out
+
+
+class PipeliningStepper:
+    """One rank of torch's pipelined training loop (job spec `check_pipelining_spec`, rank
+    `rank` of `world`): `timed_step()` runs and times steps."""
+
+    def __init__(self, spec: dict[str, Any], rank: int, world: int, timeout: timedelta) -> None:
+        from torch.distributed import pipelining
+
+        if not dist.is_initialized():
+            raise SchedlabError("PipeliningStepper runs inside a rank: initialise the default process group first")
+        ranks = [int(r) for r in spec["stage_ranks"]]
+        if sorted(set(ranks)) != list(range(world)):
+            raise SchedlabError(f"the plan's stages run on ranks {ranks}; torch's pipeline needs every one of {world}")
+        name = str(spec["schedule"])
+        cls_name = torch_schedule_name(name)
+        # Every rank, at the same point (see the module doc); each transfer waits at most `timeout`
+        # (the job's collective timeout, as the rank's default group's).
+        group = dist.new_group(list(range(world)), timeout=timeout)
+        workload = load_workload(str(spec["spec"]), str(spec["size"]), seed=int(spec["seed"]))
+        model = workload.module
+        mine = [s for s, r in enumerate(ranks) if r == rank]
+        modules = stage_modules(model, str(spec["spec"]), [list(x) for x in spec["stage_layers"]])
+        n = len(modules)
+        cpu = torch.device("cpu")
+        stages = [pipelining.PipelineStage(modules[s], s, n, cpu, group=group) for s in mine]
+        loss = SEGMENTS[str(spec["spec"])][1]
+        M = int(spec["micro_batches"])
+        cls = getattr(pipelining, cls_name)
+        base = name.partition(":")[0]
+        if base in SINGLE_STAGE_SCHEDULES:
+            if len(stages) != 1:
+                raise SchedlabError(f"schedule {name!r} runs one stage per rank; rank {rank} holds stages {mine}")
+            self.schedule = cls(stages[0], M, loss_fn=loss)
+        else:
+            self.schedule = cls(stages, M, loss_fn=loss)
+        params = [p for m in (modules[s] for s in mine) for p in m.parameters()]
+        self.params = {f"stage{s}.{k}": p for s in mine for k, p in modules[s].named_parameters()}
+        self.optimizer = OPTIMIZERS[str(spec["optimizer"])].make_torch(params, float(spec["lr"]))
+        x, target = workload.inputs
+        self.first = 0 in mine
+        self.last = n - 1 in mine
+        self.x, self.target = x, target
+        self.threads = int(spec["threads"])
+
+    def _step(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        args = (self.x,) if self.first else ()
+        kwargs = {"target": self.target, "losses": []} if self.last else {}
+        self.schedule.step(*args, **kwargs)
+        self.optimizer.step()
+
+    def timed_step(self, steps: int = 1) -> tuple[int, int]:
+        """Run `steps` steps back to back; (start, wall) in ns on `time.perf_counter_ns`."""
+        before = set_intra_op_threads(self.threads)
+        try:
+            t0 = time.perf_counter_ns()
+            for _ in range(steps):
+                self._step()
+            return t0, time.perf_counter_ns() - t0
+        finally:
+            set_intra_op_threads(before)
+
+    def parameters(self) -> dict[str, Tensor]:
+        """This rank's stages' parameters, named stage{S}.{path in the stage module}."""
+        return {n: p.detach() for n, p in self.params.items()}
+
+
+def check_pipelining_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """A job's pipelining side-by-side spec: the workload (spec, size, seed), optimizer, lr,
+    threads, the plan's schedule name and micro-batches, each stage's layers and rank."""
+    missing = [k for k in PIPELINING_KEYS if k not in spec]
+    if missing:
+        raise SchedlabError(f"the job's pipelining spec lacks {', '.join(missing)}")
+    return {"kind": PIPELINING_KIND, **{k: spec[k] for k in PIPELINING_KEYS}, "want_params": False}

@@ -1,0 +1,73 @@
+"""`schedlab bench --pipelining`: a pipeline plan's step against torch.distributed.pipelining's
+on the same ranks, and the stage modules torch runs being the plan's layer split."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from schedlab.capture import capture
+from schedlab.errors import SchedlabError
+from schedlab.exec.bench import compare_with_pipelining
+from schedlab.exec.pipelining import SEGMENTS, stage_modules, torch_schedule_name
+from schedlab.machine import host_ranks
+from schedlab.microbatch import pipeline_step
+from schedlab.pipeline_stages import stage_layers
+from schedlab.plan import Plan, resolve
+from schedlab.workloads import load_workload
+
+
+@pytest.mark.parametrize(("model", "stages"), [("mlp", 2), ("mlp", 3), ("transformer", 2), ("transformer", 4)])
+def test_stage_modules_chain_to_the_models_loss(model: str, stages: int) -> None:
+    w = load_workload(model, "tiny", seed=0)
+    layers = [list(st) for st in stage_layers(capture(w).graph, stages)]
+    x, target = w.inputs
+    try:
+        mods = stage_modules(w.module, model, layers)
+    except SchedlabError as e:  # a cut inside a piece torch runs whole is refused, naming the cuts that work
+        assert "cut points" in str(e)
+        return
+    assert len(mods) == stages
+    out = x
+    for m in mods:
+        out = m(out)
+    loss = SEGMENTS[model][1](out, target)
+    torch.testing.assert_close(loss, w.module(x, target))
+    # every parameter of the model is in exactly one stage
+    held = [id(p) for m in mods for p in m.parameters()]
+    assert sorted(held) == sorted(id(p) for p in w.module.parameters())
+
+
+def test_a_cut_inside_a_piece_is_refused() -> None:
+    w = load_workload("transformer", "tiny", seed=0)
+    order = [lay for st in stage_layers(capture(w).graph, 1) for lay in st]
+    cut = order.index("blocks.0.attn.qkv")  # inside the attention half
+    with pytest.raises(SchedlabError, match="falls inside"):
+        stage_modules(w.module, "transformer", [order[:cut], order[cut:]])
+
+
+def test_schedules_without_a_torch_counterpart_are_refused() -> None:
+    assert torch_schedule_name("1f1b") == "Schedule1F1B"
+    assert torch_schedule_name("interleaved:2") == "ScheduleInterleaved1F1B"
+    for name in ("zb-h1", "ooo", [["F0"]]):
+        with pytest.raises(SchedlabError, match="pipelining"):
+            torch_schedule_name(name)
+
+
+def test_bench_tiny_mlp_1f1b_against_torch_pipelining() -> None:
+    plan = Plan(micro_batches=2, stages=2, schedule="1f1b", pipeline_devices=("cpu0", "cpu1"))
+    machine = host_ranks(2)
+    w = load_workload("mlp", "tiny", seed=0)
+    step = pipeline_step(w, 2, capture)
+    resolved = resolve(step.graph, plan, machine)
+    res, _ = compare_with_pipelining(step, resolved, machine, spec="mlp", size="tiny", seed=0, repeats=3, warmup=1)
+    assert res.torch_schedule == "Schedule1F1B"
+    assert res.ranks == 2 and res.stages == 2 and res.micro_batches == 2
+    assert len(res.schedlab_step_times_s) == len(res.pipelining_step_times_s) == 3
+    assert res.schedlab_step_s > 0 and res.pipelining_step_s > 0
+    assert math.isfinite(res.ratio_vs_pipelining) and res.ratio_vs_pipelining > 0
+    lo, hi = res.ratio_spread
+    assert 0 < lo <= res.ratio_vs_pipelining <= hi
+    assert res.to_json()["ratio_vs_pipelining"] == res.ratio_vs_pipelining
