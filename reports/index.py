@@ -31,6 +31,9 @@ REDRAW = {
     "thread_scaling": "python -m schedlab.reports.figures.thread_scaling {path}",
     "history": "python -m schedlab.reports.figures.history {path}",
     "fidelity": "python -m schedlab.reports.figures.fidelity {path}",
+    "placement_strategies": "python -m schedlab.reports.figures.placement_compare {path}",
+    "rl_curve": "python -m schedlab.reports.figures.rl_curve {path}",
+    "placement_map": "python -m schedlab.reports.figures.placement_map {path}",
 }
 
 

@@ -15,6 +15,7 @@ Data: run.json, search.json (strategies, best, baselines), results.json.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -199,5 +200,10 @@ def _repeats_text(run: RunData) -> str:
     return text + (f" × {res.steps_per_repeat} steps" if res.steps_per_repeat else "")
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m schedlab.reports.figures.placement_compare RUN_DIR [OUT_DIR]`: redraw this figure from a stored run."""
+    return main_for(draw, NAME, argv)
+
+
 if __name__ == "__main__":
-    sys.exit(main_for(draw, NAME))
+    sys.exit(main())

@@ -254,5 +254,10 @@ def _draw_row(ax: Any, lm: LayerMap, columns: Sequence[str], kinds: Sequence[str
     ax.spines["left"].set_visible(False)
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m schedlab.reports.figures.placement_map RUN_DIR [OUT_DIR]`: redraw this figure from a stored run."""
+    return main_for(draw, NAME, argv)
+
+
 if __name__ == "__main__":
-    sys.exit(main_for(draw, NAME))
+    sys.exit(main())

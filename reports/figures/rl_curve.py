@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,5 +166,10 @@ def _config_text(curve: RlCurve) -> str:
     return ", ".join(f"{label} {c[k]}" for k, label in keys if c.get(k) is not None) or "config not recorded"
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m schedlab.reports.figures.rl_curve RUN_DIR [OUT_DIR]`: redraw this figure from a stored run."""
+    return main_for(draw, NAME, argv)
+
+
 if __name__ == "__main__":
-    sys.exit(main_for(draw, NAME))
+    sys.exit(main())

@@ -4,6 +4,7 @@ a reason where their data is missing; on the report's index page of a placement 
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -232,3 +233,16 @@ def test_a_placement_strategy_in_the_all_space_counts_as_a_placement_run(tmp_pat
     (run_dir / "run.json").write_text(json.dumps({**run_json, "space": "all"}))
     rec = placement_map.draw(load_run(run_dir), tmp_path / "map")
     assert list(rec.conditions["strategies"]) == ["layers"]
+
+
+@pytest.mark.parametrize("name", PLACEMENT_FIGURE_NAMES)
+def test_each_figure_redraws_from_the_command_the_report_records(
+    placement: tuple[Path, Report], name: str, tmp_path: Path
+) -> None:
+    run_dir, report = placement
+    figure = next(f for f in json.loads(report.figures_json.read_text())["figures"] if f["name"] == name)
+    command = figure["redraw"].split()
+    assert command[:2] == ["python", "-m"] and command[-1] == str(run_dir)
+    module = importlib.import_module(command[2])
+    assert module.main([str(run_dir), str(tmp_path)]) == 0
+    assert (tmp_path / f"{name}.png").read_bytes().startswith(PNG_MAGIC)
