@@ -105,3 +105,13 @@ def test_stage_maps() -> None:
         stage_devices(6, 4)
     with pytest.raises(SchedlabError, match="form a cycle"):
         PipeShape(stages=(Stage((0,), (1,)), Stage((0,), (0,))), n_devices=1)
+
+
+def test_completion_spacing_never_beats_the_busiest_devices_work() -> None:
+    from schedlab.pipeline.generators import default_shape, generate
+
+    # GPipe finishes its micro-batches in a burst, one B apart; a steady state still needs
+    # F + B of every device per micro-batch.
+    t = time_schedule(generate("gpipe", default_shape("gpipe", 4, f_time=1, b_time=1), 8))
+    assert t.completion_spacing() == 2.0
+    assert max(t.busy) / 8 == 2.0
