@@ -29,8 +29,7 @@ from schedlab.graph import Graph
 from schedlab.machine import Machine
 from schedlab.pipeline import STAGE_MAPS, Schedule, check_schedule, infer_chain, stage_devices
 from schedlab.pipeline.generators import default_shape, generate, parse_name, schedule_names
-from schedlab.pipeline.schedule import n_microbatches_of
-from schedlab.pipeline.torch_io import read_rows
+from schedlab.pipeline.schedule import n_microbatches_of, orders_from_rows
 from schedlab.pipeline_expand import NO_ACTION, Pipelined, pipeline_graph
 from schedlab.pipeline_stages import split_stages
 from schedlab.plan import Plan, PlanError, ResolvedPlan, check_memory, device_settings, list_schedule, op_threads
@@ -108,7 +107,7 @@ def _written(plan: Plan, n_devices: int) -> Schedule:
     assert plan.schedule is not None and not isinstance(plan.schedule, str)
     S, M = plan.n_stages, plan.micro_batches
     try:
-        orders, dropped = read_rows(plan.schedule)
+        orders, dropped = orders_from_rows(plan.schedule)
         shape = infer_chain(orders)
         mbs = n_microbatches_of(orders)
     except SchedlabError as e:

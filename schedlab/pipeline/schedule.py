@@ -12,12 +12,13 @@ on reading (`Schedule.comm_dropped` counts them).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from schedlab.errors import SchedlabError
 from schedlab.pipeline.actions import Action, Kind, parse_action
-from schedlab.pipeline.shape import PipeShape, Stage, backward_times
+from schedlab.pipeline.shape import PipeShape, chain_of
 
 
 @dataclass(frozen=True)
@@ -61,24 +62,43 @@ class Schedule:
         return [[str(a) for a in order] for order in self.orders]
 
 
+# torch's actions that are neither compute nor SEND/RECV; all are communication or
+# bookkeeping around it, and carry no micro-batch.
+_TORCH_ONLY_RE = re.compile(r"^\d+(UNSHARD|RESHARD|REDUCE_GRAD)$")
+_COMPOUND_RE = re.compile(r"^\((.*)\)OVERLAP_F_B$")
+
+
+def read_cell(text: str) -> tuple[tuple[Action, ...], int]:
+    """One cell in torch's text -> the compute actions it holds (an OVERLAP_F_B
+    compound's sub-actions, in order) and how many communication actions it held."""
+    text = text.strip()
+    if not text:
+        return (), 0
+    if _TORCH_ONLY_RE.match(text):
+        return (), 1
+    compound = _COMPOUND_RE.match(text)
+    parts = compound.group(1).split(";") if compound else [text]
+    actions = tuple(parse_action(p) for p in parts)
+    if compound and not all(a.kind.is_compute for a in actions):
+        raise SchedlabError(f"OVERLAP_F_B {text!r} holds communication; it pairs compute actions only")
+    compute = tuple(a for a in actions if a.kind.is_compute)
+    return compute, len(actions) - len(compute)
+
+
 def orders_from_rows(rows: Sequence[Sequence[str]]) -> tuple[tuple[tuple[Action, ...], ...], int]:
-    """Rows of action cells (empty cells skipped) -> compute orders per device, and how
-    many communication actions were dropped."""
+    """Rows of cells in torch's text, one row per rank (empty cells skipped) -> compute
+    orders per rank, and how many communication actions were dropped."""
     orders: list[tuple[Action, ...]] = []
     dropped = 0
     for r, row in enumerate(rows):
         acts: list[Action] = []
         for c, cell in enumerate(row):
-            if not cell.strip():
-                continue
             try:
-                a = parse_action(cell)
+                compute, comm = read_cell(cell)
             except SchedlabError as e:
-                raise SchedlabError(f"row {r} (device {r}), cell {c}: {e}") from None
-            if a.kind.is_compute:
-                acts.append(a)
-            else:
-                dropped += 1
+                raise SchedlabError(f"row {r} (rank {r}), cell {c}: {e}") from None
+            acts.extend(compute)
+            dropped += comm
         orders.append(tuple(acts))
     return tuple(orders), dropped
 
@@ -124,21 +144,18 @@ def infer_chain(
     missing = [s for s in range(n_stages) if s not in devices]
     if missing:
         raise SchedlabError(f"the schedule has no action for stage(s) {missing} of 0..{n_stages - 1}")
-    b, i, w = backward_times(f_time, b_time, i_time, w_time)
-    stages = tuple(
-        Stage(
-            devices=tuple(sorted(devices[s])),
-            next=(s + 1,) if s + 1 < n_stages else (),
-            f_time=f_time,
-            b_time=b,
-            i_time=i,
-            w_time=w,
-            f_mem=f_mem,
-            w_mem=w_mem,
-        )
-        for s in range(n_stages)
+    stage_devs = [tuple(sorted(devices[s])) for s in range(n_stages)]
+    return chain_of(
+        stage_devs,
+        len(orders),
+        f_time=f_time,
+        b_time=b_time,
+        i_time=i_time,
+        w_time=w_time,
+        f_mem=f_mem,
+        w_mem=w_mem,
+        name="inferred chain",
     )
-    return PipeShape(stages=stages, n_devices=len(orders), name="inferred chain")
 
 
 def n_microbatches_of(orders: Iterable[Iterable[Action]]) -> int:

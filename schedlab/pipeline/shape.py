@@ -13,6 +13,7 @@ schedule, where F = 1 is customary). Memory is in one unit too (bytes for a mode
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from schedlab.errors import SchedlabError
@@ -153,11 +154,39 @@ def chain(
     by `stage_map`. Unset backward times follow the usual split: I = W = F and B = I + W;
     given B alone, I = W = B / 2."""
     n = n_devices if n_stages is None else n_stages
-    b, i, w = backward_times(f_time, b_time, i_time, w_time)
     devs = stage_devices(n, n_devices, stage_map)
+    return chain_of(
+        [(d,) for d in devs],
+        n_devices,
+        f_time=f_time,
+        b_time=b_time,
+        i_time=i_time,
+        w_time=w_time,
+        f_mem=f_mem,
+        w_mem=w_mem,
+        name=name or f"chain-{stage_map}",
+    )
+
+
+def chain_of(
+    stage_devices: Sequence[tuple[int, ...]],
+    n_devices: int,
+    *,
+    f_time: float = 1.0,
+    b_time: float | None = None,
+    i_time: float | None = None,
+    w_time: float | None = None,
+    f_mem: float = 1.0,
+    w_mem: float = 0.0,
+    name: str = "",
+) -> PipeShape:
+    """A chain of identical stages, stage s on `stage_devices[s]` and feeding s + 1
+    (backward times as `backward_times` completes them)."""
+    b, i, w = backward_times(f_time, b_time, i_time, w_time)
+    n = len(stage_devices)
     stages = tuple(
         Stage(
-            devices=(devs[s],),
+            devices=devs,
             next=(s + 1,) if s + 1 < n else (),
             f_time=f_time,
             b_time=b,
@@ -166,6 +195,6 @@ def chain(
             f_mem=f_mem,
             w_mem=w_mem,
         )
-        for s in range(n)
+        for s, devs in enumerate(stage_devices)
     )
-    return PipeShape(stages=stages, n_devices=n_devices, name=name or f"chain-{stage_map}")
+    return PipeShape(stages=stages, n_devices=n_devices, name=name)

@@ -55,9 +55,8 @@ import contextlib
 import csv
 import io
 import os
-import re
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +64,7 @@ from typing import Any
 from schedlab.errors import SchedlabError
 from schedlab.pipeline.actions import Action, Kind, parse_action
 from schedlab.pipeline.check import check_schedule
-from schedlab.pipeline.schedule import Schedule, infer_chain, n_microbatches_of
+from schedlab.pipeline.schedule import Schedule, infer_chain, n_microbatches_of, orders_from_rows
 
 TORCH_PINNED = "2.13"  # the torch minor version whose private pipelining API this module reads
 
@@ -81,47 +80,7 @@ _TORCH_SCHEDULES = (
     "DualPipeV",
 )
 
-# torch's actions that are neither compute nor SEND/RECV; all are communication or
-# bookkeeping around it, and carry no micro-batch.
-_TORCH_ONLY_RE = re.compile(r"^\d+(UNSHARD|RESHARD|REDUCE_GRAD)$")
-_COMPOUND_RE = re.compile(r"^\((.*)\)OVERLAP_F_B$")
-
-
 # ---------------------------------------------------------------- CSV
-
-
-def read_cell(text: str) -> tuple[tuple[Action, ...], int]:
-    """One CSV cell in torch's text -> the compute actions it holds (an OVERLAP_F_B
-    compound's sub-actions, in order) and how many communication actions it held."""
-    text = text.strip()
-    if not text:
-        return (), 0
-    if _TORCH_ONLY_RE.match(text):
-        return (), 1
-    compound = _COMPOUND_RE.match(text)
-    parts = compound.group(1).split(";") if compound else [text]
-    actions = tuple(parse_action(p) for p in parts)
-    if compound and not all(a.kind.is_compute for a in actions):
-        raise SchedlabError(f"OVERLAP_F_B {text!r} holds communication; it pairs compute actions only")
-    compute = tuple(a for a in actions if a.kind.is_compute)
-    return compute, len(actions) - len(compute)
-
-
-def read_rows(rows: Sequence[Sequence[str]]) -> tuple[tuple[tuple[Action, ...], ...], int]:
-    """Rows of torch cells -> compute orders per rank and the communication actions dropped."""
-    orders: list[tuple[Action, ...]] = []
-    dropped = 0
-    for r, row in enumerate(rows):
-        acts: list[Action] = []
-        for c, cell in enumerate(row):
-            try:
-                compute, comm = read_cell(cell)
-            except SchedlabError as e:
-                raise SchedlabError(f"row {r} (rank {r}), cell {c}: {e}") from None
-            acts.extend(compute)
-            dropped += comm
-        orders.append(tuple(acts))
-    return tuple(orders), dropped
 
 
 def read_csv(
@@ -150,7 +109,7 @@ def read_csv(
     if not rows:
         raise SchedlabError(f"{p} holds no rows; torch's CSV has one row per rank")
     try:
-        orders, dropped = read_rows(rows)
+        orders, dropped = orders_from_rows(rows)
         shape = infer_chain(
             orders, f_time=f_time, b_time=b_time, i_time=i_time, w_time=w_time, f_mem=f_mem, w_mem=w_mem
         )
@@ -318,7 +277,7 @@ def from_torch(name: str, n_ranks: int, n_microbatches: int, stages_per_rank: in
     canonical = _canonical_name(name)
     torch_order = _torch_order(canonical, n_ranks, n_microbatches, stages_per_rank)
     with _private_api(f"reading torch's {canonical} order"):
-        orders, dropped = read_rows([[str(a) for a in row] for row in torch_order.rows])
+        orders, dropped = orders_from_rows([[str(a) for a in row] for row in torch_order.rows])
     if canonical == "1F1B":
         orders = _renumber_1f1b_forwards(orders, n_microbatches)
     label = f"torch's {canonical} at {n_ranks} ranks, {n_microbatches} micro-batches"
