@@ -95,6 +95,31 @@ def ratio_stats(num_s: list[float] | tuple[float, ...], den_s: list[float] | tup
     return statistics.median(ratios), (q[0], q[2])
 
 
+def _side_by_side(
+    step: PlanStep,
+    resolved: ResolvedPlan,
+    machine: Machine,
+    spec: str,
+    side: dict[str, Any],
+    *,
+    repeats: int,
+    warmup: int,
+    timeout_s: float,
+    want_outputs: bool = False,
+) -> tuple[DistResult, tuple[float, ...], tuple[float, ...], float, tuple[float, float]]:
+    """The plan's steps on its ranks, each followed in the same ranks by the framework's own
+    step that `side` describes (DDP or torch pipelining); both sides' step times
+    (SPAN_STEP_TIME_DEFINITION) and the median and IQR of their per-pair ratios."""
+    graph = step.graph
+    dist = run_ranks(
+        graph, resolved, machine, step.inputs_for(resolved.run_graph(graph)), steps=repeats, warmup=warmup,
+        timeout_s=timeout_s, want_outputs=want_outputs, workload=spec, ddp=side,
+    )
+    ours, theirs = dist.span_step_times_s, dist.ddp_step_times_s
+    ratio, spread = ratio_stats(ours, theirs)
+    return dist, ours, theirs, ratio, spread
+
+
 @dataclass(frozen=True)
 class DdpResult:
     """A data-parallel plan's step against DistributedDataParallel's, same ranks, alternating."""
@@ -159,13 +184,10 @@ def compare_with_ddp(
         "lr": float(graph.meta["lr"]), "bucket_mb": plan.bucket_mb, "threads": threads,
         "replicas": plan.replicas, "want_params": want_params,
     }
-    run_graph = resolved.run_graph(graph)
-    dist = run_ranks(
-        graph, resolved, machine, step.inputs_for(run_graph), steps=repeats, warmup=warmup, timeout_s=timeout_s,
-        want_outputs=want_params, workload=spec, ddp=ddp,
+    dist, ours, theirs, ratio, spread = _side_by_side(
+        step, resolved, machine, spec, ddp, repeats=repeats, warmup=warmup, timeout_s=timeout_s,
+        want_outputs=want_params,
     )
-    ours, theirs = dist.span_step_times_s, dist.ddp_step_times_s
-    ratio, spread = ratio_stats(ours, theirs)
     return DdpResult(
         ranks=dist.ranks,
         replicas=plan.replicas,
@@ -264,13 +286,9 @@ def compare_with_pipelining(
         "stage_layers": [list(st) for st in stage_layers(graph, plan.stages)],
         "stage_ranks": list(stage_ranks(plan, machine)),
     }
-    run_graph = resolved.run_graph(graph)
-    dist = run_ranks(
-        graph, resolved, machine, step.inputs_for(run_graph), steps=repeats, warmup=warmup, timeout_s=timeout_s,
-        workload=spec, ddp=side,
+    dist, ours, theirs, ratio, spread = _side_by_side(
+        step, resolved, machine, spec, side, repeats=repeats, warmup=warmup, timeout_s=timeout_s
     )
-    ours, theirs = dist.span_step_times_s, dist.ddp_step_times_s
-    ratio, spread = ratio_stats(ours, theirs)
     return PipeliningResult(
         ranks=dist.ranks,
         stages=plan.n_stages,
