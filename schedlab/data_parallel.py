@@ -43,20 +43,30 @@ BATCH_NORM_CLASSES = ("native_batch_norm", "_native_batch_norm_legit", "_native_
 
 def split_workload(workload: Workload, replicas: int) -> list[Workload]:
     """The R per-replica workloads: every user input sliced into R equal parts along dim 0."""
-    if replicas < 1:
-        raise SchedlabError(f"replicas must be >= 1, got {replicas}")
-    parts: list[list[torch.Tensor]] = [[] for _ in range(replicas)]
+    return split_batch(
+        workload,
+        replicas,
+        too_few=f"replicas must be >= 1, got {replicas}",
+        indivisible=f"replicas={replicas} must divide the batch: input {{k}} of {{name}} has {{size}}; "
+        "use a replica count that divides it, or a larger --size",
+    )
+
+
+def split_batch(workload: Workload, parts: int, *, too_few: str, indivisible: str) -> list[Workload]:
+    """`workload` as `parts` workloads, every user input sliced into equal parts along dim 0
+    (replicas; micro-batches). `indivisible` is the error's text, formatted with the input's
+    index `k`, the workload's `name` and the input's `size`."""
+    if parts < 1:
+        raise SchedlabError(too_few)
+    pieces: list[list[torch.Tensor]] = [[] for _ in range(parts)]
     for k, t in enumerate(workload.inputs):
-        if t.dim() == 0 or t.shape[0] % replicas:
+        if t.dim() == 0 or t.shape[0] % parts:
             size = "a scalar" if t.dim() == 0 else f"batch {t.shape[0]}"
-            raise SchedlabError(
-                f"replicas={replicas} must divide the batch: input {k} of {workload.name} has {size}; "
-                "use a replica count that divides it, or a larger --size"
-            )
-        for r, piece in enumerate(torch.chunk(t, replicas, dim=0)):
-            parts[r].append(piece.clone())
+            raise SchedlabError(indivisible.format(k=k, name=workload.name, size=size))
+        for r, piece in enumerate(torch.chunk(t, parts, dim=0)):
+            pieces[r].append(piece.clone())
     return [
-        Workload(name=workload.name, size=workload.size, module=workload.module, inputs=tuple(p)) for p in parts
+        Workload(name=workload.name, size=workload.size, module=workload.module, inputs=tuple(p)) for p in pieces
     ]
 
 

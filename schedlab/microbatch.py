@@ -19,7 +19,7 @@ from functools import cached_property
 import torch
 
 from schedlab.capture import Captured
-from schedlab.data_parallel import PlanStep
+from schedlab.data_parallel import PlanStep, split_batch
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, InputRole
 from schedlab.steps import as_step_outputs
@@ -30,19 +30,13 @@ MICRO_SUFFIX = "@m"  # micro-batch m >= 1's copy of an input NAME is NAME@mM
 
 def split_micro_batches(workload: Workload, micro_batches: int) -> list[Workload]:
     """The M micro-batch workloads: every user input sliced into M equal parts along dim 0."""
-    if micro_batches < 1:
-        raise SchedlabError(f"micro-batches must be >= 1, got {micro_batches}")
-    parts: list[list[torch.Tensor]] = [[] for _ in range(micro_batches)]
-    for k, t in enumerate(workload.inputs):
-        if t.dim() == 0 or t.shape[0] % micro_batches:
-            size = "a scalar" if t.dim() == 0 else f"batch {t.shape[0]}"
-            raise SchedlabError(
-                f"{micro_batches} micro-batches must divide the batch: input {k} of {workload.name} has {size}; "
-                "use a micro-batch count that divides it, or a larger --size"
-            )
-        for m, piece in enumerate(torch.chunk(t, micro_batches, dim=0)):
-            parts[m].append(piece.clone())
-    return [Workload(name=workload.name, size=workload.size, module=workload.module, inputs=tuple(p)) for p in parts]
+    return split_batch(
+        workload,
+        micro_batches,
+        too_few=f"micro-batches must be >= 1, got {micro_batches}",
+        indivisible=f"{micro_batches} micro-batches must divide the batch: input {{k}} of {{name}} has {{size}}; "
+        "use a micro-batch count that divides it, or a larger --size",
+    )
 
 
 def micro_graph(graph: Graph, micro_batches: int) -> Graph:
