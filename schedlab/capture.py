@@ -30,6 +30,7 @@ from torch import nn
 from schedlab.errors import SchedlabError
 from schedlab.flops import op_cost
 from schedlab.graph import Graph, GraphInput, GraphOutput, InputRole, Op, OpKind, OutputRole, TensorMeta, storage_root
+from schedlab.op_kinds import owner_of, tag_kinds
 from schedlab.optim import OPTIMIZERS, OptimizerSpec
 from schedlab.workloads import Workload
 
@@ -57,10 +58,6 @@ class _LossTuple(nn.Module):
 
 def _strip(name: str) -> str:
     return name[2:] if name.startswith("m.") else name
-
-
-def _owner(param_name: str) -> str:
-    return param_name.rsplit(".", 1)[0] if "." in param_name else ""
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -249,7 +246,7 @@ def capture(workload: Workload, optimizer: str = "sgd", lr: float | None = None)
 
     param_of_value = {i.value: i.name for i in imp.inputs if i.role is InputRole.PARAM}
     forward_outputs = [o.value for o in outputs if o.role in (OutputRole.LOSS, OutputRole.BUFFER)]
-    imp.ops = _annotate(imp.ops, imp.values, forward_outputs, grads, param_of_value)
+    imp.ops = tag_kinds(imp.ops, imp.values, forward_outputs, grads, param_of_value)
 
     # Optimizer update: shared scalar work once, then one traced update per parameter.
     param_values = {i.name: i.value for i in imp.inputs if i.role is InputRole.PARAM}
@@ -261,7 +258,7 @@ def capture(workload: Workload, optimizer: str = "sgd", lr: float | None = None)
     scalars = shared_outs[len(shared_inputs):]
     for pname, g in grads.items():
         p = named_params[pname]
-        layer = _owner(pname) or None
+        layer = owner_of(pname) or None
         state = spec.param_state(p)
         state_inputs = [imp.add_input(f"{pname}.{s}", InputRole.OPT_STATE, t) for s, t in state.items()]
         upd_gm = spec.trace_update(p, state, lr)
@@ -293,56 +290,3 @@ def capture(workload: Workload, optimizer: str = "sgd", lr: float | None = None)
     )
     graph.validate()
     return Captured(graph=graph, input_values=imp.input_values)
-
-
-def _annotate(
-    ops: list[Op],
-    values: list[TensorMeta | None],
-    forward_outputs: list[int],
-    grads: dict[str, int],
-    param_of_value: dict[int, str],
-) -> list[Op]:
-    """Tag the joint graph's ops F/B/W and give each a layer (see the module docstring)."""
-    producer = {v: op.id for op in ops for v in op.outputs}
-    consumers: list[list[int]] = [[] for _ in ops]
-    for op in ops:
-        for p in {producer[v] for v in op.inputs if v in producer}:
-            consumers[p].append(op.id)
-    # Forward: every op the loss or an updated buffer depends on; the rest is backward.
-    forward = [False] * len(ops)
-    stack = [producer[v] for v in forward_outputs if v in producer]
-    while stack:
-        i = stack.pop()
-        if not forward[i]:
-            forward[i] = True
-            stack.extend(producer[v] for v in ops[i].inputs if v in producer)
-    # Which layers' parameter gradients each op feeds, as a bitset over owner modules.
-    owners = sorted({_owner(n) for n in grads})
-    bit = {o: 1 << k for k, o in enumerate(owners)}
-    grad_bits: dict[int, int] = {}
-    for name, v in grads.items():
-        grad_bits[v] = grad_bits.get(v, 0) | bit[_owner(name)]
-    reach = [0] * len(ops)
-    for op in reversed(ops):
-        r = 0
-        for v in op.outputs:
-            r |= grad_bits.get(v, 0)
-        for c in consumers[op.id]:
-            r |= reach[c]
-        reach[op.id] = r
-
-    out: list[Op] = []
-    layer: list[str | None] = [None] * len(ops)
-    for op in ops:
-        single = reach[op.id] != 0 and reach[op.id] & (reach[op.id] - 1) == 0
-        kind = OpKind.F if forward[op.id] else (OpKind.W if single else OpKind.B)
-        # Layer: the module of a parameter the op reads; for W work the one layer it
-        # feeds; otherwise the layer of the op that produced its first input.
-        lay = next((_owner(param_of_value[storage_root(values, v)]) for v in op.inputs if storage_root(values, v) in param_of_value), None)
-        if lay is None and kind is OpKind.W:
-            lay = owners[reach[op.id].bit_length() - 1]
-        if lay is None:
-            lay = next((layer[producer[v]] for v in op.inputs if v in producer and layer[producer[v]]), None)
-        layer[op.id] = lay or None
-        out.append(Op(**{**op.__dict__, "kind": kind, "layer": layer[op.id]}))
-    return out
