@@ -32,7 +32,6 @@ the same stages and schedule there instead (`schedlab.exec.pipelining`).
 
 from __future__ import annotations
 
-import ctypes
 import faulthandler
 import os
 import signal
@@ -59,22 +58,8 @@ from schedlab.exec.job import (
     write_result,
 )
 from schedlab.exec.pipelining import PIPELINING_KIND, PipeliningStepper
-from schedlab.exec.rankenv import CPUS_ENV, FAULT_ENV, PARENT_ENV, RankEnv, core_share, pin_process, read_env
+from schedlab.exec.rankenv import CPUS_ENV, FAULT_ENV, RankEnv, core_share, die_with_parent, pin_process, read_env
 from schedlab.exec.runner import OpFailed, next_inputs
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to kill this process when its parent dies: no orphan if the launcher is killed.
-    (Linux means the parent *thread*: a launcher must start ranks from a thread that
-    outlives them, as `launch.run_ranks` does, for it waits for them on the same thread.)"""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux
-        return
-    parent = os.environ.get(PARENT_ENV)
-    if parent is not None and os.getppid() != int(parent):  # the parent died before prctl
-        os._exit(1)
 
 
 def _fault(spec: str, rank: int) -> tuple[str, int] | None:
@@ -102,7 +87,7 @@ def main(argv: list[str]) -> int:
         return 2
     env = read_env(os.environ)
     tune_malloc()  # the allocator the CLI runs under, and the profile was calibrated under
-    _die_with_parent()
+    die_with_parent()
     if os.environ.get(CPUS_ENV):
         pin_process([int(c) for c in os.environ[CPUS_ENV].split(",")])
     elif hasattr(os, "sched_getaffinity"):

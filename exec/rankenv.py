@@ -7,7 +7,9 @@ the module that ``python -m schedlab.exec.rank`` runs.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import signal
 from dataclasses import dataclass
 
 # Environment variables a rank reads besides torchrun's (the launcher sets them).
@@ -54,3 +56,17 @@ def pin_process(cpus: list[int]) -> None:
     for tid in os.listdir("/proc/self/task"):
         with contextlib.suppress(OSError):  # a thread that has exited since
             os.sched_setaffinity(int(tid), cpus)
+
+
+def die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies: no orphan if the launcher is killed.
+    (Linux means the parent *thread*: a launcher must start workers from a thread that
+    outlives them, as `launch.run_ranks` does, for it waits for them on the same thread.)"""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux
+        return
+    parent = os.environ.get(PARENT_ENV)
+    if parent is not None and os.getppid() != int(parent):  # the parent died before prctl
+        os._exit(1)
