@@ -57,9 +57,16 @@ class OutputRole(StrEnum):
 
 
 def op_class_of(target: str) -> str:
-    """"aten.addmm.default" -> "addmm" (other namespaces: the whole target)."""
+    """"aten.addmm.default" -> "addmm"; a TensorFlow kernel ("tf.MatMul") -> the aten class it
+    computes ("mm", `schedlab.tf.opcost`); other namespaces: the whole target."""
     parts = target.split(".")
-    return parts[1] if len(parts) >= 3 and parts[0] == "aten" else target
+    if len(parts) >= 3 and parts[0] == "aten":
+        return parts[1]
+    if parts[0] == "tf" and len(parts) == 2:
+        from schedlab.tf.opcost import tf_op_class
+
+        return tf_op_class(parts[1])
+    return target
 
 
 @dataclass(frozen=True)

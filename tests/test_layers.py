@@ -20,6 +20,7 @@ from tests.tools.package_tree import package_dirs
 FLOOR = {
     "schedlab": 0,
     "schedlab.workloads": 0,
+    "schedlab.tf": 0,
     "schedlab.pipeline": 0,
     "schedlab.exec": 1,
     "schedlab.sim": 1,
