@@ -1,0 +1,163 @@
+"""Run a training step in TensorFlow's own runtime and record it in schedlab's Trace schema.
+
+This is the TensorFlow executor's in-process half (the worker process calls it; see
+`tf_launch.py` for why each threading setting gets a fresh process):
+
+1. build the step's TF1 graph (`schedlab.tf.step`) and a Session with the threading;
+2. the numerics check: the first step's loss, gradients and updated parameters against
+   the same `loss_fn` run eagerly under `tf.GradientTape`, and, for a workload built
+   from a torch module, its gradients against eager PyTorch's;
+3. one fully traced step with the partition graphs: the executed graph, captured as a
+   schedlab Graph (`schedlab.tf.capture`);
+4. warm-up, then timed steps, each traced (`step_stats`): wall time per `Session.run` and
+   one Trace event per captured op (source "exec", backend "tensorflow").
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from schedlab.exec.check import NumericCheck, Tolerance, compare
+from schedlab.graph import Graph, OutputRole
+from schedlab.tf.capture import graph_from_run, node_runs
+from schedlab.tf.model import TFModel
+from schedlab.tf.runtime import TFThreads, import_tensorflow, session_config
+from schedlab.tf.step import TFStep, build_step, eager_loss_and_grads
+from schedlab.trace import Trace, TraceEvent, base_meta
+
+# TensorFlow's graph runtime against its own eager mode: Grappler and oneDNN fuse kernels
+# (MatMul + BiasAdd + Relu in one) and so round differently from eager's separate ones.
+TF_GRAPH_TOLERANCE = Tolerance(atol=1e-5, rtol=1e-4)
+# TensorFlow against PyTorch on the same weights: different kernels, summation orders and
+# formulas (e.g. softmax cross-entropy) for the same maths.
+CROSS_FRAMEWORK_TOLERANCE = Tolerance(atol=2e-5, rtol=1e-3)
+
+
+@dataclass(frozen=True)
+class TFRun:
+    """What one TensorFlow run measured."""
+
+    graph: Graph
+    step_times_s: tuple[float, ...]
+    trace: Trace
+    check: NumericCheck  # against TF eager
+    torch_check: NumericCheck | None  # against eager PyTorch (built from a torch module)
+
+    @property
+    def step_time_s(self) -> float:
+        return statistics.median(self.step_times_s)
+
+
+def _t(a: Any) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(np.asarray(a)))
+
+
+def _check(
+    loss: float, grads: Mapping[str, np.ndarray], ref_loss: float, ref_grads: Mapping[str, np.ndarray],
+    tol: Tolerance, params: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+) -> NumericCheck:
+    tols = {torch.float32: tol, torch.float64: tol}
+    diffs = [(OutputRole.LOSS, compare("loss", _t(np.float32(loss)), _t(np.float32(ref_loss)), tols))]
+    diffs += [(OutputRole.GRAD, compare(f"grad {n}", _t(g), _t(ref_grads[n]), tols)) for n, g in grads.items()]
+    for n, (got, want) in (params or {}).items():
+        diffs.append((OutputRole.PARAM, compare(f"param {n}", _t(got), _t(want), tols)))
+    return NumericCheck.of(diffs)
+
+
+def _intra_threads(threads: TFThreads) -> int:
+    """The intra-op threads a kernel gets: TF's default is one per usable core."""
+    return threads.intra_op or len(os.sched_getaffinity(0))
+
+
+def run_tensorflow(
+    model: TFModel,
+    threads: TFThreads,
+    *,
+    steps: int,
+    warmup: int,
+    optimizer: str = "sgd",
+    lr: float | None = None,
+    torch_reference: Callable[[], tuple[float, dict[str, np.ndarray]]] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> TFRun:
+    """Run `model`'s step in TensorFlow (see the module docstring). `torch_reference` gives
+    eager PyTorch's loss and gradients (torch layout) on the same weights."""
+    tf = import_tensorflow(threads)
+    step = build_step(model, optimizer, lr)
+    session = tf.compat.v1.Session(graph=step.graph, config=session_config(threads))
+    try:
+        step.initialize(session)
+        check, torch_check = _numerics(session, step, torch_reference)
+        graph = _capture(tf, session, step)
+        names = {op.name: op.id for op in graph.ops}
+        opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.SOFTWARE_TRACE)
+        times: list[float] = []
+        events: list[TraceEvent] = []
+        workers: dict[tuple[str, int], int] = {}
+        intra = _intra_threads(threads)
+        for i in range(warmup + steps):
+            md = tf.compat.v1.RunMetadata()
+            t0 = time.perf_counter()
+            session.run([step.loss, step.train_op], options=opts, run_metadata=md)
+            wall = time.perf_counter() - t0
+            if progress is not None:
+                progress(i + 1, warmup + steps)
+            if i < warmup:
+                continue
+            times.append(wall)
+            runs = node_runs(md.step_stats)
+            t_start = min(r.start_ns for r in runs)
+            for r in sorted(runs, key=lambda r: r.start_ns):
+                op_id = names.get(r.name)
+                if op_id is None:
+                    continue  # variables and fetch plumbing: not ops of the captured graph
+                w = workers.setdefault((r.device, r.thread), len(workers))
+                op = graph.ops[op_id]
+                events.append(TraceEvent(op_id, op.name, op.kind.value, "cpu0", w, intra,
+                                         r.start_ns - t_start, r.end_ns - t_start, step=len(times) - 1))
+    finally:
+        session.close()
+    meta = base_meta(
+        "exec", backend="tensorflow", workload=model.name, size=model.size, graph_hash=graph.hash,
+        tensorflow=tf.__version__, threads={"intra_op": threads.intra_op, "inter_op": threads.inter_op,
+                                            "cpu_devices": threads.cpu_devices},
+        numeric_check=check.to_json(), traced="software",
+    )
+    return TFRun(graph=graph, step_times_s=tuple(times), trace=Trace(tuple(events), meta), check=check,
+                 torch_check=torch_check)
+
+
+def _numerics(
+    session: Any, step: TFStep, torch_reference: Callable[[], tuple[float, dict[str, np.ndarray]]] | None,
+) -> tuple[NumericCheck, NumericCheck | None]:
+    """The first step (it updates the weights) against TF eager and, if given, PyTorch."""
+    model = step.model
+    ref_loss, ref_grads = eager_loss_and_grads(model)
+    got = session.run({"loss": step.loss, "grads": step.grads, "train": step.train_op})
+    new_params = session.run(step.reads)
+    lr = np.float32(step.lr)
+    expected = {p.name: p.value - lr * ref_grads[p.name] for p in model.params}
+    params = {n: (new_params[n], expected[n]) for n in new_params}
+    check = _check(got["loss"], got["grads"], ref_loss, ref_grads, TF_GRAPH_TOLERANCE, params)
+    torch_check = None
+    if torch_reference is not None:
+        t_loss, t_grads = torch_reference()
+        as_torch = {p.name: p.layout.to_torch(got["grads"][p.name]) for p in model.params}
+        torch_check = _check(got["loss"], as_torch, t_loss, t_grads, CROSS_FRAMEWORK_TOLERANCE)
+    return check, torch_check
+
+
+def _capture(tf: Any, session: Any, step: TFStep) -> Graph:
+    """The graph TensorFlow executes for a timed step, from one fully traced run of it."""
+    opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE, output_partition_graphs=True)
+    md = tf.compat.v1.RunMetadata()
+    session.run([step.loss, step.train_op], options=opts, run_metadata=md)
+    return graph_from_run(step, md.partition_graphs, md.step_stats, tf.__version__)
