@@ -21,6 +21,7 @@ FLOOR = {
     "schedlab": 0,
     "schedlab.workloads": 0,
     "schedlab.tf": 0,
+    "schedlab.tf.builtins": 0,
     "schedlab.pipeline": 0,
     "schedlab.exec": 1,
     "schedlab.sim": 1,
