@@ -37,8 +37,57 @@ from schedlab.trace import Trace, TraceEvent, base_meta
 # (MatMul + BiasAdd + Relu in one) and so round differently from eager's separate ones.
 TF_GRAPH_TOLERANCE = Tolerance(atol=1e-5, rtol=1e-4)
 # TensorFlow against PyTorch on the same weights: different kernels, summation orders and
-# formulas (e.g. softmax cross-entropy) for the same maths.
-CROSS_FRAMEWORK_TOLERANCE = Tolerance(atol=2e-5, rtol=1e-3)
+# formulas for the same maths. Elementwise, float32 rounding amplified through eight batch
+# norms (cnn default) reaches 1.2e-3; per tensor it stays within 4.8e-3 of the gradient's
+# 2-norm, as far as torch's own float32 gradients are from its float64 ones (4.6e-3;
+# tests/tf/test_builtins.py). So each gradient passes when ||tf - torch|| <= 1e-2 ||torch||,
+# and the loss when |tf - torch| <= 1e-5 + 1e-4 |torch|.
+CROSS_FRAMEWORK_GRAD_REL_NORM = 1e-2
+CROSS_FRAMEWORK_LOSS = Tolerance(atol=1e-5, rtol=1e-4)
+
+
+@dataclass(frozen=True)
+class CrossFrameworkCheck:
+    """The TensorFlow step's loss and gradients against eager PyTorch's on the same weights."""
+
+    max_abs_loss_diff: float
+    max_abs_grad_diff: float  # elementwise, over every gradient
+    max_rel_norm_grad_diff: float  # max over gradients of ||tf - torch|| / ||torch||
+    worst_tensor: str  # the gradient with the largest relative norm difference
+    grad_rel_norm_tolerance: float
+    loss_ok: bool
+
+    @property
+    def numerics_ok(self) -> bool:
+        return self.loss_ok and self.max_rel_norm_grad_diff <= self.grad_rel_norm_tolerance
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "numerics_ok": self.numerics_ok}
+
+
+def cross_framework_check(
+    loss: float, grads: Mapping[str, np.ndarray], ref_loss: float, ref_grads: Mapping[str, np.ndarray]
+) -> CrossFrameworkCheck:
+    """`grads` (torch layout) against PyTorch's `ref_grads`; see CROSS_FRAMEWORK_GRAD_REL_NORM."""
+    from schedlab.errors import SchedlabError
+
+    worst_abs, worst_rel, worst_name = 0.0, 0.0, ""
+    for name, ref in ref_grads.items():
+        if name not in grads:
+            raise SchedlabError(f"TensorFlow step has no gradient for torch parameter {name!r}")
+        got = grads[name]
+        if got.shape != ref.shape:
+            raise SchedlabError(f"gradient {name}: TensorFlow shape {got.shape}, torch {ref.shape}")
+        diff = got.astype(np.float64) - ref.astype(np.float64)
+        worst_abs = max(worst_abs, float(np.max(np.abs(diff))) if diff.size else 0.0)
+        norm = float(np.linalg.norm(ref.astype(np.float64)))
+        rel = float(np.linalg.norm(diff)) / norm if norm > 0 else float(np.linalg.norm(diff))
+        if rel >= worst_rel:
+            worst_rel, worst_name = rel, name
+    loss_diff = abs(float(loss) - float(ref_loss))
+    tol = CROSS_FRAMEWORK_LOSS
+    return CrossFrameworkCheck(loss_diff, worst_abs, worst_rel, worst_name, CROSS_FRAMEWORK_GRAD_REL_NORM,
+                               loss_ok=loss_diff <= tol.atol + tol.rtol * abs(float(ref_loss)))
 
 
 @dataclass(frozen=True)
@@ -49,7 +98,7 @@ class TFRun:
     step_times_s: tuple[float, ...]
     trace: Trace
     check: NumericCheck  # against TF eager
-    torch_check: NumericCheck | None  # against eager PyTorch (built from a torch module)
+    torch_check: CrossFrameworkCheck | None  # against eager PyTorch (built from a torch module)
 
     @property
     def step_time_s(self) -> float:
@@ -137,7 +186,7 @@ def run_tensorflow(
 
 def _numerics(
     session: Any, step: TFStep, torch_reference: Callable[[], tuple[float, dict[str, np.ndarray]]] | None,
-) -> tuple[NumericCheck, NumericCheck | None]:
+) -> tuple[NumericCheck, CrossFrameworkCheck | None]:
     """The first step (it updates the weights) against TF eager and, if given, PyTorch."""
     model = step.model
     ref_loss, ref_grads = eager_loss_and_grads(model)
@@ -151,7 +200,7 @@ def _numerics(
     if torch_reference is not None:
         t_loss, t_grads = torch_reference()
         as_torch = {p.name: p.layout.to_torch(got["grads"][p.name]) for p in model.params}
-        torch_check = _check(got["loss"], as_torch, t_loss, t_grads, CROSS_FRAMEWORK_TOLERANCE)
+        torch_check = cross_framework_check(float(got["loss"]), as_torch, t_loss, t_grads)
     return check, torch_check
 
 

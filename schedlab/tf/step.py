@@ -13,6 +13,7 @@ MatMul (DESIGN.md, facts), which is what out-of-order backprop schedules.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -66,7 +67,7 @@ def _scope_of(name: str) -> str:
 def _variable(tf: Any, spec: TFTensorSpec, trainable: bool) -> Any:
     """A resource variable named after the torch tensor, initialised from a placeholder."""
     scope, _, leaf = spec.name.rpartition(".")
-    with tf.name_scope(f"{scope}/" if scope else None):
+    with tf.name_scope(f"{scope}/") if scope else contextlib.nullcontext():
         init = tf.compat.v1.placeholder(tf.as_dtype(spec.value.dtype), shape=spec.value.shape, name=f"{leaf}_init")
         return tf.Variable(init, name=leaf, trainable=trainable)
 
@@ -105,7 +106,9 @@ def build_step(model: TFModel, optimizer: str = "sgd", lr: float | None = None) 
         missing = [n for n, g in zip(names, grad_list) if g is None]
         if missing:
             raise SchedlabError(f"TF model {model.name!r}: the loss does not depend on parameter(s) {missing}")
-        grads = dict(zip(names, grad_list))
+        # An embedding's gradient comes as IndexedSlices (rows touched); made dense, as
+        # torch's is, so both frameworks take the same dense SGD step.
+        grads = {n: tf.convert_to_tensor(g) for n, g in zip(names, grad_list)}
         opt = tf.compat.v1.train.GradientDescentOptimizer(lr, name=OPTIMIZER_SCOPE)
         apply = opt.apply_gradients([(grads[n], variables[n]) for n in names])
         assigns = [variables[n].assign(v, read_value=False) for n, v in new_buffers.items()]
@@ -124,7 +127,7 @@ def eager_loss_and_grads(model: TFModel) -> tuple[float, dict[str, np.ndarray]]:
     with tf.GradientTape() as tape:
         loss, _ = model.loss_fn({n: v.read_value() for n, v in params.items()}, buffers, inputs)
     grads = tape.gradient(loss, list(params.values()))
-    return float(loss.numpy()), {n: g.numpy() for n, g in zip(params, grads)}
+    return float(loss.numpy()), {n: tf.convert_to_tensor(g).numpy() for n, g in zip(params, grads)}
 
 
 def max_abs_diff(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> tuple[float, str]:
