@@ -25,6 +25,7 @@ from schedlab.cli.common import (
     resolve_plan_arg,
     slug,
 )
+from schedlab.cli.trace_tf import add_tf_args, run_tf_trace
 from schedlab.errors import SchedlabError
 
 
@@ -66,6 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--out", default=None, metavar="PATH", help="trace file (default: traces/<model>-<size>-<plan>.json)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the results")
+    add_tf_args(p)
     p.set_defaults(handler=run)
 
 
@@ -92,6 +94,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps < 1 or args.warmup < 0:
         raise SchedlabError("--steps must be >= 1 and --warmup >= 0")
+    if args.backend == "tensorflow":
+        return run_tf_trace(args)
+    if args.intra_op is not None or args.inter_op is not None or args.tf_recommended:
+        raise SchedlabError("--intra-op, --inter-op and --tf-recommended are TensorFlow's; add --backend tensorflow "
+                            "(torch threads come from the plan: schedlab plan MODEL --threads N --slots K)")
     if args.devices is not None and args.devices < 1:
         raise SchedlabError(f"--devices must be >= 1, got {args.devices}")
     timeout_s = DEFAULT_TIMEOUT_S if args.timeout_s is None else args.timeout_s
