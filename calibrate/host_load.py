@@ -2,7 +2,8 @@
 
 Microbenchmarks on a shared machine are only as good as the machine is idle: on two
 cores, one busy neighbour makes every two-thread timing meaningless. We read the
-system-wide busy time from /proc/stat and subtract our own process time.
+system-wide busy time from /proc/stat and subtract our own process time, and that of
+the child processes we ran and waited for (a TensorFlow worker, ranks).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 class CpuSnapshot:
     busy_s: float  # all processes, all cores
     total_s: float  # all cores, busy or idle
-    own_s: float  # this process (user + system)
+    own_s: float  # this process and its waited-for children (user + system)
 
 
 def snapshot() -> CpuSnapshot | None:
@@ -32,7 +33,7 @@ def snapshot() -> CpuSnapshot | None:
     idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
     total = sum(ticks[:8])  # guest time is already inside user
     t = os.times()
-    return CpuSnapshot(busy_s=(total - idle) / hz, total_s=total / hz, own_s=t.user + t.system)
+    return CpuSnapshot(busy_s=(total - idle) / hz, total_s=total / hz, own_s=t.user + t.system + t.children_user + t.children_system)
 
 
 def foreign_cpu_frac(start: CpuSnapshot | None, end: CpuSnapshot | None) -> float | None:

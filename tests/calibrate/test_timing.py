@@ -108,3 +108,16 @@ def test_retries_stop_when_the_budget_is_spent() -> None:
     _, contended = time_point(stuck, (), {}, (1, 2), FAST, stuck.set_threads, budget)
     assert contended == {2}
     assert stuck.calls.count(2) == 2 * 4  # the rounds only: no retry
+
+
+def test_a_waited_for_child_counts_as_our_own_cpu() -> None:
+    import subprocess
+    import sys
+
+    before = snapshot()
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    after = snapshot()
+    if before is None or after is None:
+        pytest.skip("no /proc/stat here")
+    assert after.own_s - before.own_s >= 0.3  # the worker's CPU is ours, not a neighbour's
