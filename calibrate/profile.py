@@ -67,6 +67,7 @@ import dataclasses
 import math
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -349,20 +350,8 @@ class Profile:
         return row
 
     def _from_row(self, op: Op, row: dict[int, float], n: int) -> float:
-        if n in row:
-            return row[n]
-        lower = max((k for k in row if k < n), default=None)
-        upper = min((k for k in row if k > n), default=None)
-        if lower is not None and upper is not None:
-            w = (1.0 / n - 1.0 / upper) / (1.0 / lower - 1.0 / upper)
-            return w * row[lower] + (1.0 - w) * row[upper]
-        ref = lower if lower is not None else upper
-        assert ref is not None
         model = self.class_model(op.op_class)
-        at_ref = model.kernel_us(op.flops, op.bytes_moved, ref)
-        if at_ref <= 0.0:
-            return row[ref]
-        return row[ref] * model.kernel_us(op.flops, op.bytes_moved, n) / at_ref
+        return row_kernel_us(row, n, lambda k: model.kernel_us(op.flops, op.bytes_moved, k))
 
     # ---- trace-driven calibration ------------------------------------------------------
 
@@ -582,6 +571,25 @@ def _fit_from_json(d: Any) -> ClassFit:
         n_signatures=int(d.get("n_signatures", 0)),
         n_heldout=int(d.get("n_heldout", 0)),
     )
+
+
+def row_kernel_us(row: dict[int, float], n: int, model_us: Callable[[int], float]) -> float:
+    """A kernel's time at `n` threads from its measured `row` (threads -> us): measured, or
+    interpolated linearly in 1/threads between measured counts, or, outside them, the
+    nearest measured one scaled by the shape of the class model (`model_us(threads)`)."""
+    if n in row:
+        return row[n]
+    lower = max((k for k in row if k < n), default=None)
+    upper = min((k for k in row if k > n), default=None)
+    if lower is not None and upper is not None:
+        w = (1.0 / n - 1.0 / upper) / (1.0 / lower - 1.0 / upper)
+        return w * row[lower] + (1.0 - w) * row[upper]
+    ref = lower if lower is not None else upper
+    assert ref is not None
+    at_ref = model_us(ref)
+    if at_ref <= 0.0:
+        return row[ref]
+    return row[ref] * model_us(n) / at_ref
 
 
 def _row_from_json(row: Any) -> dict[int, float]:

@@ -1,0 +1,92 @@
+"""TensorFlow's cost model from its own traces, and the fidelity protocol built on it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("tensorflow")
+
+from schedlab.calibrate.signature import signature
+from schedlab.calibrate.tf_costs import TFCalibrationRun, TFCosts, tf_costs
+from schedlab.calibrate.tf_fidelity import as_plan, is_tf_calibration, predict_tf, tf_plan_spread
+from schedlab.errors import SchedlabError
+from schedlab.sim.testing import cpu_machine
+from schedlab.tf.runtime import TFThreads
+from tests.tf import tiny_models
+
+
+@pytest.fixture(scope="module")
+def mlp_run():  # type: ignore[no-untyped-def]
+    from schedlab.exec.tf_run import run_tensorflow
+
+    return run_tensorflow(tiny_models.mlp(), TFThreads(0, 0), steps=4, warmup=1)
+
+
+def _as_calibration(run: Any, inter_op: int = 1) -> TFCalibrationRun:
+    """The in-process run (this process's threading is fixed once) read as a one-inter-op run."""
+    return TFCalibrationRun(run.graph, run.trace, run.step_times_s, intra_op=1, inter_op=inter_op)
+
+
+def test_every_timed_kernel_gets_its_trace_time(mlp_run) -> None:  # type: ignore[no-untyped-def]
+    costs = tf_costs([_as_calibration(mlp_run)], base=None)
+    g = mlp_run.graph
+    assert costs.unseen(g) == {}
+    for op in g.ops:
+        if op.is_view:
+            continue
+        timed = [e.dur_ns / 1e3 for e in mlp_run.trace.events if e.op == op.id]
+        got = costs.kernel_us(op, 1)
+        # one signature may cover several ops: its time lies within theirs
+        same = [e.dur_ns / 1e3 for e in mlp_run.trace.events if signature(g.ops[e.op]) == signature(op)]
+        assert timed and min(same) <= got <= max(same)
+    assert costs.node_us >= 0.0 and costs.session_us >= 0.0
+    assert costs.to_json()["schema"] == "schedlab.tf_costs"
+
+
+def test_the_calibrated_setting_is_predicted_from_its_own_trace(mlp_run) -> None:  # type: ignore[no-untyped-def]
+    costs = tf_costs([_as_calibration(mlp_run)], base=None)
+    machine = cpu_machine(1)
+    pred = predict_tf(mlp_run.graph, TFThreads(1, 1), costs, machine)
+    measured = mlp_run.step_time_s
+    # played back: kernels, per-node gaps and the session's fixed cost add up to the step
+    assert 0.5 * measured < pred.step_time_s < 2.0 * measured
+    assert pred.sim_wall_s > 0 and pred.sim_cold_s > 0
+
+
+def test_calibration_needs_a_one_inter_op_run(mlp_run) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SchedlabError, match="at least one traced run"):
+        tf_costs([], base=None)
+    with pytest.raises(SchedlabError, match="one inter-op thread"):
+        tf_costs([_as_calibration(mlp_run, inter_op=2)], base=None)
+
+
+class _RecordingProfile:
+    """Stands for the torch Profile: records the co-running it is asked about."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[int, int]] = []
+
+    def corun_slowdown(self, op: Any, busy_cores: int, total_cores: int) -> float:
+        self.asked.append((busy_cores, total_cores))
+        return 1.5
+
+
+def test_tf_kernels_share_one_pool_and_never_oversubscribe(mlp_run) -> None:  # type: ignore[no-untyped-def]
+    base = _RecordingProfile()
+    costs = TFCosts(signatures={}, node_us=1.0, session_us=0.0, base=base)  # type: ignore[arg-type]
+    op = next(op for op in mlp_run.graph.ops if not op.is_view)
+    assert costs.corun_slowdown(op, 1, 2) == 1.5
+    assert costs.corun_slowdown(op, 4, 2) == 1.5
+    assert base.asked == [(1, 2), (1, 2)]  # the others busy on every core is contention, not oversubscription
+    assert TFCosts(signatures={}, node_us=1.0, session_us=0.0).corun_slowdown(op, 4, 2) == 1.0
+
+
+def test_the_spread_and_its_calibration_settings() -> None:
+    spread = tf_plan_spread(2)
+    assert spread == [TFThreads(1, 1), TFThreads(1, 2), TFThreads(2, 1), TFThreads(2, 2)]
+    assert [is_tf_calibration(t) for t in spread] == [True, False, True, False]
+    assert tf_plan_spread(1) == [TFThreads(1, 1)]
+    plan = as_plan(TFThreads(0, 0), cores=8)
+    assert (plan.slots, plan.threads) == (8, 8)  # TF's default: one thread per core in each pool
