@@ -29,6 +29,7 @@ DEFAULT_OUT = TRACES_DIR / "fidelity.json"
 DEFAULT_HELDOUT_OUT = TRACES_DIR / "fidelity-heldout.json"
 DEFAULT_RANKS_OUT = TRACES_DIR / "fidelity-ranks.json"
 DEFAULT_HELDOUT_RANKS_OUT = TRACES_DIR / "fidelity-heldout-ranks.json"
+DEFAULT_TF_OUT = TRACES_DIR / "fidelity-tf.json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -83,14 +84,25 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--plans", dest="plan_list", action="append", default=[], metavar="NAME[,NAME...]",
         help="with --devices: only these plans of the multi-rank spread (repeatable; default all)",
     )
+    p.add_argument(
+        "--backend", choices=("torch", "tensorflow"), default="torch",
+        help="the runtime predicted: torch (schedlab's executor, default) or tensorflow (TensorFlow's own runtime, "
+        "each threading setting, intra-op 1 and all cores x inter-op 1 and all cores, in a fresh process; "
+        f"calibrated on its one-inter-op settings; results in {DEFAULT_TF_OUT.name})",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(handler=run)
 
 
-def chosen_models(args: argparse.Namespace) -> list[str]:
-    """The MODELs to run: positional and `--models` together, in order, each once."""
+def named_models(args: argparse.Namespace) -> list[str]:
+    """The MODELs named: positional and `--models` together, in order, each once."""
     named = [*args.models, *(m.strip() for item in args.model_list for m in item.split(",") if m.strip())]
-    named = list(dict.fromkeys(named))
+    return list(dict.fromkeys(named))
+
+
+def chosen_models(args: argparse.Namespace) -> list[str]:
+    """The MODELs to run: those named, else the protocol's default set."""
+    named = named_models(args)
     if not args.held_out:
         return named or list(BUILTIN_WORKLOADS)
     if not named:
@@ -113,6 +125,10 @@ def run(args: argparse.Namespace) -> int:
         raise SchedlabError("--steps must be >= 1")
     if args.held_out and args.no_trace_calibration:
         raise SchedlabError("--held-out reports profile-only and trace-calibrated errors both; drop --no-trace-calibration")
+    if args.backend == "tensorflow":
+        from schedlab.cli.fidelity_tf import run_tf
+
+        return run_tf(args, named_models(args))
     models = chosen_models(args)
     if args.devices is not None:
         from schedlab.cli.fidelity_ranks import run_ranks

@@ -1,0 +1,138 @@
+"""`schedlab fidelity --backend tensorflow`: the simulator against TensorFlow's own runtime.
+
+Per built-in workload, each threading setting of `calibrate.tf_fidelity.tf_plan_spread`
+runs in a fresh TensorFlow process; the cost model is calibrated on the one-inter-op
+settings and predicts all. The results file has the layout of the torch protocol's (rows
+under "plans", summaries under "workloads"), so `schedlab report` draws it the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from schedlab.cli.common import print_json
+from schedlab.cli.fidelity_cmd import DEFAULT_TF_OUT, conditions, pct, tau
+from schedlab.errors import SchedlabError
+
+
+def tf_models(args: argparse.Namespace, named: list[str]) -> list[str]:
+    """The TF built-ins to run (all of them by default); anything else is refused by name."""
+    from schedlab.tf.builtins import TF_BUILTINS
+
+    for flag, given in (("--held-out", args.held_out), ("--devices", args.devices is not None),
+                        ("--plans", bool(args.plan_list)), ("--no-trace-calibration", args.no_trace_calibration)):
+        if given:
+            raise SchedlabError(f"{flag} is not available with --backend tensorflow yet: TensorFlow fidelity runs "
+                                "the built-in workloads on one device, trace-calibrated on its one-inter-op runs")
+    if args.optimizer != "sgd":
+        raise SchedlabError("--backend tensorflow runs the step with plain SGD for now; drop --optimizer")
+    bad = [m for m in named if m not in TF_BUILTINS]
+    if bad:
+        raise SchedlabError(f"no TensorFlow version of {', '.join(map(repr, bad))}; --backend tensorflow runs the "
+                            f"built-in workloads {', '.join(TF_BUILTINS)}")
+    return named or list(TF_BUILTINS)
+
+
+def run_tf(args: argparse.Namespace, named: list[str]) -> int:
+    from tqdm import tqdm
+
+    from schedlab.calibrate.fidelity import summarise
+    from schedlab.calibrate.tf_fidelity import tf_fidelity, tf_plan_spread
+    from schedlab.cli.common import load_profile
+    from schedlab.exec.tf_launch import DEFAULT_TF_TIMEOUT_S
+    from schedlab.io import check_writable, write_json_atomic
+    from schedlab.machine import detect_host
+    from schedlab.tf.runtime import INSTALL_HINT, tensorflow_available
+
+    models = tf_models(args, named)
+    if not tensorflow_available():
+        raise SchedlabError(f"--backend tensorflow needs tensorflow; {INSTALL_HINT}")
+    t0 = time.perf_counter()
+    out = Path(args.out) if args.out else DEFAULT_TF_OUT
+    check_writable(out)  # before minutes of measuring, not after
+    machine = detect_host()
+    base = load_profile(args.profile)
+    plans = tf_plan_spread(machine.default_device.cores)
+    timeout_s = DEFAULT_TF_TIMEOUT_S + 2.0 * args.steps  # a step of the default sizes takes under a second here
+    per_model: list[dict[str, Any]] = []
+    rows = []
+    with tqdm(total=len(models) * len(plans), desc="tensorflow fidelity", unit="plan", file=sys.stderr,
+              disable=None) as bar:
+        for model in models:
+            bar.set_postfix_str(model)
+            fid = tf_fidelity(model, args.size, plans, base, machine, steps=args.steps, warmup=1,
+                              timeout_s=timeout_s, progress=lambda _name: bar.update(1))
+            rows += fid.rows
+            first = next(iter(fid.results.values()))
+            per_model.append({
+                "workload": model, "node_us": fid.costs.node_us, "session_us": fid.costs.session_us,
+                "signatures": len(fid.costs.signatures), "ops_from_torch_profile": fid.costs.unseen(first.graph),
+                "numerics_ok": all(bool(r.check.get("numerics_ok")) for r in fid.results.values()),
+            })
+    unseen = [r for r in rows if not r.in_calibration]
+    result = {
+        **conditions("built-in", args, machine),
+        "backend": "tensorflow",
+        "tensorflow": _tf_version(),
+        "calibration": "trace-calibrated on the one-inter-op settings of each workload (in_calibration: true)",
+        "mape": sum(abs(r.error) for r in rows) / len(rows),
+        "mape_unseen_plans": sum(abs(r.error) for r in unseen) / len(unseen) if unseen else None,
+        "worst_error": max((r.error for r in rows), key=abs),
+        "workloads": [s.__dict__ for s in summarise(rows)],
+        "workloads_unseen_plans": [s.__dict__ for s in summarise(unseen)],
+        "costs": per_model,
+        "plans": [{**r.__dict__, "error": r.error} for r in rows],
+        "wall_s": time.perf_counter() - t0,
+    }
+    write_json_atomic(out, result, indent=1)
+    if args.json:
+        print_json(result)
+        return 0
+    _print(result, machine.host.get("cpu_model"), machine.default_device.cores, out)
+    return 0
+
+
+def _tf_version() -> str:
+    """The installed TensorFlow's version, read without importing it into this (torch) process."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("tensorflow-cpu", "tensorflow"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def _print(result: dict[str, Any], cpu: Any, cores: int, out: Path) -> None:
+    print(f"tensorflow {result['tensorflow']} fidelity on {cpu} ({cores} cores), size {result['size']}, "
+          f"{result['steps_per_plan']} steps/plan")
+    print(f"{'workload':<12}{'threading':<20}{'measured ms':>12}{'(min-max)':>16}{'predicted ms':>13}{'error':>8}"
+          f"{'others':>8}")
+    for r in result["plans"]:
+        lo, hi = r["measured_spread_s"]
+        mark = "*" if r["in_calibration"] else " "
+        print(f"{r['workload']:<12}{r['plan']:<20}{r['measured_s'] * 1e3:>12.1f}"
+              f"{f'{lo * 1e3:.0f}-{hi * 1e3:.0f}':>16}{r['predicted_s'] * 1e3:>13.1f}{pct(r['error'], 8)}{mark}"
+              f"{pct(r.get('foreign_cpu_frac'), 7)}")
+    print()
+    print(f"{'':<12}{'--- all settings ---':>23}   {'--- not calibrated on ---':>26}")
+    print(f"{'workload':<12}{'MAPE':>8}{'worst':>8}{'tau':>7}   {'MAPE':>8}{'worst':>8}{'tau':>7}"
+          f"{'node us':>9}{'session ms':>11}")
+    unseen = {s["workload"]: s for s in result["workloads_unseen_plans"]}
+    costs = {c["workload"]: c for c in result["costs"]}
+    for s in result["workloads"]:
+        u, c = unseen.get(s["workload"]), costs[s["workload"]]
+        print(f"{s['workload']:<12}{pct(s['mape'], 8)}{pct(s['worst_error'], 8)}{tau(s['kendall_tau'], 7)}   "
+              f"{pct(u and u['mape'], 8)}{pct(u and u['worst_error'], 8)}{tau(u and u['kendall_tau'], 7)}"
+              f"{c['node_us']:>9.1f}{c['session_us'] / 1e3:>11.2f}")
+    print(f"overall MAPE {result['mape'] * 100:.1f}% (not calibrated on: "
+          f"{float(result['mape_unseen_plans'] or 0) * 100:.1f}%), worst {result['worst_error'] * 100:.1f}%   "
+          "(* = setting calibration ran: one inter-op thread)")
+    print("node us: TensorFlow's executor cost per node outside its kernel; session ms: each Session.run's fixed "
+          "cost, added to every prediction; others: share of the CPU other processes used meanwhile")
+    print(f"results: {out}   (draw them: schedlab report {out})")
