@@ -16,7 +16,9 @@ Profile:
 - **co-running**: TF's inter-op pool is the plan's co-run slots, its intra-op threads the
   plan's threads; kernels that co-run slow each other by the torch Profile's measured
   factors (memory bandwidth and caches are the machine's, not the framework's), but not by
-  its oversubscription factor (`TFCosts.corun_slowdown`).
+  its oversubscription factor (`TFCosts.corun_slowdown`). The pool is shared, so a kernel
+  holds only the cores its measured speedup keeps busy (`sim.cost.shares_idle_threads`):
+  a kernel too small for Eigen to split leaves the other cores to co-running kernels.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from schedlab.calibrate.profile import Profile, row_kernel_us
 from schedlab.calibrate.signature import signature
@@ -50,6 +52,9 @@ class TFCalibrationRun:
 @dataclass(frozen=True)
 class TFCosts:
     """A `sim.cost.CostModel` of TensorFlow's runtime (see the module docstring)."""
+
+    # TF's intra-op threads are one pool: a kernel occupies only the cores its speedup keeps busy
+    shares_idle_threads: ClassVar[bool] = True
 
     signatures: dict[str, dict[int, float]]  # signature -> intra-op threads -> kernel us
     node_us: float

@@ -7,7 +7,9 @@ ones. Times are in microseconds.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
+
+import numpy as np
 
 from schedlab.graph import Op
 
@@ -25,6 +27,21 @@ class CostModel(Protocol):
         """Factor (>= 1) by which `op`'s kernel slows when `busy_cores` cores of the
         device are busy with other kernels (shared memory bandwidth and caches)."""
         ...
+
+
+def shares_idle_threads(cost: object) -> bool:
+    """Whether `cost` models a runtime whose intra-op threads are one pool that co-running
+    kernels share (TensorFlow's Eigen pool): a thread a kernel cannot use takes another
+    kernel's work. A runtime without the flag runs each kernel's threads as a team (OpenMP
+    under ATen) that holds its cores, used or not."""
+    return bool(getattr(cost, "shares_idle_threads", False))
+
+
+def cores_kept_busy(alone_us: Any, at_threads_us: Any, threads: Any) -> Any:
+    """Cores a kernel keeps busy in a runtime that `shares_idle_threads`: its speedup over one
+    thread (`alone_us` / `at_threads_us`), rounded, within 1..`threads`. Scalars or arrays."""
+    speedup = np.asarray(alone_us, dtype=np.float64) / np.maximum(np.asarray(at_threads_us, dtype=np.float64), 1e-9)
+    return np.clip(np.rint(speedup), 1, threads).astype(np.int64)
 
 
 def op_cost_us(cost: CostModel) -> Callable[[Op, int], float]:

@@ -24,7 +24,7 @@ from schedlab.graph import Graph, OpKind
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
 from schedlab.sim.compiled import FlatStructure, LoopResult, run_compiled
-from schedlab.sim.cost import CostModel
+from schedlab.sim.cost import CostModel, cores_kept_busy, shares_idle_threads
 from schedlab.sim.cost_table import CostTable
 from schedlab.sim.device_cost import cost_source
 from schedlab.sim.fast import run_fast
@@ -149,10 +149,11 @@ class Simulator:
             self._flat_one = flat_single_device(self.graph)
         return self._flat_one
 
-    def _loop(self, slots: int, priority: Sequence[int], dev: int, threads: np.ndarray, kernel_us: np.ndarray,
+    def _loop(self, slots: int, priority: Sequence[int], dev: int, demand: np.ndarray, kernel_us: np.ndarray,
               dispatch_us: np.ndarray, graph: Graph | None = None) -> LoopResult:
+        """`demand`: the cores each op's kernel occupies (`sim.prepare.Prepared.demand`)."""
         capacity = self.machine.devices[dev].cores
-        slowdown = self._slowdowns(dev, capacity, slots, int(threads.max()) if len(threads) else 1)
+        slowdown = self._slowdowns(dev, capacity, slots, int(demand.max()) if len(demand) else 1)
         if graph is not None and graph is not self.graph:  # an unrolled graph: each op as the op it copies
             slowdown = slowdown[np.asarray(mirror_ops(self.graph, graph), dtype=np.int64)]
         return run_compiled(
@@ -162,14 +163,18 @@ class Simulator:
             priority=np.asarray(priority, dtype=np.int64),
             dispatch_us=dispatch_us,
             kernel_us=kernel_us,
-            demand=threads,
+            demand=demand,
             slowdown=slowdown,
         )
 
     def _run_compiled(self, resolved: ResolvedPlan, dev: int, t0: float) -> SimResult:
         """The search's path: one CPU device, no trace; per-op work happens in arrays only."""
         threads = np.asarray(resolved.threads, dtype=np.int64)
-        res = self._loop(resolved.slots, resolved.priority, dev, threads, self._kernels_arr(threads), self._dispatches_arr())
+        kernel_us = self._kernels_arr(threads)
+        demand = threads
+        if shares_idle_threads(self.cost):
+            demand = cores_kept_busy(self._kernels_arr(np.ones_like(threads)), kernel_us, threads)
+        res = self._loop(resolved.slots, resolved.priority, dev, demand, kernel_us, self._dispatches_arr())
         machine = self.machine
         peaks = {d.id: 0 for d in machine.devices}
         peaks[machine.devices[dev].id] = res.peak_bytes
@@ -198,8 +203,7 @@ class Simulator:
         self, prep: Prepared, dev: int, structure: Structure, graph: Graph | None = None
     ) -> tuple[Timeline, MemoryTracker, list[float]]:
         """The compiled loop on a prepared one-device plan, as the engines' common Timeline (for traces)."""
-        threads = np.asarray(prep.threads, dtype=np.int64)
-        res = self._loop(prep.slots, prep.priority, dev, threads,
+        res = self._loop(prep.slots, prep.priority, dev, np.asarray(prep.demand, dtype=np.int64),
                          np.asarray(prep.kernel_us, dtype=np.float64), np.asarray(prep.dispatch_us, dtype=np.float64),
                          graph)
         mem = MemoryTracker(list(structure.initial_live))

@@ -3,7 +3,8 @@
 Everything the event loop needs is looked up by integer index here, so the loop itself
 never touches a Graph, an Op or a dict keyed by strings:
 
-- per op: device, threads (the demand on the device), dispatch and kernel time from the
+- per op: device, threads (the demand on the device: its threads, or the cores it keeps busy
+  where the cost model `shares_idle_threads`), dispatch and kernel time from the
   cost model (a kernel's by its device's kind: `sim.device_cost`), priority, how many
   *tokens* it waits for, and what it releases when done;
 - tokens: an op waits for each local producer op and for each transfer that brings a
@@ -42,7 +43,7 @@ from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
 from schedlab.sim.collective import CollectiveTime, allreduce_time
 from schedlab.sim.comm import CommHostCost, CommStructure, Role, comm_structure, has_comm
-from schedlab.sim.cost import CostModel
+from schedlab.sim.cost import CostModel, cores_kept_busy, shares_idle_threads
 from schedlab.sim.device_cost import cost_source, device_corun, device_kernels_us
 
 PINNED = 1 << 60  # reference count of a storage that is never freed (graph inputs and outputs)
@@ -155,11 +156,14 @@ def prepare(
     is_gpu = tuple(d.is_gpu for d in machine.devices)
     capacity = tuple(d.capacity for d in machine.devices)
     threads = list(resolved.threads)
-    demand = [1 if is_gpu[op_device[i]] else threads[i] for i in range(n)]
     if dispatch_us is None:
         dispatch_us = [float(cost.dispatch_us(op)) for op in ops]
     if kernel_us is None:
         kernel_us = [comm_kernel_us(op, threads[op.id], cost) for op in ops]
+    demand = [1 if is_gpu[op_device[i]] else threads[i] for i in range(n)]
+    if shares_idle_threads(cost):
+        demand = [d if d <= 1 else int(cores_kept_busy(cost.kernel_us(ops[i], 1), kernel_us[i], d))
+                  for i, d in enumerate(demand)]
     kernel_us = device_kernels_us(ops, op_device, machine.devices, cost, threads, kernel_us)  # by device kind
     used = set(op_device)
     done_us: tuple[float, ...] = ()

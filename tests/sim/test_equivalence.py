@@ -134,3 +134,40 @@ def test_compiled_structure_of_a_captured_workload() -> None:
     got = flat_single_device(g)
     for field in ("pending", "succ_idx", "rel_idx", "storage_refs", "storage_bytes"):
         assert np.array_equal(getattr(got, field), getattr(want, field)), field
+
+
+class _SharedPoolCost(TableCost):
+    """Some kernels scale with threads, some do not; the pool is shared (TensorFlow's)."""
+
+    shares_idle_threads = True
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_engines_agree_when_the_cost_model_shares_idle_threads(seed: int) -> None:
+    rng = random.Random(300 + seed)
+    g = random_dag(rng.randint(40, 200), seed, window=rng.randint(3, 16), view_share=0.2)
+    cores = rng.choice([2, 4, 8])
+    m = cpu_machine(cores)
+    resolved = resolve(g, random_plan(g, cores, seed, max_slots=4), m)
+    cost = _SharedPoolCost(kernel=lambda op, k: 50.0 + op.id % 7 * 20.0 / (k if op.id % 2 else 1), dispatch=2.0,
+                           corun=lambda op, b, c: 1.0 + 0.3 * b / c)
+    compiled = simulate(g, resolved, m, cost, engine="compiled")
+    same(compiled, simulate(g, resolved, m, cost, engine="fast"))
+    same(compiled, simulate(g, resolved, m, cost, engine="simpy"))
+    quiet = Simulator(g, m, cost).run(resolved, record=False)
+    assert (quiet.step_time_s, quiet.busy_core_s) == (compiled.step_time_s, compiled.busy_core_s)
+
+
+def test_a_kernel_that_cannot_use_its_threads_leaves_them_to_others_in_a_shared_pool() -> None:
+    from schedlab.sim.testing import fork_join
+
+    g = fork_join(2)
+    m = cpu_machine(2)
+    resolved = resolve(g, Plan(slots=2, threads=2), m)
+    flat = {"b0": 100.0, "b1": 100.0}  # the branches do not speed up with a second thread
+    team = TableCost(kernel=flat, default_kernel_us=0.0)
+    pool = _SharedPoolCost(kernel=flat, default_kernel_us=0.0)
+    # OpenMP teams hold 2 cores each: 4 threads on 2 cores, both branches stretched to 200 us
+    assert simulate(g, resolved, m, team).step_time_s == pytest.approx(200e-6)
+    # one shared pool: each branch keeps one core busy, and they run side by side
+    assert simulate(g, resolved, m, pool).step_time_s == pytest.approx(100e-6)
