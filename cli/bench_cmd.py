@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from schedlab.cli.bench_tf import DEFAULT_ROUNDS, run_tf_bench
 from schedlab.cli.common import capture_model, load_plan_arg, print_json, resolve_plan_arg
+from schedlab.cli.trace_tf import add_tf_args
 from schedlab.errors import SchedlabError
 
 
@@ -19,7 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "bench",
         help="executor overhead: step time under a plan vs an eager PyTorch step",
         description="Time the executor under a plan (default: PyTorch's own way) and a plain eager "
-        "training step of the same model, interleaved in one run, and print the ratio.",
+        "training step of the same model, interleaved in one run, and print the ratio. With --backend tensorflow, "
+        "TensorFlow's step of the same model and weights against PyTorch's (eager and executor) at TF's intra-op "
+        "thread count, rounds alternating.",
     )
     p.add_argument("models", nargs="*", default=["transformer", "nmt"], metavar="MODEL", help="workloads (default: transformer nmt)")
     p.add_argument("--size", choices=("tiny", "default"), default="default")
@@ -42,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "same ranks, steps alternating; prints the median per-step ratio schedlab/torch (ratio_vs_pipelining) and "
         "its IQR (workloads mlp and transformer; schedules gpipe, 1f1b, interleaved:V, looped-bfs, zbv)",
     )
+    add_tf_args(p)
+    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                   help=f"with --backend tensorflow: rounds of TF's steps then torch's (default {DEFAULT_ROUNDS})")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=run)
 
@@ -52,8 +59,12 @@ def run(args: argparse.Namespace) -> int:
     from schedlab.exec.bench import compare_with_eager
     from schedlab.machine import detect_host
 
-    if args.repeats < 1:
-        raise SchedlabError("--repeats must be >= 1")
+    if args.repeats < 1 or args.rounds < 1:
+        raise SchedlabError("--repeats and --rounds must be >= 1")
+    if args.backend == "tensorflow":
+        return run_tf_bench(args)
+    if args.intra_op is not None or args.inter_op is not None or args.tf_recommended:
+        raise SchedlabError("--intra-op, --inter-op and --tf-recommended are TensorFlow's; add --backend tensorflow")
     if args.ddp and args.pipelining:
         raise SchedlabError("--ddp and --pipelining compare different plans; give one of them")
     if args.ddp:

@@ -38,6 +38,8 @@ class OverheadResult:
     ratio_spread: tuple[float, float]  # 25th and 75th percentile of the per-pair ratios
     repeats: int
     per_op_overhead_us: float  # (exec - eager) / ops
+    eager_times_s: tuple[float, ...] = ()  # every timed step, in order
+    exec_times_s: tuple[float, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         return dict(self.__dict__)
@@ -85,6 +87,8 @@ def compare_with_eager(
         ratio_spread=spread,
         repeats=repeats,
         per_op_overhead_us=(x_med - e_med) / len(graph) * 1e6,
+        eager_times_s=tuple(eager_s),
+        exec_times_s=tuple(exec_s),
     )
 
 
