@@ -87,6 +87,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="search with the profile alone, without first timing a few real steps of MODEL "
         "(the trace-calibrated profile is kept as RUN_DIR/profile.json)",
     )
+    p.add_argument(
+        "--backend", choices=("torch", "tensorflow"), default="torch",
+        help="the runtime to find a plan for: torch (schedlab's executor, default) or tensorflow (TF's intra-op x "
+        "inter-op threads, every setting simulated on a cost model from TF's own traces; validate measures the "
+        "best in TensorFlow beside TF's recommended and default threading)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--json", action="store_true", help="print search.json's content (plus the run directory)")
     p.set_defaults(handler=run)
@@ -103,6 +109,10 @@ def run(args: argparse.Namespace) -> int:
     from schedlab.search.run_dir import RunConfig, RunPaths, default_storage, read_run, storage_url
     from schedlab.search.runner import run_search
 
+    if args.backend == "tensorflow":
+        from schedlab.cli.search_tf import run_tf_search
+
+        return run_tf_search(args)
     if args.trials < 1:
         raise SchedlabError("--trials must be >= 1")
     if args.workers < 1:

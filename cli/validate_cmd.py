@@ -92,7 +92,12 @@ def _run_dir(args: argparse.Namespace) -> int:
     run_dir = Path(args.target)
     from schedlab.search.placement.validate import is_placement_run
 
-    if is_placement_run(read_run(run_dir)):
+    config = read_run(run_dir)
+    if config.backend == "tensorflow":
+        from schedlab.cli.search_tf import run_tf_validate
+
+        return run_tf_validate(args, run_dir, config)
+    if is_placement_run(config):
         return _placement_run_dir(args, run_dir)
     results = validate_run(
         run_dir, top=DEFAULT_TOP if args.top is None else args.top, repeats=args.repeats, steps=args.steps,
@@ -102,7 +107,7 @@ def _run_dir(args: argparse.Namespace) -> int:
     if args.json:
         print_json(results)
     else:
-        _print(results)
+        print_results(results)
     return 0
 
 
@@ -138,7 +143,8 @@ def _ms(x: Any) -> str:
     return "     n/a" if x is None else f"{x * 1e3:8.2f}"
 
 
-def _print(r: dict[str, Any]) -> None:
+def print_results(r: dict[str, Any]) -> None:
+    """results.json of a run directory, as a table."""
     print(
         f"{r['model']}/{r['size']}: {len(r['candidates'])} plan(s), {r['repeats']} rounds x {r['steps_per_repeat']} steps "
         "(median [p25, p75], ms)"
@@ -146,6 +152,9 @@ def _print(r: dict[str, Any]) -> None:
     print(f"  {'plan':34s} {'predicted':>9s} {'measured':>9s} {'spread':>19s}  speedup vs baselines")
     for i, c in enumerate(r["candidates"]):
         name = f"baseline {c['baseline']}" if c["baseline"] else f"trial {c['trial']} ({c['strategy']})"
+        if c.get("tf_threads"):
+            t = c["tf_threads"]
+            name += f" i{t['intra_op'] or '-'}/e{t['inter_op'] or '-'}"
         spread = "" if not c["spread_s"] else f"[{c['spread_s'][0] * 1e3:.2f}, {c['spread_s'][1] * 1e3:.2f}]"
         sp = ", ".join(f"{n} x{x:.2f}" for n, x in c["speedup"].items() if x is not None)
         mark = "*" if i == r["best"] else " "

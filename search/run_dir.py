@@ -95,6 +95,7 @@ class RunConfig:
     devices: int | None = None  # --devices: local ranks of the host, or the first N of a preset
     machine_spec: str = "host"  # --machine: "host", a preset or a machine file
     split_fbw: bool = False  # placement groups split a layer's F, B, W and OPT work
+    backend: str = "torch"  # the runtime searched for: "torch" (schedlab's executor) or "tensorflow"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -116,6 +117,7 @@ class RunConfig:
             "devices": self.devices,
             "machine_spec": self.machine_spec,
             "split_fbw": self.split_fbw,
+            "backend": self.backend,
         }
 
     @staticmethod
@@ -142,6 +144,7 @@ class RunConfig:
                 devices=None if d.get("devices") is None else int(d["devices"]),
                 machine_spec=str(d.get("machine_spec", "host")),
                 split_fbw=bool(d.get("split_fbw", False)),
+                backend=str(d.get("backend", "torch")),
             )
         except (KeyError, TypeError, ValueError) as e:
             what = f"missing field {e}" if isinstance(e, KeyError) else str(e)

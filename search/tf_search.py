@@ -1,0 +1,220 @@
+"""Search and validation of TensorFlow's threading: `schedlab search|validate --backend tensorflow`.
+
+What TensorFlow lets a user choose on one CPU device is its two pools: intra-op threads
+(per kernel) and inter-op threads (kernels side by side), both fixed at start-up. The
+search space is every pair of 1..cores each, small enough to simulate all of it
+(`strategy` "exhaustive"; 256 settings on 16 cores take seconds), so no sampler is needed:
+
+1. calibration: TensorFlow runs the step at one inter-op thread with 1 and all cores of
+   intra-op threads (fresh processes); its traces give the cost model (`calibrate.tf_costs`);
+2. search: every setting is simulated on the graph TF executed (`calibrate.tf_fidelity.predict_tf`'s
+   model, one Simulator reused), and search.json lists the best, beside TensorFlow's
+   recommended threading (intra-op = physical cores, inter-op = sockets) and TF's default;
+3. validation: the top settings and both baselines run in TensorFlow, round-robin, one
+   fresh process per setting and round; results.json has the torch search's layout.
+
+A setting is stored as the schedlab Plan it is simulated as (slots = inter-op, threads =
+intra-op) with its `tf_threads` beside it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from schedlab.calibrate.profile import Profile
+from schedlab.calibrate.tf_costs import TFCalibrationRun, TFCosts, tf_costs
+from schedlab.calibrate.tf_fidelity import as_plan
+from schedlab.errors import SchedlabError
+from schedlab.exec.tf_job import TFRequest, TFResult
+from schedlab.exec.tf_launch import DEFAULT_TF_TIMEOUT_S, run_tf_worker
+from schedlab.graph import Graph
+from schedlab.machine import Machine
+from schedlab.plan import Plan, resolve
+from schedlab.tf.plan_map import recommended_threads
+from schedlab.tf.runtime import TFThreads
+
+TF_SPACE = "tf-threading"
+TF_STRATEGY = "exhaustive"
+TF_RECOMMENDED = "tensorflow-recommended"
+TF_DEFAULT = "tensorflow-default"
+TOP_LISTED = 10
+
+
+def tf_settings(cores: int) -> list[TFThreads]:
+    """Every (intra-op, inter-op) pair of 1..cores each."""
+    return [TFThreads(intra, inter) for intra in range(1, cores + 1) for inter in range(1, cores + 1)]
+
+
+def tf_baselines(machine: Machine) -> dict[str, TFThreads]:
+    """TensorFlow's recommended threading and its default (0, 0: TF chooses)."""
+    host = machine.host
+    physical = int(host.get("physical_cores", machine.default_device.cores) or machine.default_device.cores)
+    sockets = int(host.get("sockets", 1) or 1)
+    rec = recommended_threads(min(physical, machine.default_device.cores), sockets)
+    return {TF_RECOMMENDED: rec, TF_DEFAULT: TFThreads(0, 0)}
+
+
+def threads_json(t: TFThreads) -> dict[str, int]:
+    return {"intra_op": t.intra_op, "inter_op": t.inter_op}
+
+
+def threads_from_json(d: Any) -> TFThreads:
+    try:
+        return TFThreads(int(d["intra_op"]), int(d["inter_op"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise SchedlabError(f"corrupt tf_threads in search.json: {type(e).__name__}: {e}") from None
+
+
+def _tf_plan(t: TFThreads, cores: int, name: str | None = None) -> Plan:
+    """The Plan a setting is simulated as; TF's own default intra-op count stays unnamed
+    (threads None: all cores), so it is measured as TF's default, not as a searched pair."""
+    plan = as_plan(t, cores)
+    return Plan(slots=plan.slots, threads=None if t.intra_op == 0 else plan.threads, name=name or plan.name)
+
+
+@dataclass(frozen=True)
+class TFSearch:
+    summary: dict[str, Any]  # search.json
+    graph: Graph  # what TF executed at all cores of intra-op threads
+    costs: TFCosts
+
+
+def search_tf(
+    model: str,
+    size: str,
+    machine: Machine,
+    base: Profile | None,
+    *,
+    steps: int = 5,
+    timeout_s: float = DEFAULT_TF_TIMEOUT_S,
+    progress: Callable[[str], None] | None = None,
+) -> TFSearch:
+    """Calibrate on TensorFlow's own traces, then simulate every setting (module docstring)."""
+    from schedlab.sim import Simulator
+
+    t0 = time.perf_counter()
+    cores = machine.default_device.cores
+    runs: list[TFCalibrationRun] = []
+    calibration: list[dict[str, Any]] = []
+    for intra in sorted({1, cores}):
+        t = TFThreads(intra, 1)
+        if progress is not None:
+            progress(f"calibrating: {model} in TensorFlow at {t.describe()}")
+        res = run_tf_worker(TFRequest(workload=model, size=size, threads=t, steps=steps, warmup=1), timeout_s=timeout_s)
+        runs.append(TFCalibrationRun(res.graph, res.trace, res.step_times_s, intra, 1))
+        calibration.append({"tf_threads": threads_json(t), "step_times_s": list(res.step_times_s),
+                            "numerics_ok": bool(res.check.get("numerics_ok"))})
+    costs = tf_costs(runs, base)
+    graph = runs[-1].graph
+    if progress is not None:
+        progress(f"simulating {cores * cores} settings")
+    t_sim = time.perf_counter()
+    simulator = Simulator(graph, machine, costs)
+
+    def predict(t: TFThreads) -> float:
+        res = simulator.run(resolve(graph, as_plan(t, cores), machine), record=False)
+        return res.step_time_s + costs.session_us / 1e6
+
+    rows = []
+    for i, t in enumerate(tf_settings(cores)):
+        rows.append({"trial": i, "strategy": TF_STRATEGY, "plan": _tf_plan(t, cores).to_json(),
+                     "tf_threads": threads_json(t), "predicted_step_time_s": predict(t)})
+    sim_wall_s = time.perf_counter() - t_sim
+    rows.sort(key=lambda r: (r["predicted_step_time_s"], r["trial"]))
+    baselines = {
+        name: {"plan": _tf_plan(t, cores, name).to_json(), "tf_threads": threads_json(t),
+               "predicted_step_time_s": predict(t)}
+        for name, t in tf_baselines(machine).items()
+    }
+    summary = {
+        "backend": "tensorflow",
+        "best": rows[:TOP_LISTED],
+        "baselines": baselines,
+        "strategies": {TF_STRATEGY: {"best_predicted_step_time_s": rows[0]["predicted_step_time_s"],
+                                     "trials": len(rows), "wall_s": sim_wall_s}},
+        "trials_per_s": len(rows) / sim_wall_s if sim_wall_s > 0 else None,
+        "n_trials": len(rows),
+        "new_trials": len(rows),
+        "strategy": TF_STRATEGY,
+        "calibration": calibration,
+        "cost_model": {"node_us": costs.node_us, "session_us": costs.session_us,
+                       "signatures": len(costs.signatures), "ops_from_torch_profile": costs.unseen(graph)},
+        "wall_s": time.perf_counter() - t0,
+    }
+    return TFSearch(summary, graph, costs)
+
+
+# ---- validation ----------------------------------------------------------------------------
+
+
+def validate_tf(
+    run_dir: Path,
+    config: Any,
+    search: dict[str, Any],
+    machine: Machine,
+    *,
+    top: int,
+    repeats: int,
+    steps: int,
+    warmup: int,
+    timeout_s: float = DEFAULT_TF_TIMEOUT_S,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """The top settings of search.json and its baselines, measured in TensorFlow round-robin
+    (each round a fresh process per setting); results.json's content."""
+    from schedlab.search.validate import Measurement, _beyond_noise, contenders_of, results_of
+    from schedlab.trace import library_versions
+
+    contenders = contenders_of(search, top)
+    threads_of: dict[str, TFThreads] = {}
+    # a baseline runs as TF names it (TF's default: 0, 0), a searched setting as its pair
+    for row in [*search.get("baselines", {}).values(), *search.get("best", [])]:
+        threads_of.setdefault(Plan.from_json(row["plan"]).hash, threads_from_json(row["tf_threads"]))
+    measured: dict[str, Measurement] = {}
+    for c in contenders:
+        measured.setdefault(c.plan.hash, Measurement(plan=c.plan, numeric_ok=True))
+    for r in range(repeats):
+        for key, m in measured.items():
+            if m.error is not None:
+                continue
+            t = threads_of[key]
+            if progress is not None:
+                progress(f"round {r + 1}/{repeats}: {t.describe()}")
+            try:
+                res: TFResult = run_tf_worker(
+                    TFRequest(workload=config.model, size=config.size, threads=t, steps=steps, warmup=warmup,
+                              seed=config.seed),
+                    timeout_s=timeout_s,
+                )
+            except SchedlabError as err:
+                m.error, m.numeric_ok = str(err).splitlines()[0], False
+                continue
+            m.step_times_s += list(res.step_times_s)
+            ok = bool(res.check.get("numerics_ok")) and (res.torch_check is None or bool(res.torch_check.get("numerics_ok")))
+            m.numeric_ok = m.numeric_ok and ok
+            if res.torch_check is not None:
+                m.max_rel_diff = float(res.torch_check.get("max_rel_norm_grad_diff", 0.0))
+            m.numerics = dict(res.check)
+            m.trace = res.trace
+    candidates, baselines, best = results_of(contenders, measured)
+    for c, entry in zip(contenders, candidates, strict=True):
+        entry["tf_threads"] = threads_json(threads_of[c.plan.hash])
+    for name, b in baselines.items():
+        b["tf_threads"] = search["baselines"][name]["tf_threads"]
+    usable = [b for b in baselines.values() if b["measured_step_time_s"]]
+    better = min(usable, key=lambda b: b["measured_step_time_s"]) if usable else None
+    return {
+        "schema": "schedlab.results", "version": 1, "backend": "tensorflow",
+        "model": config.model, "size": config.size,
+        "candidates": candidates, "baselines": baselines, "best": best,
+        "searched_plan_won": best is not None and candidates[best]["baseline"] is None,
+        "beyond_noise": _beyond_noise(candidates, best, better),
+        "repeats": repeats, "steps_per_repeat": steps, "warmup": warmup,
+        "machine": machine.host, "versions": library_versions(), "created_unix_s": time.time(),
+        "traces": {},
+        "notes": ["each round runs every setting in a fresh TensorFlow process (TF fixes its pools at start-up)"],
+    }

@@ -1,0 +1,84 @@
+"""`schedlab search|validate|report` with `--backend tensorflow`: TF's threading searched in
+simulation and measured in TensorFlow, in a run directory of the usual layout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tensorflow")
+
+from schedlab.cli import main
+from schedlab.machine import detect_host
+from schedlab.search.tf_search import TF_DEFAULT, TF_RECOMMENDED, tf_baselines, tf_settings
+from schedlab.tf.runtime import TFThreads
+
+
+def test_the_space_is_every_pair_and_the_baselines_are_tfs() -> None:
+    assert tf_settings(2) == [TFThreads(1, 1), TFThreads(1, 2), TFThreads(2, 1), TFThreads(2, 2)]
+    assert len(tf_settings(16)) == 256
+    base = tf_baselines(detect_host())
+    assert base[TF_DEFAULT] == TFThreads(0, 0)
+    assert base[TF_RECOMMENDED].intra_op >= 1 and base[TF_RECOMMENDED].inter_op >= 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (("--devices", "2"), "--devices: not for --backend tensorflow"),
+        (("--strategy", "ooo"), "strategy exhaustive"),
+        (("--optimizer", "adam"), "plain SGD"),
+    ],
+)
+def test_what_a_tf_search_cannot_do_is_refused(capsys, tmp_path: Path, extra: tuple[str, ...], says: str) -> None:  # type: ignore[no-untyped-def]
+    run_dir = tmp_path / "run"
+    assert main(["search", "mlp", "--size", "tiny", "--backend", "tensorflow", "--run-dir", str(run_dir), *extra]) != 0
+    assert says in capsys.readouterr().err
+    assert not run_dir.exists()
+
+
+def test_a_model_without_a_tf_version_is_refused(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    assert main(["search", "heldout:gru-tagger", "--backend", "tensorflow", "--run-dir", str(tmp_path / "r")]) != 0
+    assert "has no TensorFlow version" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_search_validate_report_in_tensorflow(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from schedlab.calibrate import run_calibration
+    from tests.calibrate.test_run import TINY
+
+    profile = tmp_path / "profile.json"
+    run_calibration(quick=True, out=profile, progress=False, config=TINY)
+    run_dir = tmp_path / "run"
+    assert main(["search", "mlp", "--size", "tiny", "--backend", "tensorflow", "--profile", str(profile),
+                 "--run-dir", str(run_dir), "--no-progress", "--json"]) == 0
+    search = json.loads(capsys.readouterr().out)
+    cores = detect_host().default_device.cores
+    assert search["n_trials"] == cores * cores and search["backend"] == "tensorflow"
+    assert set(search["baselines"]) == {TF_RECOMMENDED, TF_DEFAULT}
+    times = [r["predicted_step_time_s"] for r in search["best"]]
+    assert times == sorted(times) and all(t > 0 for t in times)
+    assert all(c["numerics_ok"] for c in search["calibration"])
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["backend"] == "tensorflow" and run["space"] == "tf-threading"
+    assert (run_dir / "graph.json").exists() and (run_dir / "tf_costs.json").exists()
+
+    assert main(["validate", str(run_dir), "--top", "2", "--repeats", "1", "--steps", "2", "--no-progress",
+                 "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    assert results == {**json.loads((run_dir / "results.json").read_text()), "paths": results["paths"]}
+    assert set(results["baselines"]) == {TF_RECOMMENDED, TF_DEFAULT}
+    assert results["baselines"][TF_DEFAULT]["tf_threads"] == {"intra_op": 0, "inter_op": 0}
+    for c in results["candidates"]:
+        assert c["measured_step_time_s"] > 0 and c["numeric_ok"] and len(c["measured_step_times_s"]) == 2
+    best = results["candidates"][results["best"]]
+    assert best["measured_step_time_s"] == min(c["measured_step_time_s"] for c in results["candidates"])
+
+    assert main(["report", str(run_dir)]) == 0
+    assert (run_dir / "report" / "speedup.png").exists()
+
+    # a second search into the same folder is refused: the run is whole already
+    assert main(["search", "mlp", "--size", "tiny", "--backend", "tensorflow", "--run-dir", str(run_dir)]) != 0
+    assert "not an empty folder" in capsys.readouterr().err
