@@ -37,8 +37,8 @@ def run_tf_bench(args: argparse.Namespace) -> int:
         raise SchedlabError("--ddp and --pipelining compare torch's own multi-rank steps; drop --backend tensorflow")
     bad = [m for m in args.models if m not in TF_BUILTINS]
     if bad:
-        raise SchedlabError(f"no TensorFlow version of {', '.join(map(repr, bad))}; --backend tensorflow runs the "
-                            f"built-in workloads {', '.join(TF_BUILTINS)}")
+        raise SchedlabError(f"no TensorFlow version of {', '.join(map(repr, bad))} beside a torch one; bench compares "
+                            f"the two frameworks on the built-in workloads {', '.join(TF_BUILTINS)}")
     if args.optimizer != "sgd":
         raise SchedlabError("--backend tensorflow runs the step with plain SGD for now; drop --optimizer")
     threads = tf_threads_from_args(args)

@@ -22,6 +22,7 @@ from schedlab.errors import SchedlabError
 def tf_models(args: argparse.Namespace, named: list[str]) -> list[str]:
     """The TF built-ins to run (all of them by default); anything else is refused by name."""
     from schedlab.tf.builtins import TF_BUILTINS
+    from schedlab.tf.user import require_tf_model
 
     for flag, given in (("--held-out", args.held_out), ("--devices", args.devices is not None),
                         ("--plans", bool(args.plan_list)), ("--no-trace-calibration", args.no_trace_calibration)):
@@ -30,10 +31,8 @@ def tf_models(args: argparse.Namespace, named: list[str]) -> list[str]:
                                 "the built-in workloads on one device, trace-calibrated on its one-inter-op runs")
     if args.optimizer != "sgd":
         raise SchedlabError("--backend tensorflow runs the step with plain SGD for now; drop --optimizer")
-    bad = [m for m in named if m not in TF_BUILTINS]
-    if bad:
-        raise SchedlabError(f"no TensorFlow version of {', '.join(map(repr, bad))}; --backend tensorflow runs the "
-                            f"built-in workloads {', '.join(TF_BUILTINS)}")
+    for m in named:
+        require_tf_model(m)
     return named or list(TF_BUILTINS)
 
 

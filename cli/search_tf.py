@@ -28,8 +28,8 @@ def run_tf_search(args: argparse.Namespace) -> int:
     from schedlab.machine import detect_host
     from schedlab.search.run_dir import RunConfig, RunPaths, write_run, write_search
     from schedlab.search.tf_search import TF_SPACE, TF_STRATEGY, search_tf
-    from schedlab.tf.builtins import TF_BUILTINS
     from schedlab.tf.runtime import INSTALL_HINT, tensorflow_available
+    from schedlab.tf.user import require_tf_model
 
     given = [k for k, default in _TORCH_ONLY.items() if getattr(args, k, default) != default]
     if given:
@@ -39,9 +39,7 @@ def run_tf_search(args: argparse.Namespace) -> int:
     if args.strategy != "optuna" or args.space != "all" or args.workers != 1:
         raise SchedlabError("--backend tensorflow simulates every intra-op x inter-op setting (strategy exhaustive); "
                             "drop --strategy, --space and --workers")
-    if args.model not in TF_BUILTINS:
-        raise SchedlabError(f"{args.model!r} has no TensorFlow version; --backend tensorflow runs the built-in "
-                            f"workloads {', '.join(TF_BUILTINS)}")
+    require_tf_model(args.model)
     if args.optimizer != "sgd":
         raise SchedlabError("--backend tensorflow runs the step with plain SGD for now; drop --optimizer")
     if not tensorflow_available():

@@ -59,11 +59,9 @@ def run_tf_trace(args: argparse.Namespace) -> int:
         from schedlab.tf.runtime import INSTALL_HINT
 
         raise SchedlabError(f"--backend tensorflow needs tensorflow; {INSTALL_HINT}")
-    from schedlab.tf.builtins import TF_BUILTINS
+    from schedlab.tf.user import require_tf_model
 
-    if args.model not in TF_BUILTINS:
-        raise SchedlabError(f"{args.model!r} has no TensorFlow version; --backend tensorflow runs the built-in "
-                            f"workloads {', '.join(TF_BUILTINS)}")
+    require_tf_model(args.model)
     if args.devices not in (None, 1):
         raise SchedlabError("--backend tensorflow runs on one device for now; drop --devices")
     threads = tf_threads_from_args(args)

@@ -2,7 +2,7 @@
 
 One process per threading setting, because TensorFlow fixes its thread pools when its
 runtime starts. It reads the request, builds the workload in torch (the weights) and in
-TensorFlow, runs it (`tf_run.run_tensorflow`) and writes the result; it marks progress
+TensorFlow (or a user's TF model, `schedlab.tf.user`), runs it (`tf_run.run_tensorflow`) and writes the result; it marks progress
 for the launcher's hang watch, and dies with its parent.
 """
 
@@ -35,16 +35,19 @@ def run(job_dir: Path, progress: Progress) -> TFResult:
     from schedlab.exec.tf_run import run_tensorflow
     from schedlab.tf.builtins import from_torch
     from schedlab.tf.runtime import import_tensorflow
+    from schedlab.tf.user import is_tf_user_spec, load_tf_model
     from schedlab.workloads import load_workload
 
     req: TFRequest = read_request(job_dir)
     import_tensorflow(req.threads)
     progress.mark(START)
-    model = from_torch(load_workload(req.workload, req.size, seed=req.seed))
+    user = is_tf_user_spec(req.workload)
+    model = load_tf_model(req.workload, req.size) if user else from_torch(
+        load_workload(req.workload, req.size, seed=req.seed))
     progress.mark(START)
     run = run_tensorflow(
         model, req.threads, steps=req.steps, warmup=req.warmup, optimizer=req.optimizer, lr=req.lr,
-        torch_reference=lambda: torch_loss_and_grads(req.workload, req.size, req.seed),
+        torch_reference=None if user else lambda: torch_loss_and_grads(req.workload, req.size, req.seed),
         progress=lambda done, total: progress.mark(done - 1),
     )
     return TFResult(run.graph, run.trace, run.step_times_s, run.check.to_json(),

@@ -53,7 +53,7 @@ def load_workload(spec: str, size: str = "default", seed: int = 0) -> Workload:
         torch.manual_seed(seed)
         module, inputs = heldout.build(spec, size)
     elif ":" in spec:
-        factory = _resolve_factory(spec)
+        factory = resolve_factory(spec)
         torch.manual_seed(seed)
         module, inputs = _call_factory(spec, factory)
     elif spec in _BUILDERS:
@@ -69,7 +69,7 @@ def load_workload(spec: str, size: str = "default", seed: int = 0) -> Workload:
     return Workload(name=spec, size=size, module=module, inputs=inputs)
 
 
-def _resolve_factory(spec: str) -> Callable[[], Any]:
+def resolve_factory(spec: str) -> Callable[[], Any]:
     """Import ``package.module`` and return its attribute ``function`` (dotted names allowed)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:

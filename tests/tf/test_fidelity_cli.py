@@ -18,7 +18,7 @@ from schedlab.cli import main
         (("--held-out",), "--held-out is not available with --backend tensorflow"),
         (("--devices", "2"), "--devices is not available"),
         (("--optimizer", "adam"), "plain SGD"),
-        (("gru-tagger",), "no TensorFlow version of 'gru-tagger'"),
+        (("gru-tagger",), "'gru-tagger' has no TensorFlow version"),
     ],
 )
 def test_what_tensorflow_fidelity_cannot_do_is_refused_before_anything_runs(

@@ -1,0 +1,62 @@
+"""A user's own TensorFlow model (`package.module:function`) and the held-out TF set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tensorflow")
+
+from schedlab.cli import main
+from schedlab.errors import SchedlabError
+from schedlab.tf.heldout import SPEC_PREFIX, TF_HELDOUT
+from schedlab.tf.runtime import TFThreads
+from schedlab.tf.user import load_tf_model, require_tf_model
+
+
+@pytest.mark.parametrize("name", TF_HELDOUT)
+def test_each_held_out_tf_model_runs_and_matches_tf_eager(name: str) -> None:
+    from schedlab.exec.tf_run import run_tensorflow
+
+    model = load_tf_model(SPEC_PREFIX + name)
+    assert model.params and not model.buffers
+    run = run_tensorflow(model, TFThreads(0, 0), steps=1, warmup=0)
+    assert run.check.numerics_ok and run.torch_check is None
+    g = run.graph
+    g.validate()
+    assert len(g) > 20 and {op.kind.name for op in g.ops} >= {"F", "B", "OPT"}
+    assert any(op.layer for op in g.ops)  # name scopes become layers
+
+
+@pytest.mark.parametrize(
+    ("fn", "says"),
+    [
+        ("not_a_triple", "must return (loss_fn, params, example_inputs)"),
+        ("int_params", "must be a named float array"),
+        ("keras_model", "returned a Keras model"),
+        ("raises", "raised RuntimeError: my factory is broken"),
+        ("missing", "has no function 'missing'"),
+    ],
+)
+def test_a_bad_factory_is_one_clear_error(fn: str, says: str) -> None:
+    with pytest.raises(SchedlabError) as e:
+        load_tf_model(f"tests.tf.user_models:{fn}")
+    assert says in str(e.value)
+
+
+def test_which_models_the_tf_backend_takes() -> None:
+    require_tf_model("mlp")
+    require_tf_model("mypkg.models:make")
+    with pytest.raises(SchedlabError, match="has no TensorFlow version"):
+        require_tf_model("heldout:gru-tagger")
+
+
+def test_trace_a_user_tf_model(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    rc = main(["trace", "tests.tf.user_models:tiny", "--backend", "tensorflow", "--steps", "2", "--warmup", "0",
+               "--out", str(tmp_path / "t.json"), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["numerics_ok"] is True
+    assert out["torch_check"] is None and out["torch_max_abs_grad_diff"] is None  # no PyTorch twin to compare with
+    assert len(out["step_times_s"]) == 2 and Path(out["trace"]).exists()
