@@ -74,7 +74,7 @@ def run_tf(args: argparse.Namespace, named: list[str]) -> int:
             })
     unseen = [r for r in rows if not r.in_calibration]
     result = {
-        **conditions("built-in", args, machine),
+        **conditions(_set_name(models), args, machine),
         "backend": "tensorflow",
         "tensorflow": _tf_version(),
         "calibration": "trace-calibrated on the one-inter-op settings of each workload (in_calibration: true)",
@@ -95,6 +95,21 @@ def run_tf(args: argparse.Namespace, named: list[str]) -> int:
     return 0
 
 
+def _short(model: str) -> str:
+    """A model's name for a table: a factory's function name."""
+    return model.rpartition(":")[2]
+
+
+def _set_name(models: list[str]) -> str:
+    """"built-in", "held-out" (`schedlab.tf.heldout`: never used to develop the TF cost model), or "user"."""
+    from schedlab.tf.builtins import TF_BUILTINS
+    from schedlab.tf.heldout import SPEC_PREFIX
+
+    if all(m in TF_BUILTINS for m in models):
+        return "built-in"
+    return "held-out" if all(m.startswith(SPEC_PREFIX) for m in models) else "user"
+
+
 def _tf_version() -> str:
     """The installed TensorFlow's version, read without importing it into this (torch) process."""
     from importlib.metadata import PackageNotFoundError, version
@@ -110,23 +125,23 @@ def _tf_version() -> str:
 def _print(result: dict[str, Any], cpu: Any, cores: int, out: Path) -> None:
     print(f"tensorflow {result['tensorflow']} fidelity on {cpu} ({cores} cores), size {result['size']}, "
           f"{result['steps_per_plan']} steps/plan")
-    print(f"{'workload':<12}{'threading':<20}{'measured ms':>12}{'(min-max)':>16}{'predicted ms':>13}{'error':>8}"
+    print(f"{'workload':<18}{'threading':<20}{'measured ms':>12}{'(min-max)':>16}{'predicted ms':>13}{'error':>8}"
           f"{'others':>8}")
     for r in result["plans"]:
         lo, hi = r["measured_spread_s"]
         mark = "*" if r["in_calibration"] else " "
-        print(f"{r['workload']:<12}{r['plan']:<20}{r['measured_s'] * 1e3:>12.1f}"
+        print(f"{_short(r['workload']):<18}{r['plan']:<20}{r['measured_s'] * 1e3:>12.1f}"
               f"{f'{lo * 1e3:.0f}-{hi * 1e3:.0f}':>16}{r['predicted_s'] * 1e3:>13.1f}{pct(r['error'], 8)}{mark}"
               f"{pct(r.get('foreign_cpu_frac'), 7)}")
     print()
-    print(f"{'':<12}{'--- all settings ---':>23}   {'--- not calibrated on ---':>26}")
-    print(f"{'workload':<12}{'MAPE':>8}{'worst':>8}{'tau':>7}   {'MAPE':>8}{'worst':>8}{'tau':>7}"
+    print(f"{'':<18}{'--- all settings ---':>23}   {'--- not calibrated on ---':>26}")
+    print(f"{'workload':<18}{'MAPE':>8}{'worst':>8}{'tau':>7}   {'MAPE':>8}{'worst':>8}{'tau':>7}"
           f"{'node us':>9}{'session ms':>11}")
     unseen = {s["workload"]: s for s in result["workloads_unseen_plans"]}
     costs = {c["workload"]: c for c in result["costs"]}
     for s in result["workloads"]:
         u, c = unseen.get(s["workload"]), costs[s["workload"]]
-        print(f"{s['workload']:<12}{pct(s['mape'], 8)}{pct(s['worst_error'], 8)}{tau(s['kendall_tau'], 7)}   "
+        print(f"{_short(s['workload']):<18}{pct(s['mape'], 8)}{pct(s['worst_error'], 8)}{tau(s['kendall_tau'], 7)}   "
               f"{pct(u and u['mape'], 8)}{pct(u and u['worst_error'], 8)}{tau(u and u['kendall_tau'], 7)}"
               f"{c['node_us']:>9.1f}{c['session_us'] / 1e3:>11.2f}")
     print(f"overall MAPE {result['mape'] * 100:.1f}% (not calibrated on: "
