@@ -172,9 +172,11 @@ class RunData:
 
     @property
     def workload(self) -> str:
+        """e.g. "cnn/default", or "cnn/default (TF)" for a run searched for TensorFlow's runtime."""
         model = str(self.run.get("model", self.name))
         size = self.run.get("size")
-        return f"{model}/{size}" if size else model
+        name = f"{model}/{size}" if size else model
+        return f"{name} (TF)" if self.run.get("backend") == "tensorflow" else name
 
     @property
     def machine(self) -> dict[str, Any]:

@@ -78,6 +78,7 @@ def test_search_validate_report_in_tensorflow(capsys, tmp_path: Path) -> None:  
 
     assert main(["report", str(run_dir)]) == 0
     assert (run_dir / "report" / "speedup.png").exists()
+    assert "mlp/tiny (TF)" in (run_dir / "report" / "figures.json").read_text()  # told apart from a torch run
 
     # a second search into the same folder is refused: the run is whole already
     assert main(["search", "mlp", "--size", "tiny", "--backend", "tensorflow", "--run-dir", str(run_dir)]) != 0
