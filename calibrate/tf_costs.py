@@ -104,6 +104,18 @@ class TFCosts:
         }
 
 
+def tf_costs_from_json(d: Any, base: Profile | None, source: str = "tf_costs.json") -> TFCosts:
+    """A TFCosts written by `TFCosts.to_json` (the torch Profile, not stored there, given as `base`)."""
+    if not isinstance(d, dict) or d.get("schema") != TF_COSTS_SCHEMA:
+        raise SchedlabError(f'{source} is not a TensorFlow cost model (missing "schema": "{TF_COSTS_SCHEMA}")')
+    try:
+        signatures = {str(sig): {int(k): float(v) for k, v in row.items()} for sig, row in d["signatures"].items()}
+        return TFCosts(signatures=signatures, node_us=float(d["node_us"]), session_us=float(d["session_us"]),
+                       base=base, meta=dict(d.get("meta", {})))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise SchedlabError(f"corrupt {source}: {type(e).__name__}: {e}") from None
+
+
 def _span_and_busy_ns(events: Sequence[Any]) -> tuple[int, int, int]:
     """(span, time inside events, events) of one step's events."""
     span = max(e.end_ns for e in events) - min(e.start_ns for e in events)

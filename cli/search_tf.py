@@ -27,7 +27,7 @@ def run_tf_search(args: argparse.Namespace) -> int:
     from schedlab.io import write_json_atomic
     from schedlab.machine import detect_host
     from schedlab.search.run_dir import RunConfig, RunPaths, write_run, write_search
-    from schedlab.search.tf_search import TF_SPACE, TF_STRATEGY, search_tf
+    from schedlab.search.tf_search import TF_COSTS_FILE, TF_SPACE, TF_STRATEGY, search_tf
     from schedlab.tf.runtime import INSTALL_HINT, tensorflow_available
     from schedlab.tf.user import require_tf_model
 
@@ -50,7 +50,10 @@ def run_tf_search(args: argparse.Namespace) -> int:
     if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
         raise SchedlabError(f"--run-dir {run_dir} exists and is not an empty folder; a TensorFlow search runs whole "
                             "in minutes: give a new --run-dir")
-    profile = load_profile(args.profile)  # the machine's co-run contention and unseen kernels
+    from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
+
+    profile_path = Path(args.profile) if args.profile else DEFAULT_PROFILE_PATH
+    profile = load_profile(str(profile_path))  # the machine's co-run contention and unseen kernels
     machine = detect_host()
     with tqdm(total=3, desc=f"search {args.model} (tensorflow)", unit="step", file=sys.stderr,
               disable=True if args.no_progress else None) as bar:
@@ -61,11 +64,11 @@ def run_tf_search(args: argparse.Namespace) -> int:
         found = search_tf(args.model, args.size, machine, profile, progress=note)
     run_dir.mkdir(parents=True, exist_ok=True)
     found.graph.save(paths.graph)
-    write_json_atomic(run_dir / "tf_costs.json", found.costs.to_json(), indent=1)
+    write_json_atomic(run_dir / TF_COSTS_FILE, found.costs.to_json(), indent=1)
     config = RunConfig(
         model=args.model, size=args.size, optimizer=args.optimizer, seed=args.seed, space=TF_SPACE,
         strategy=TF_STRATEGY, study="", storage="", trials=found.summary["n_trials"],
-        profile=str(args.profile or ""), machine=machine.to_json(), created_unix_s=time.time(), backend="tensorflow",
+        profile=str(profile_path.resolve()), machine=machine.to_json(), created_unix_s=time.time(), backend="tensorflow",
     )
     write_search(run_dir, found.summary)
     write_run(run_dir, config)  # last: a run.json means the search is whole
@@ -102,7 +105,7 @@ def run_tf_validate(args: argparse.Namespace, run_dir: Path, config: Any) -> int
     from tqdm import tqdm
 
     from schedlab.machine import detect_host
-    from schedlab.search.run_dir import RunPaths, read_search, write_results
+    from schedlab.search.run_dir import RunPaths, read_search
     from schedlab.search.tf_search import validate_tf
     from schedlab.search.validate import DEFAULT_TOP
 
@@ -119,8 +122,7 @@ def run_tf_validate(args: argparse.Namespace, run_dir: Path, config: Any) -> int
 
         results = validate_tf(run_dir, config, search, machine, top=top, repeats=args.repeats, steps=args.steps,
                               warmup=args.warmup, progress=note)
-    write_results(run_dir, results)
-    results["paths"] = {"results": str(RunPaths(run_dir).results)}
+    results["paths"] = {"results": str(RunPaths(run_dir).results), **results["traces"]}
     if args.json:
         print_json(results)
         return 0

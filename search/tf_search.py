@@ -42,6 +42,7 @@ TF_STRATEGY = "exhaustive"
 TF_RECOMMENDED = "tensorflow-recommended"
 TF_DEFAULT = "tensorflow-default"
 TOP_LISTED = 10
+TF_COSTS_FILE = "tf_costs.json"
 
 
 def tf_settings(cores: int) -> list[TFThreads]:
@@ -165,10 +166,17 @@ def validate_tf(
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The top settings of search.json and its baselines, measured in TensorFlow round-robin
-    (each round a fresh process per setting); results.json's content."""
-    from schedlab.search.validate import Measurement, _beyond_noise, contenders_of, results_of
+    (each round a fresh process per setting); writes results.json and traces/ together (as
+    the torch validation does) and returns results.json's content."""
+    from schedlab.io import staging_dir, swap_dir
+    from schedlab.search.run_dir import RESULTS_SCHEMA, RESULTS_VERSION, RunPaths, write_results
+    from schedlab.search.validate import Measurement, _beyond_noise, _write_traces, contenders_of, results_of
     from schedlab.trace import library_versions
 
+    t0 = time.perf_counter()
+    paths = RunPaths(run_dir)
+    graph = Graph.load(paths.graph)
+    notes = ["each round runs every setting in a fresh TensorFlow process (TF fixes its pools at start-up)"]
     contenders = contenders_of(search, top)
     threads_of: dict[str, TFThreads] = {}
     # a baseline runs as TF names it (TF's default: 0, 0), a searched setting as its pair
@@ -205,16 +213,45 @@ def validate_tf(
         entry["tf_threads"] = threads_json(threads_of[c.plan.hash])
     for name, b in baselines.items():
         b["tf_threads"] = search["baselines"][name]["tf_threads"]
-    usable = [b for b in baselines.values() if b["measured_step_time_s"]]
-    better = min(usable, key=lambda b: b["measured_step_time_s"]) if usable else None
-    return {
-        "schema": "schedlab.results", "version": 1, "backend": "tensorflow",
-        "model": config.model, "size": config.size,
-        "candidates": candidates, "baselines": baselines, "best": best,
-        "searched_plan_won": best is not None and candidates[best]["baseline"] is None,
-        "beyond_noise": _beyond_noise(candidates, best, better),
-        "repeats": repeats, "steps_per_repeat": steps, "warmup": warmup,
-        "machine": machine.host, "versions": library_versions(), "created_unix_s": time.time(),
-        "traces": {},
-        "notes": ["each round runs every setting in a fresh TensorFlow process (TF fixes its pools at start-up)"],
-    }
+    better = min((n for n, b in baselines.items() if b["measured_step_time_s"] is not None),
+                 key=lambda n: baselines[n]["measured_step_time_s"], default=None)
+    if best is not None:
+        trace = measured[contenders[best].plan.hash].trace
+        if trace is not None and trace.meta.get("graph_hash") != graph.hash:
+            notes.append("TensorFlow executed another graph under the best setting than graph.json holds "
+                         "(Grappler rewrites by threading); its Gantt chart pairs ops by id across the two")
+    with staging_dir(paths.traces) as staged:
+        trace_paths = _write_traces(staged, paths, config, graph, machine, contenders, measured, best, better, notes,
+                                    sim_trace_of=lambda plan: _simulated_tf_trace(run_dir, config, graph, machine,
+                                                                                  plan, notes))
+        results: dict[str, Any] = {
+            "schema": RESULTS_SCHEMA, "version": RESULTS_VERSION, "backend": "tensorflow",
+            "model": config.model, "size": config.size, "optimizer": config.optimizer,
+            "candidates": candidates, "baselines": baselines, "best": best,
+            "searched_plan_won": best is not None and candidates[best]["baseline"] is None,
+            "beyond_noise": _beyond_noise(candidates, best, baselines.get(better) if better else None),
+            "better_baseline": better,
+            "best_speedup_over_better_baseline": (
+                candidates[best]["speedup"].get(better) if best is not None and better else None),
+            "repeats": repeats, "steps_per_repeat": steps, "warmup": warmup,
+            "machine": machine.to_json(), "versions": library_versions(), "created_unix_s": time.time(),
+            "wall_s": time.perf_counter() - t0, "traces": trace_paths, "notes": notes,
+        }
+        swap_dir(staged, paths.traces, then=lambda: write_results(run_dir, results))
+    return results
+
+
+def _simulated_tf_trace(run_dir: Path, config: Any, graph: Graph, machine: Machine, plan: Plan,
+                        notes: list[str]) -> Any:
+    """The best setting simulated with the cost model the search used (tf_costs.json)."""
+    from schedlab.calibrate.tf_costs import tf_costs_from_json
+    from schedlab.io import read_json
+    from schedlab.sim import simulate
+
+    try:
+        base = Profile.load(config.profile, machine=machine, check_machine=False) if config.profile else None
+        costs = tf_costs_from_json(read_json(run_dir / TF_COSTS_FILE, what="TensorFlow cost model"), base)
+        return simulate(graph, resolve(graph, plan, machine), machine, costs, record=True).trace
+    except SchedlabError as e:
+        notes.append(f"no simulated trace of the best setting: {e}")
+        return None

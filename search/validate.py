@@ -398,9 +398,11 @@ def _write_traces(
     best: int | None,
     better_baseline: str | None,
     notes: list[str],
+    sim_trace_of: Callable[[Plan], Trace | None] | None = None,
 ) -> dict[str, str]:
     """best.exec.json, best.sim.json and baseline.exec.json (see RUN_DIR.md), written into
-    `out_dir` (the staged traces/ folder); returns where each will be, under `paths.traces`."""
+    `out_dir` (the staged traces/ folder); returns where each will be, under `paths.traces`.
+    `sim_trace_of(plan)`: the simulated trace of the best plan (default: the searched profile's)."""
     out: dict[str, str] = {}
 
     def save(trace: Trace, final: Path, key: str) -> None:
@@ -411,7 +413,8 @@ def _write_traces(
         m = measured[contenders[best].plan.hash]
         if m.trace is not None:
             save(m.trace, paths.best_exec, "best_exec")
-        sim_trace = _simulated_trace(config, graph, machine, m.plan, notes)
+        sim_trace = (sim_trace_of(m.plan) if sim_trace_of is not None
+                     else _simulated_trace(config, graph, machine, m.plan, notes))
         if sim_trace is not None:
             save(sim_trace, paths.best_sim, "best_sim")
     if better_baseline is not None:

@@ -76,8 +76,10 @@ def test_search_validate_report_in_tensorflow(capsys, tmp_path: Path) -> None:  
     best = results["candidates"][results["best"]]
     assert best["measured_step_time_s"] == min(c["measured_step_time_s"] for c in results["candidates"])
 
+    assert (run_dir / "traces" / "best.exec.json").exists() and (run_dir / "traces" / "best.sim.json").exists()
     assert main(["report", str(run_dir)]) == 0
     assert (run_dir / "report" / "speedup.png").exists()
+    assert (run_dir / "report" / "gantt.png").exists()  # the best setting, simulated beside measured
     assert "mlp/tiny (TF)" in (run_dir / "report" / "figures.json").read_text()  # told apart from a torch run
 
     # a second search into the same folder is refused: the run is whole already

@@ -90,3 +90,15 @@ def test_the_spread_and_its_calibration_settings() -> None:
     assert tf_plan_spread(1) == [TFThreads(1, 1)]
     plan = as_plan(TFThreads(0, 0), cores=8)
     assert (plan.slots, plan.threads) == (8, 8)  # TF's default: one thread per core in each pool
+
+
+def test_the_cost_model_round_trips_and_a_corrupt_one_is_named(mlp_run) -> None:  # type: ignore[no-untyped-def]
+    from schedlab.calibrate.tf_costs import tf_costs_from_json
+
+    costs = tf_costs([_as_calibration(mlp_run)], base=None)
+    back = tf_costs_from_json(costs.to_json(), base=None)
+    assert (back.signatures, back.node_us, back.session_us) == (costs.signatures, costs.node_us, costs.session_us)
+    with pytest.raises(SchedlabError, match="not a TensorFlow cost model"):
+        tf_costs_from_json({"schema": "other"}, base=None)
+    with pytest.raises(SchedlabError, match=r"corrupt tf_costs\.json"):
+        tf_costs_from_json({**costs.to_json(), "node_us": "fast"}, base=None)
