@@ -130,3 +130,50 @@ def run_tf_validate(args: argparse.Namespace, run_dir: Path, config: Any) -> int
 
     print_results(results)
     return 0
+
+
+def run_tf_simulate(args: argparse.Namespace) -> int:
+    """`schedlab simulate MODEL --backend tensorflow --run-dir DIR`: one TF threading setting
+    predicted with the graph and cost model a TF search learnt (DIR/graph.json, tf_costs.json)."""
+    import dataclasses
+
+    from schedlab.calibrate.tf_fidelity import as_plan
+    from schedlab.cli.common import TRACES_DIR, slug
+    from schedlab.cli.search_cmd import default_run_dir
+    from schedlab.cli.trace_tf import tf_threads_from_args
+    from schedlab.graph import Graph
+    from schedlab.machine import detect_host
+    from schedlab.plan import resolve
+    from schedlab.search.run_dir import RunPaths, read_run
+    from schedlab.search.tf_search import simulate_tf
+
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args).with_name(default_run_dir(args).name + "-tf")
+    config = read_run(run_dir) if (run_dir / "run.json").exists() else None
+    if config is None or config.backend != "tensorflow":
+        raise SchedlabError(f"{run_dir} holds no TensorFlow search; simulating TF needs the cost model one learns: run "
+                            f"`schedlab search {args.model} --backend tensorflow --run-dir {run_dir}` first, or give "
+                            "--run-dir")
+    if (config.model, config.size) != (args.model, args.size):
+        raise SchedlabError(f"{run_dir} was searched for {config.model}/{config.size}, not {args.model}/{args.size}")
+    machine = detect_host()
+    threads = tf_threads_from_args(args)
+    plan = as_plan(threads, machine.default_device.cores)
+    graph = Graph.load(RunPaths(run_dir).graph)
+    resolve(graph, plan, machine)  # a setting this machine cannot have fails here, by name
+    result, session_us = simulate_tf(run_dir, config, graph, machine, plan)
+    step_s = result.step_time_s + session_us / 1e6
+    out = Path(args.out) if args.out else TRACES_DIR / (
+        f"{slug(args.model)}-{args.size}-tf-i{threads.intra_op}-e{threads.inter_op}.sim.json")
+    trace = dataclasses.replace(result.trace, meta={**result.trace.meta, "workload": args.model, "backend": "tensorflow",
+                                             "threads": {"intra_op": threads.intra_op, "inter_op": threads.inter_op}})
+    trace.save(out)
+    summary = {"model": args.model, "size": args.size, "backend": "tensorflow", "run_dir": str(run_dir),
+               "threads": {"intra_op": threads.intra_op, "inter_op": threads.inter_op}, "ops": len(graph),
+               "predicted_step_time_s": step_s, "session_us": session_us, "trace": str(out)}
+    if args.json:
+        print_json(summary)
+    else:
+        print(f"{args.model}/{args.size} in TensorFlow ({len(graph)} nodes), {threads.describe()}  [simulated]")
+        print(f"  predicted step  {step_s * 1e3:.2f} ms (Session.run's fixed {session_us / 1e3:.2f} ms included)")
+        print(f"  trace           {out}")
+    return 0

@@ -27,6 +27,7 @@ from schedlab.cli.common import (
     resolve_plan_arg,
     slug,
 )
+from schedlab.cli.trace_tf import add_tf_args
 from schedlab.errors import SchedlabError
 
 
@@ -53,6 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "gradient communication) and predict their mean; default 1, or 5 for a reverse-first-k order (as `trace` runs it)",
     )
     p.add_argument("--out", default=None, metavar="PATH", help="simulated trace (default: traces/<model>-<size>-<plan>.sim.json)")
+    add_tf_args(p)
+    p.add_argument("--run-dir", default=None, metavar="DIR",
+                   help="with --backend tensorflow: the TF search whose graph and cost model predict the setting "
+                   "(default runs/MODEL-SIZE-OPTIMIZER-tf)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the results")
     p.set_defaults(handler=run)
 
@@ -70,6 +75,12 @@ def simulated_machine(args: argparse.Namespace, plan: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.backend == "tensorflow":
+        from schedlab.cli.search_tf import run_tf_simulate
+
+        return run_tf_simulate(args)
+    if args.intra_op is not None or args.inter_op is not None or args.tf_recommended or args.run_dir:
+        raise SchedlabError("--intra-op, --inter-op, --tf-recommended and --run-dir are for --backend tensorflow")
     from schedlab.calibrate.links import apply_link_fit
     from schedlab.graph import OpKind
     from schedlab.plan import steady_steps

@@ -241,17 +241,23 @@ def validate_tf(
     return results
 
 
-def _simulated_tf_trace(run_dir: Path, config: Any, graph: Graph, machine: Machine, plan: Plan,
-                        notes: list[str]) -> Any:
-    """The best setting simulated with the cost model the search used (tf_costs.json)."""
+def simulate_tf(run_dir: Path, config: Any, graph: Graph, machine: Machine, plan: Plan) -> tuple[Any, float]:
+    """(the simulated step with its trace, the Session.run fixed cost in us) of `plan` on the
+    cost model a TF search learnt (its tf_costs.json and profile)."""
     from schedlab.calibrate.tf_costs import tf_costs_from_json
     from schedlab.io import read_json
     from schedlab.sim import simulate
 
+    base = Profile.load(config.profile, machine=machine, check_machine=False) if config.profile else None
+    costs = tf_costs_from_json(read_json(run_dir / TF_COSTS_FILE, what="TensorFlow cost model"), base)
+    return simulate(graph, resolve(graph, plan, machine), machine, costs, record=True), costs.session_us
+
+
+def _simulated_tf_trace(run_dir: Path, config: Any, graph: Graph, machine: Machine, plan: Plan,
+                        notes: list[str]) -> Any:
+    """The best setting simulated with the cost model the search used, or None (said in `notes`)."""
     try:
-        base = Profile.load(config.profile, machine=machine, check_machine=False) if config.profile else None
-        costs = tf_costs_from_json(read_json(run_dir / TF_COSTS_FILE, what="TensorFlow cost model"), base)
-        return simulate(graph, resolve(graph, plan, machine), machine, costs, record=True).trace
+        return simulate_tf(run_dir, config, graph, machine, plan)[0].trace
     except SchedlabError as e:
         notes.append(f"no simulated trace of the best setting: {e}")
         return None

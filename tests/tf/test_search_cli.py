@@ -44,6 +44,13 @@ def test_a_model_without_a_tf_version_is_refused(capsys, tmp_path: Path) -> None
     assert "has no TensorFlow version" in capsys.readouterr().err
 
 
+def test_simulating_tf_needs_a_tf_search(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    assert main(["simulate", "mlp", "--size", "tiny", "--backend", "tensorflow", "--run-dir", str(tmp_path)]) != 0
+    assert "holds no TensorFlow search" in capsys.readouterr().err
+    assert main(["simulate", "mlp", "--size", "tiny", "--intra-op", "1"]) != 0
+    assert "are for --backend tensorflow" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_search_validate_report_in_tensorflow(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from schedlab.calibrate import run_calibration
@@ -64,6 +71,15 @@ def test_search_validate_report_in_tensorflow(capsys, tmp_path: Path) -> None:  
     run = json.loads((run_dir / "run.json").read_text())
     assert run["backend"] == "tensorflow" and run["space"] == "tf-threading"
     assert (run_dir / "graph.json").exists() and (run_dir / "tf_costs.json").exists()
+
+    # one setting predicted from the search's graph and cost model: what the search predicted for it
+    row = search["best"][0]
+    assert main(["simulate", "mlp", "--size", "tiny", "--backend", "tensorflow",
+                 "--intra-op", str(row["tf_threads"]["intra_op"]), "--inter-op", str(row["tf_threads"]["inter_op"]),
+                 "--run-dir", str(run_dir), "--out", str(tmp_path / "sim.json"), "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert sim["predicted_step_time_s"] == pytest.approx(row["predicted_step_time_s"], rel=1e-9)
+    assert (tmp_path / "sim.json").exists()
 
     assert main(["validate", str(run_dir), "--top", "2", "--repeats", "1", "--steps", "2", "--no-progress",
                  "--json"]) == 0
