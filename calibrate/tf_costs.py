@@ -79,6 +79,10 @@ class TFCosts:
     def dispatch_us(self, op: Op) -> float:
         return self.node_us
 
+    def step_time_s(self, simulated_s: float) -> float:
+        """A TensorFlow step's predicted time: the simulated nodes plus Session.run's fixed cost."""
+        return simulated_s + self.session_us / 1e6
+
     def corun_slowdown(self, op: Op, busy_cores: int, total_cores: int) -> float:
         """The torch Profile's memory and cache contention, without its oversubscription
         factor: TensorFlow's intra-op threads are one shared pool that co-running kernels

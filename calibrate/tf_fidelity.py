@@ -66,7 +66,7 @@ def predict_tf(graph: Graph, threads: TFThreads, costs: TFCosts, machine: Machin
     simulator.run(resolved, record=False)  # the first run fills the caches, as in search
     warm = simulator.run(resolved, record=False)
     cold = simulate(graph, resolved, machine, costs, record=False)
-    return TFPrediction(warm.step_time_s + costs.session_us / 1e6, warm.sim_wall_s, cold.sim_wall_s)
+    return TFPrediction(costs.step_time_s(warm.step_time_s), warm.sim_wall_s, cold.sim_wall_s)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ def run_tf_bench(args: argparse.Namespace) -> int:
     from schedlab.plan import Plan
     from schedlab.tf.builtins import TF_BUILTINS
     from schedlab.tf.runtime import INSTALL_HINT, tensorflow_available
+    from schedlab.tf.user import require_tf_model
 
     if not tensorflow_available():
         raise SchedlabError(f"--backend tensorflow needs tensorflow; {INSTALL_HINT}")
@@ -39,8 +40,8 @@ def run_tf_bench(args: argparse.Namespace) -> int:
     if bad:
         raise SchedlabError(f"no TensorFlow version of {', '.join(map(repr, bad))} beside a torch one; bench compares "
                             f"the two frameworks on the built-in workloads {', '.join(TF_BUILTINS)}")
-    if args.optimizer != "sgd":
-        raise SchedlabError("--backend tensorflow runs the step with plain SGD for now; drop --optimizer")
+    for model in args.models:
+        require_tf_model(model, args.optimizer)
     threads = tf_threads_from_args(args)
     machine = detect_host()
     cores = machine.default_device.cores

@@ -154,6 +154,22 @@ def conditions(set_name: str, args: argparse.Namespace, machine: Any) -> dict[st
     }
 
 
+def scores(rows: list[Any]) -> dict[str, Any]:
+    """What a fidelity results file says of its `FidelityRow`s: MAPE over all plans and over
+    those calibration never ran, the worst error, per-workload summaries, and every row."""
+    from schedlab.calibrate.fidelity import summarise
+
+    errs = [abs(r.error) for r in rows]
+    unseen = [abs(r.error) for r in rows if not r.in_calibration]
+    return {
+        "mape": sum(errs) / len(errs),
+        "mape_unseen_plans": sum(unseen) / len(unseen) if unseen else None,
+        "worst_error": max((r.error for r in rows), key=abs),
+        "workloads": [s.__dict__ for s in summarise(rows)],
+        "plans": [{**r.__dict__, "error": r.error} for r in rows],
+    }
+
+
 def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     from tqdm import tqdm
 
@@ -183,16 +199,10 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
                 calibration_threads=cal_threads, progress=lambda: bar.update(1),
             )
     summary = summarise(rows)
-    errs = [abs(r.error) for r in rows]
-    unseen = [abs(r.error) for r in rows if not r.in_calibration]
     result = {
         **conditions("built-in", args, machine),
         "trace_calibration": bool(cal_threads),
-        "mape": sum(errs) / len(errs),
-        "mape_unseen_plans": sum(unseen) / len(unseen) if unseen else None,
-        "worst_error": max((r.error for r in rows), key=abs),
-        "workloads": [s.__dict__ for s in summary],
-        "plans": [{**r.__dict__, "error": r.error} for r in rows],
+        **scores(rows),
         "wall_s": time.perf_counter() - t0,
     }
     write_json_atomic(out, result, indent=1)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from schedlab.cli.common import print_json
-from schedlab.cli.fidelity_cmd import DEFAULT_TF_OUT, conditions, pct, tau
+from schedlab.cli.fidelity_cmd import DEFAULT_TF_OUT, conditions, pct, scores, tau
 from schedlab.errors import SchedlabError
 
 
@@ -29,11 +29,10 @@ def tf_models(args: argparse.Namespace, named: list[str]) -> list[str]:
         if given:
             raise SchedlabError(f"{flag} is not available with --backend tensorflow yet: TensorFlow fidelity runs "
                                 "the built-in workloads on one device, trace-calibrated on its one-inter-op runs")
-    if args.optimizer != "sgd":
-        raise SchedlabError("--backend tensorflow runs the step with plain SGD for now; drop --optimizer")
-    for m in named:
-        require_tf_model(m)
-    return named or list(TF_BUILTINS)
+    models = named or list(TF_BUILTINS)
+    for m in models:
+        require_tf_model(m, args.optimizer)
+    return models
 
 
 def run_tf(args: argparse.Namespace, named: list[str]) -> int:
@@ -78,13 +77,9 @@ def run_tf(args: argparse.Namespace, named: list[str]) -> int:
         "backend": "tensorflow",
         "tensorflow": _tf_version(),
         "calibration": "trace-calibrated on the one-inter-op settings of each workload (in_calibration: true)",
-        "mape": sum(abs(r.error) for r in rows) / len(rows),
-        "mape_unseen_plans": sum(abs(r.error) for r in unseen) / len(unseen) if unseen else None,
-        "worst_error": max((r.error for r in rows), key=abs),
-        "workloads": [s.__dict__ for s in summarise(rows)],
+        **scores(rows),
         "workloads_unseen_plans": [s.__dict__ for s in summarise(unseen)],
         "costs": per_model,
-        "plans": [{**r.__dict__, "error": r.error} for r in rows],
         "wall_s": time.perf_counter() - t0,
     }
     write_json_atomic(out, result, indent=1)

@@ -39,9 +39,7 @@ def run_tf_search(args: argparse.Namespace) -> int:
     if args.strategy != "optuna" or args.space != "all" or args.workers != 1:
         raise SchedlabError("--backend tensorflow simulates every intra-op x inter-op setting (strategy exhaustive); "
                             "drop --strategy, --space and --workers")
-    require_tf_model(args.model)
-    if args.optimizer != "sgd":
-        raise SchedlabError("--backend tensorflow runs the step with plain SGD for now; drop --optimizer")
+    require_tf_model(args.model, args.optimizer)
     if not tensorflow_available():
         raise SchedlabError(f"--backend tensorflow needs tensorflow; {INSTALL_HINT}")
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args).with_name(
@@ -160,8 +158,8 @@ def run_tf_simulate(args: argparse.Namespace) -> int:
     plan = as_plan(threads, machine.default_device.cores)
     graph = Graph.load(RunPaths(run_dir).graph)
     resolve(graph, plan, machine)  # a setting this machine cannot have fails here, by name
-    result, session_us = simulate_tf(run_dir, config, graph, machine, plan)
-    step_s = result.step_time_s + session_us / 1e6
+    result, costs = simulate_tf(run_dir, config, graph, machine, plan)
+    step_s, session_us = costs.step_time_s(result.step_time_s), costs.session_us
     out = Path(args.out) if args.out else TRACES_DIR / (
         f"{slug(args.model)}-{args.size}-tf-i{threads.intra_op}-e{threads.inter_op}.sim.json")
     trace = dataclasses.replace(result.trace, meta={**result.trace.meta, "workload": args.model, "backend": "tensorflow",

@@ -36,13 +36,13 @@ def add_tf_args(p: argparse.ArgumentParser) -> None:
 def tf_threads_from_args(args: argparse.Namespace) -> TFThreads:
     """The TFThreads that `--plan`, `--intra-op`, `--inter-op` and `--tf-recommended` ask for."""
     from schedlab.machine import detect_host
-    from schedlab.tf.plan_map import recommended_threads, tf_threads_for_plan
+    from schedlab.search.baselines import tensorflow_recommended
+    from schedlab.tf.plan_map import tf_threads_for_plan
 
     if args.tf_recommended:
         if args.plan or args.intra_op is not None or args.inter_op is not None:
             raise SchedlabError("--tf-recommended sets the threading itself; drop --plan, --intra-op and --inter-op")
-        host = detect_host().host
-        return recommended_threads(int(host.get("physical_cores", 1)), int(host.get("sockets", 1)))
+        return tf_threads_for_plan(tensorflow_recommended(detect_host()))
     base = tf_threads_for_plan(load_plan_arg(args.plan)) if args.plan else TFThreads(0, 0)
     return TFThreads(
         intra_op=base.intra_op if args.intra_op is None else args.intra_op,
@@ -61,7 +61,7 @@ def run_tf_trace(args: argparse.Namespace) -> int:
         raise SchedlabError(f"--backend tensorflow needs tensorflow; {INSTALL_HINT}")
     from schedlab.tf.user import require_tf_model
 
-    require_tf_model(args.model)
+    require_tf_model(args.model, args.optimizer)
     if args.devices not in (None, 1):
         raise SchedlabError("--backend tensorflow runs on one device for now; drop --devices")
     threads = tf_threads_from_args(args)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from schedlab.machine import Machine, cpu_topology
 from schedlab.plan import Plan
+from schedlab.tf.plan_map import recommended_threads
 
 PYTORCH_DEFAULT = "pytorch-default"
 TENSORFLOW_RECOMMENDED = "tensorflow-recommended"
@@ -34,9 +35,8 @@ def tensorflow_recommended(machine: Machine, cpuinfo_text: str | None = None) ->
     if physical <= 0:
         physical = int(machine.host.get("physical_cores", usable) or usable)
         sockets = int(machine.host.get("sockets", 1) or 1)
-    threads = max(1, min(physical, usable))
-    slots = max(1, min(sockets, usable))
-    return Plan(slots=slots, threads=threads, order="topo", name=TENSORFLOW_RECOMMENDED)
+    tf = recommended_threads(min(physical, usable), min(sockets, usable))  # TF's rule, on the cores usable here
+    return Plan(slots=tf.inter_op, threads=tf.intra_op, order="topo", name=TENSORFLOW_RECOMMENDED)
 
 
 BASELINES: dict[str, Callable[[Machine], Plan]] = {

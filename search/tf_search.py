@@ -3,7 +3,8 @@
 What TensorFlow lets a user choose on one CPU device is its two pools: intra-op threads
 (per kernel) and inter-op threads (kernels side by side), both fixed at start-up. The
 search space is every pair of 1..cores each, small enough to simulate all of it
-(`strategy` "exhaustive"; 256 settings on 16 cores take seconds), so no sampler is needed:
+(`strategy` "exhaustive": cores x cores settings, one warm simulation each), so no sampler
+is needed:
 
 1. calibration: TensorFlow runs the step at one inter-op thread with 1 and all cores of
    intra-op threads (fresh processes); its traces give the cost model (`calibrate.tf_costs`);
@@ -34,12 +35,13 @@ from schedlab.exec.tf_launch import DEFAULT_TF_TIMEOUT_S, run_tf_worker
 from schedlab.graph import Graph
 from schedlab.machine import Machine
 from schedlab.plan import Plan, resolve
-from schedlab.tf.plan_map import recommended_threads
+from schedlab.search.baselines import TENSORFLOW_RECOMMENDED, tensorflow_recommended
+from schedlab.tf.plan_map import tf_threads_for_plan
 from schedlab.tf.runtime import TFThreads
 
 TF_SPACE = "tf-threading"
 TF_STRATEGY = "exhaustive"
-TF_RECOMMENDED = "tensorflow-recommended"
+TF_RECOMMENDED = TENSORFLOW_RECOMMENDED
 TF_DEFAULT = "tensorflow-default"
 TOP_LISTED = 10
 TF_COSTS_FILE = "tf_costs.json"
@@ -51,12 +53,9 @@ def tf_settings(cores: int) -> list[TFThreads]:
 
 
 def tf_baselines(machine: Machine) -> dict[str, TFThreads]:
-    """TensorFlow's recommended threading and its default (0, 0: TF chooses)."""
-    host = machine.host
-    physical = int(host.get("physical_cores", machine.default_device.cores) or machine.default_device.cores)
-    sockets = int(host.get("sockets", 1) or 1)
-    rec = recommended_threads(min(physical, machine.default_device.cores), sockets)
-    return {TF_RECOMMENDED: rec, TF_DEFAULT: TFThreads(0, 0)}
+    """TensorFlow's recommended threading (the torch search's baseline of that name, run in
+    TF itself) and its default (0, 0: TF chooses)."""
+    return {TF_RECOMMENDED: tf_threads_for_plan(tensorflow_recommended(machine)), TF_DEFAULT: TFThreads(0, 0)}
 
 
 def threads_json(t: TFThreads) -> dict[str, int]:
@@ -117,8 +116,7 @@ def search_tf(
     simulator = Simulator(graph, machine, costs)
 
     def predict(t: TFThreads) -> float:
-        res = simulator.run(resolve(graph, as_plan(t, cores), machine), record=False)
-        return res.step_time_s + costs.session_us / 1e6
+        return costs.step_time_s(simulator.run(resolve(graph, as_plan(t, cores), machine), record=False).step_time_s)
 
     rows = []
     for i, t in enumerate(tf_settings(cores)):
@@ -241,16 +239,16 @@ def validate_tf(
     return results
 
 
-def simulate_tf(run_dir: Path, config: Any, graph: Graph, machine: Machine, plan: Plan) -> tuple[Any, float]:
-    """(the simulated step with its trace, the Session.run fixed cost in us) of `plan` on the
-    cost model a TF search learnt (its tf_costs.json and profile)."""
+def simulate_tf(run_dir: Path, config: Any, graph: Graph, machine: Machine, plan: Plan) -> tuple[Any, TFCosts]:
+    """(the simulated step with its trace, the cost model) of `plan` on the cost model a TF
+    search learnt (its tf_costs.json and profile); `TFCosts.step_time_s` gives the step."""
     from schedlab.calibrate.tf_costs import tf_costs_from_json
     from schedlab.io import read_json
     from schedlab.sim import simulate
 
     base = Profile.load(config.profile, machine=machine, check_machine=False) if config.profile else None
     costs = tf_costs_from_json(read_json(run_dir / TF_COSTS_FILE, what="TensorFlow cost model"), base)
-    return simulate(graph, resolve(graph, plan, machine), machine, costs, record=True), costs.session_us
+    return simulate(graph, resolve(graph, plan, machine), machine, costs, record=True), costs
 
 
 def _simulated_tf_trace(run_dir: Path, config: Any, graph: Graph, machine: Machine, plan: Plan,

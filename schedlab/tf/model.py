@@ -28,19 +28,18 @@ class Layout(StrEnum):
     TRANSPOSE = "transpose"  # 2-D, transposed: torch Linear [out, in] <-> TF [in, out]
     CONV2D = "conv2d"  # torch [out, in, kh, kw] <-> TF HWIO [kh, kw, in, out]
 
+    @property
+    def to_tf_axes(self) -> tuple[int, ...] | None:
+        """The torch array's axes in TF order (None: the same order)."""
+        return {Layout.TRANSPOSE: (1, 0), Layout.CONV2D: (2, 3, 1, 0)}.get(self)
+
     def to_tf(self, torch_array: np.ndarray) -> np.ndarray:
-        if self is Layout.TRANSPOSE:
-            return np.ascontiguousarray(torch_array.T)
-        if self is Layout.CONV2D:
-            return np.ascontiguousarray(torch_array.transpose(2, 3, 1, 0))
-        return np.ascontiguousarray(torch_array)
+        axes = self.to_tf_axes
+        return np.ascontiguousarray(torch_array if axes is None else torch_array.transpose(axes))
 
     def to_torch(self, tf_array: np.ndarray) -> np.ndarray:
-        if self is Layout.TRANSPOSE:
-            return np.ascontiguousarray(tf_array.T)
-        if self is Layout.CONV2D:
-            return np.ascontiguousarray(tf_array.transpose(3, 2, 0, 1))
-        return np.ascontiguousarray(tf_array)
+        axes = self.to_tf_axes
+        return np.ascontiguousarray(tf_array if axes is None else tf_array.transpose(np.argsort(axes)))
 
 
 @dataclass(frozen=True, eq=False)

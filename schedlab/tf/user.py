@@ -72,11 +72,16 @@ def load_tf_model(spec: str, size: str = "default") -> TFModel:
     return TFModel(name=spec, size=size, params=tuple(specs), buffers=(), inputs=input_specs, loss_fn=wrapped)
 
 
-def require_tf_model(spec: str) -> None:
-    """Refuse, with one message, a MODEL that `--backend tensorflow` cannot run: neither a
-    built-in with a TF version nor a TF factory (a held-out torch model is torch-only)."""
+def require_tf_model(spec: str, optimizer: str = "sgd") -> None:
+    """Refuse, with one message, what `--backend tensorflow` cannot run: an optimizer its step
+    does not build (`schedlab.tf.step.TF_OPTIMIZERS`), or a MODEL that is neither a built-in
+    with a TF version nor a TF factory (a held-out torch model is torch-only)."""
     from schedlab.tf.builtins import TF_BUILTINS
+    from schedlab.tf.step import TF_OPTIMIZERS
 
+    if optimizer not in TF_OPTIMIZERS:
+        raise SchedlabError(f"--backend tensorflow runs the step with plain SGD for now (optimizers: "
+                            f"{', '.join(TF_OPTIMIZERS)}); drop --optimizer")
     if spec in TF_BUILTINS or is_tf_user_spec(spec):
         return
     raise SchedlabError(f"{spec!r} has no TensorFlow version; --backend tensorflow runs the built-in workloads "
