@@ -80,7 +80,7 @@ from schedlab.calibrate.fit import ClassFit
 from schedlab.calibrate.links import LinkFits, collective_s
 from schedlab.calibrate.model import WorkThreadsModel
 from schedlab.calibrate.roofline import Roofline
-from schedlab.calibrate.signature import signature
+from schedlab.calibrate.signature import graph_signatures, signature
 from schedlab.calibrate.trace_cal import trace_figures, trace_slots
 from schedlab.calibrate.views import NO_VIEW_COSTS, ViewCosts
 from schedlab.distribute import ALL_REDUCE, RECV, SEND
@@ -127,6 +127,10 @@ class Profile:
     _rows: dict[int, tuple[Op, dict[int, float] | None]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    # (op identity, threads) -> (op, `_alone_us`): kernel_us, serial_us and dispatch_us all read it
+    _alone: dict[tuple[int, int], tuple[Op, float]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     # ---- CostModel ---------------------------------------------------------------------
 
@@ -146,12 +150,17 @@ class Profile:
         return max(0.0, alone - self.serial_us(op)) + self.corun.latency(n)
 
     def _alone_us(self, op: Op, n: int) -> float:
+        hit = self._alone.get((id(op), n))
+        if hit is not None and hit[0] is op:
+            return hit[1]
         row = self._row(op)
         if row:
             warm = self._from_row(op, row, n)
         else:
             warm = max(0.0, self.class_model(op.op_class).kernel_us(op.flops, op.bytes_moved, n))
-        return max(0.0, warm + self.first_use_us(op))
+        out = max(0.0, warm + self.first_use_us(op))
+        self._alone[(id(op), n)] = (op, out)
+        return out
 
     def cost_keys(self, graph: Graph) -> list[tuple[object, bool]] | None:
         """Per op of `graph`, a key such that ops with equal keys cost the same here
@@ -209,7 +218,7 @@ class Profile:
 
     def view_extra_us(self, op: Op) -> float:
         """What view `op`'s call costs beyond the probe view's (`calibrate.views`)."""
-        return self.views.extra_us(signature(op), op.op_class, len(op.outputs))
+        return self.views.extra_us(self._signature(op), op.op_class, len(op.outputs))
 
     def allreduce_us(self, nbytes: float, n_ranks: int) -> float | None:
         """The fitted time (us) of an all-reduce of `nbytes` over `n_ranks` local ranks on
@@ -345,9 +354,17 @@ class Profile:
         hit = self._rows.get(id(op))
         if hit is not None and hit[0] is op:
             return hit[1]
-        row = self.signatures.get(signature(op))
+        row = self.signatures.get(self._signature(op))
         self._rows[id(op)] = (op, row)
         return row
+
+    def _signature(self, op: Op) -> str:
+        """`signature(op)`, read from the bound graph's kept signatures when `op` is one of its ops."""
+        if self.bound is not None:
+            ops = self.bound[0].ops
+            if 0 <= op.id < len(ops) and ops[op.id] is op:
+                return graph_signatures(self.bound[0])[op.id]
+        return signature(op)
 
     def _from_row(self, op: Op, row: dict[int, float], n: int) -> float:
         model = self.class_model(op.op_class)

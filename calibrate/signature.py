@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from schedlab.graph import Op
+from schedlab.graph import Graph, Op
 
 
 def _strip_values(a: Any) -> Any:
@@ -44,3 +44,24 @@ def signature_of(target: str, flops: float, nbytes: int, args: Any, kwargs: dict
 def signature(op: Op) -> str:
     """The signature of `op` (see the module docstring)."""
     return signature_of(op.target, op.flops, op.bytes_moved, op.args, op.kwargs)
+
+
+def graph_signatures(graph: Graph) -> tuple[str, ...]:
+    """`signature(op)` of every op of `graph`, in op order: computed once per graph object
+    and kept on it, as the simulator keeps the graph's other derived structure
+    (`sim.cost_table.content_keys`). Ops with equal content keys have equal signatures, so
+    each content key is encoded once."""
+    sigs = graph.__dict__.get("_cal_signatures")
+    if sigs is None:
+        from schedlab.sim.cost_table import content_keys
+
+        by_key: dict[object, str] = {}
+        out: list[str] = []
+        for key, op in zip(content_keys(graph), graph.ops, strict=True):
+            sig = by_key.get(key)
+            if sig is None:
+                sig = by_key[key] = signature(op)
+            out.append(sig)
+        sigs = graph.__dict__["_cal_signatures"] = tuple(out)
+    assert isinstance(sigs, tuple)
+    return sigs

@@ -200,3 +200,26 @@ def test_oversubscription_factor_applies_only_when_others_fill_every_core() -> N
     d = prof.to_json()
     del d["corun"]["oversub_mem"], d["corun"]["oversub_compute"]
     assert type(prof).from_json(d).corun.oversub_mem == 1.0
+
+
+def test_kept_signatures_are_the_ops_own_and_change_no_answer() -> None:
+    """A bound Profile reads signatures kept on the graph (`graph_signatures`) and keeps each
+    op's kernel time for its other questions: the answers must equal a fresh lookup's."""
+    from schedlab.calibrate.signature import graph_signatures
+    from tests.conftest import captured_workload
+
+    _, c = captured_workload("heldout:conv1d-two-branch", "sgd", "tiny")
+    g = c.graph
+    sigs = graph_signatures(g)
+    assert sigs == tuple(signature(op) for op in g.ops)
+    assert graph_signatures(g) is sigs  # kept on the graph object
+    measured = {sigs[i]: {1: 10.0 + i, 2: 6.0 + i} for i in range(0, len(g.ops), 3)}
+    base = make_profile(signatures=measured)
+    for slots in (1, 2):
+        bound = base.for_graph(g).for_slots(slots)
+        other = base.for_slots(slots)  # bound to no graph: each op's own signature, asked afresh (no first-use extra here)
+        for op in g.ops:
+            for n in (1, 2):
+                assert bound.kernel_us(op, n) == other.kernel_us(op, n)
+            assert bound.dispatch_us(op) == other.dispatch_us(op)
+            assert bound.serial_us(op) == other.serial_us(op)
