@@ -218,7 +218,7 @@ def _occurrences(
             cls, less = f"view:{op.op_class}", dispatch.view_us - dispatch.view_call_floor_us
         else:
             cls, less = op.op_class, dispatch.op_us - dispatch.call_floor_us
-        out.append(Occurrence(signature(op), cls, op.id in first, robust_low(ds) - less, float(op.bytes_moved)))
+        out.append(Occurrence(signature(op), cls, op.id in first, robust_low(ds) - less))
     return out
 
 
@@ -370,7 +370,7 @@ def _in_step(acc: _Bench) -> tuple[ContextCosts, list[tuple[Case, int, float]]]:
     def warm(c: Case) -> float:
         if c.signature in sig_warm:
             return sig_warm[c.signature]
-        return context.warm(f"view:{c.op_class}" if c.is_view else c.op_class, c.nbytes)
+        return context.warm(f"view:{c.op_class}" if c.is_view else c.op_class)
 
     return context, [(c, k, max(0.0, t + warm(c))) for c, k, t in acc.results]
 

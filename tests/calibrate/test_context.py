@@ -69,34 +69,3 @@ def test_with_trace_keeps_the_kernel_without_the_first_use_extra() -> None:
     traced = p.with_trace(trace, g)
     assert traced.kernel_us(g.ops[0], 1) == pytest.approx(43.0)
     assert traced.for_graph(g).kernel_us(g.ops[0], 1) == pytest.approx(50.0)  # the event, given back
-
-
-def test_the_warm_extra_grows_with_the_bytes_moved_and_never_beyond_the_largest_replay() -> None:
-    """The regime measured at default sizes: a step's ops find their data out of the caches,
-    so the extra grows with the MB moved. A tiny op of such a class must not pay the big ones'."""
-    mb = 1e6
-    hot = {"relu/1": 20.0, "relu/4": 60.0, "relu/12": 170.0, "relu/9": 100.0, "add/s": 2.0, "add/m": 3.0, "gelu/12": 740.0}
-    occ = [
-        Occurrence("relu/1", "relu", False, 20.0 + 25.0, 1.6 * mb),
-        Occurrence("relu/4", "relu", False, 60.0 + 60.0, 4.0 * mb),
-        Occurrence("relu/12", "relu", False, 170.0 + 167.0, 12.6 * mb),
-        Occurrence("relu/9", "relu", False, 100.0 + 900.0, 9.0 * mb),  # a neighbour's burst: Theil-Sen shrugs
-        Occurrence("add/s", "add", False, 2.0 + 0.5, 0.001 * mb),
-        Occurrence("add/m", "add", False, 3.0 + 0.7, 0.002 * mb),
-        Occurrence("gelu/12", "gelu", False, 740.0 + 294.0, 12.6 * mb),  # one size only
-    ]
-    costs, _ = fit_context(occ, hot)
-    assert 8.0 < costs.warm_us_per_mb["relu"] < 16.0
-    assert costs.warm("relu", 0.01 * mb) < 10.0  # not the class median (+113)
-    assert costs.warm("relu", 12.6 * mb) == pytest.approx(costs.warm("relu", 100 * mb))  # capped at the largest
-    # gelu, replayed at 12.6 MB only: the intercept over all classes, and the slope its point gives
-    assert costs.warm_us["gelu"] == costs.warm_fallback_us
-    assert costs.warm("gelu", 12.6 * mb) == pytest.approx(294.0)
-    assert costs.warm("gelu", 17 * 8) < 1.0 + abs(costs.warm_fallback_us)  # the 17-element gelu: ~the intercept
-    assert ContextCosts.from_json(costs.to_json()).to_json() == costs.to_json()
-
-
-def test_a_profile_without_per_mb_terms_keeps_its_constant_extras() -> None:
-    old = {"warm_us": {"relu": 30.0}, "warm_fallback_us": 1.0, "first_use_us": {}, "first_use_fallback_us": 2.0}
-    costs = ContextCosts.from_json(old)
-    assert costs.warm("relu", 1e9) == 30.0 and costs.warm("relu") == 30.0 and costs.warm("mm", 5e6) == 1.0
