@@ -30,6 +30,7 @@ DEFAULT_HELDOUT_OUT = TRACES_DIR / "fidelity-heldout.json"
 DEFAULT_RANKS_OUT = TRACES_DIR / "fidelity-ranks.json"
 DEFAULT_HELDOUT_RANKS_OUT = TRACES_DIR / "fidelity-heldout-ranks.json"
 DEFAULT_TF_OUT = TRACES_DIR / "fidelity-tf.json"
+DEFAULT_RESCORED_OUT = TRACES_DIR / "fidelity-heldout-rescored.json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -90,6 +91,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "each threading setting, intra-op 1 and all cores x inter-op 1 and all cores, in a fresh process; "
         f"calibrated on its one-inter-op settings; results in {DEFAULT_TF_OUT.name})",
     )
+    p.add_argument(
+        "--rescore", action="append", default=[], metavar="RESULTS.json",
+        help="with --held-out: run nothing; predict the plans of saved held-out results files (repeatable) from "
+        "--profile, profile-only, against the median of their measured times, so profiles are compared on the "
+        "same measurements; also prints how far each run is from that median (the floor under a one-run figure); "
+        f"results in {DEFAULT_RESCORED_OUT.name}",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(handler=run)
 
@@ -129,6 +137,11 @@ def run(args: argparse.Namespace) -> int:
         from schedlab.cli.fidelity_tf import run_tf
 
         return run_tf(args, named_models(args))
+    if args.rescore:
+        if not args.held_out or args.devices is not None or named_models(args):
+            raise SchedlabError("--rescore re-scores held-out results files as they are: give --held-out, "
+                                "and no models or --devices")
+        return run_rescore(args)
     models = chosen_models(args)
     if args.devices is not None:
         from schedlab.cli.fidelity_ranks import run_ranks
@@ -276,6 +289,44 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
         print_json(result)
         return 0
     print_held_out(result, machine.host.get("cpu_model"), out)
+    return 0
+
+
+def run_rescore(args: argparse.Namespace) -> int:
+    from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
+    from schedlab.calibrate.rescore import load_runs, rescore
+    from schedlab.cli.common import capture_spec, load_profile
+    from schedlab.io import check_writable, write_json_atomic
+    from schedlab.machine import detect_host
+
+    out = Path(args.out) if args.out else DEFAULT_RESCORED_OUT
+    if any(Path(p).resolve() == out.resolve() for p in args.rescore):
+        raise SchedlabError(f"--out {out} is one of the results files re-scored; choose another path")
+    check_writable(out)
+    runs = load_runs(args.rescore)
+    profile = load_profile(args.profile)
+    machine = detect_host()
+    result = {
+        "profile": str(args.profile or DEFAULT_PROFILE_PATH),
+        "profile_created_unix_s": profile.created_unix_s,
+        **rescore(runs, profile, machine, lambda w: capture_spec(w, runs.size, runs.optimizer)[1].graph),
+    }
+    write_json_atomic(out, result, indent=1)
+    if args.json:
+        print_json(result)
+        return 0
+    n = len(runs.paths)
+    print(f"held-out fidelity re-scored: profile {result['profile']}, profile-only, against the median of {n} "
+          f"run(s) (size {runs.size}, {runs.cores} cores)")
+    print(f"{'workload':<24}{'ops':>6}{'MAPE':>8}{'worst':>8}{'tau':>7}   run spread (MAPE of the median against each run)")
+    for m in result["models"]:
+        a = m["profile_only"]
+        print(f"{m['workload'].removeprefix(PREFIX):<24}{m['ops']:>6}{pct(a['mape'], 8)}{pct(a['worst_error'], 8)}"
+              f"{tau(a['kendall_tau'], 7)}   {' '.join(pct(x, 7) for x in m['run_spread'])}")
+    a = result["overall"]["profile_only"]
+    print(f"{'all (tau: median)':<30}{pct(a['mape'], 8)}{pct(a['worst_error'], 8)}{tau(a['median_kendall_tau'], 7)}   "
+          f"{' '.join(pct(x, 7) for x in result['overall']['run_spread'])}")
+    print(f"results: {out}")
     return 0
 
 

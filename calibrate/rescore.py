@@ -1,0 +1,163 @@
+"""Held-out fidelity re-scored: saved measurements predicted again, the executor not run.
+
+Comparing two profiles (or two versions of the simulator) by running `schedlab fidelity
+--held-out` once with each mixes the machine's drift between the runs into the
+comparison: on the 2-core development VM the same held-out plan measured 0.8-1.8x apart
+in clean runs minutes apart (per model, the medians 1.0-1.33x apart). Re-scoring predicts
+the plans of one or more saved held-out results files from a profile, against the median
+of their measured times, so every profile is scored on the same measurements.
+
+It also says how far each run is from that median (`run_spread`: the MAPE that a
+simulator predicting the median exactly would score against that one run), the floor
+under a fidelity figure taken from a single run.
+
+Profile-only: a trace-calibrated prediction needs the calibration plan's trace, which a
+results file does not keep.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from schedlab.calibrate.fidelity import PROFILE_ONLY, FidelityRow, error_summary, plan_spread, predict, resolve_all
+from schedlab.calibrate.profile import Profile
+from schedlab.errors import SchedlabError
+from schedlab.graph import Graph
+from schedlab.machine import Machine
+
+
+@dataclass(frozen=True)
+class SavedRuns:
+    """The measured step times of held-out results files: per (workload, plan), one per file."""
+
+    paths: tuple[str, ...]
+    size: str
+    optimizer: str
+    cores: int
+    times_s: dict[tuple[str, str], tuple[float, ...]]  # in file order; plans every file measured
+
+    def workloads(self) -> list[str]:
+        return list(dict.fromkeys(w for w, _ in self.times_s))
+
+    def median_s(self, workload: str, plan: str) -> float:
+        return statistics.median(self.times_s[(workload, plan)])
+
+
+def load_runs(paths: Sequence[str | Path]) -> SavedRuns:
+    """Read held-out results files (`schedlab fidelity --held-out` output) measured under the
+    same conditions; the plans every file measured are kept."""
+    if not paths:
+        raise SchedlabError("give at least one held-out results file to re-score")
+    per_file: list[dict[tuple[str, str], float]] = []
+    conds: set[tuple[str, str, int]] = set()
+    for path in paths:
+        d = _read(Path(path))
+        conds.add((str(d["size"]), str(d["optimizer"]), int(d["cores"])))
+        times: dict[tuple[str, str], float] = {}
+        for row in d["plans"]:
+            if row.get("method") != PROFILE_ONLY:
+                continue  # each plan's measurement is in both methods' rows
+            try:
+                key, t = (str(row["workload"]), str(row["plan"])), float(row["measured_s"])
+            except (KeyError, TypeError, ValueError) as e:
+                raise SchedlabError(f"{path}: a plan row lacks workload, plan or measured_s ({e})") from e
+            if not t > 0:
+                raise SchedlabError(f"{path}: plan {key[0]}/{key[1]} has measured_s {t}; it must be > 0")
+            times[key] = t
+        if not times:
+            raise SchedlabError(f"{path}: no profile-only plan rows; is it a `schedlab fidelity --held-out` results file?")
+        per_file.append(times)
+    if len(conds) > 1:
+        raise SchedlabError(
+            "the results files were measured under different conditions (size, optimizer, cores): "
+            + "; ".join(f"{s}/{o}/{c} cores" for s, o, c in sorted(conds))
+        )
+    common = [k for k in per_file[0] if all(k in f for f in per_file[1:])]
+    if not common:
+        raise SchedlabError("the results files share no measured plan")
+    (size, optimizer, cores), = conds
+    return SavedRuns(
+        paths=tuple(str(p) for p in paths), size=size, optimizer=optimizer, cores=cores,
+        times_s={k: tuple(f[k] for f in per_file) for k in common},
+    )
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        d = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SchedlabError(f"no results file {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SchedlabError(f"{path} is not a readable JSON results file: {e}") from e
+    if not isinstance(d, dict) or d.get("set") != "held-out":
+        raise SchedlabError(f"{path} is not a held-out fidelity results file (its 'set' is not 'held-out'); "
+                            "write one with `schedlab fidelity --held-out`")
+    missing = [k for k in ("size", "optimizer", "cores", "plans") if k not in d]
+    if missing or not isinstance(d["plans"], list):
+        raise SchedlabError(f"{path}: a held-out results file needs {', '.join(missing) or 'a list of plans'}")
+    return d
+
+
+def rescore(
+    runs: SavedRuns, profile: Profile, machine: Machine, capture: Callable[[str], Graph]
+) -> dict[str, Any]:
+    """Profile-only predictions of every saved plan from `profile`, scored against the
+    median measured time; the spread of each run around that median. `capture(workload)`
+    gives the workload's graph at the runs' size and optimizer. Plain JSON."""
+    if machine.default_device.cores != runs.cores:
+        raise SchedlabError(f"the runs were measured on {runs.cores} cores and this machine has "
+                            f"{machine.default_device.cores}: their plans are not this machine's spread")
+    models: list[dict[str, Any]] = []
+    rows: list[FidelityRow] = []
+    spread: list[list[float]] = [[] for _ in runs.paths]
+    for workload in runs.workloads():
+        graph = capture(workload)
+        resolved = [r for r in resolve_all(graph, plan_spread(runs.cores), machine)
+                    if (workload, r.plan.name or r.plan.describe()) in runs.times_s]
+        preds = predict(graph, resolved, profile, machine)
+        mine = []
+        own: list[list[float]] = [[] for _ in runs.paths]  # this model's |median / run - 1| per run
+        for r, pred in zip(resolved, preds, strict=True):
+            times = runs.times_s[(workload, r.plan.name or r.plan.describe())]
+            med = statistics.median(times)
+            mine.append(FidelityRow(
+                workload=workload, plan=r.plan.name or r.plan.describe(), measured_s=med,
+                measured_spread_s=(min(times), max(times)), predicted_s=pred.step_time_s,
+                sim_wall_s=pred.sim_wall_s, sim_cold_s=pred.sim_cold_s, ops=len(graph.ops),
+                in_calibration=False, method=PROFILE_ONLY,
+            ))
+            for i, t in enumerate(times):
+                own[i].append(abs(med / t - 1.0))
+                spread[i].append(abs(med / t - 1.0))
+        rows += mine
+        models.append({
+            "workload": workload, "ops": len(graph.ops), "profile_only": error_summary(mine),
+            "run_spread": [statistics.fmean(x) for x in own],
+        })
+    errs = [r.error for r in rows]
+    taus = [m["profile_only"]["kendall_tau"] for m in models if m["profile_only"]["kendall_tau"] is not None]
+    return {
+        "runs": list(runs.paths),
+        "size": runs.size,
+        "optimizer": runs.optimizer,
+        "cores": runs.cores,
+        "note": "profile-only predictions of the saved plans, against the median of their measured step times "
+        "over the runs; run_spread: per run, the MAPE of the median against that run's measurements (the error "
+        "an exact prediction of the median scores against one run). Errors are fractions: predicted / measured - 1.",
+        "overall": {
+            "profile_only": {
+                "n_plans": len(errs),
+                "mape": statistics.fmean(abs(e) for e in errs),
+                "worst_error": max(errs, key=abs),
+                "median_kendall_tau": statistics.median(taus) if taus else None,
+            },
+            "run_spread": [statistics.fmean(s) for s in spread],
+        },
+        "models": models,
+        "plans": [{**r.__dict__, "error": r.error} for r in rows],
+    }

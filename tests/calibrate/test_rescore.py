@@ -1,0 +1,95 @@
+"""Re-scoring saved held-out runs: every profile on the same measurements, and the runs' own spread."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schedlab.calibrate.fidelity import PROFILE_ONLY, TRACE_CALIBRATED, plan_spread, predict, resolve_all
+from schedlab.calibrate.rescore import load_runs, rescore
+from schedlab.cli import main
+from schedlab.errors import SchedlabError
+from schedlab.machine import detect_host
+from schedlab.sim.testing import cpu_machine
+from tests.calibrate.factories import make_profile
+from tests.conftest import captured_workload
+
+MODEL = "heldout:mixer"
+
+
+def results_file(path: Path, scale: float, cores: int = 2, size: str = "tiny", **extra: Any) -> Path:
+    """A held-out results file as `schedlab fidelity --held-out` writes it: each plan's
+    measurement in a profile-only and a trace-calibrated row; plan i measured (i + 1) ms x scale."""
+    plans = [p.name or p.describe() for p in plan_spread(cores)]
+    rows = [
+        {"workload": MODEL, "plan": name, "method": method, "measured_s": (i + 1) * 1e-3 * scale, "predicted_s": 1.0}
+        for i, name in enumerate(plans)
+        for method in (PROFILE_ONLY, TRACE_CALIBRATED)
+    ]
+    path.write_text(json.dumps({"set": "held-out", "size": size, "optimizer": "sgd", "cores": cores, "plans": rows, **extra}))
+    return path
+
+
+def graph_of(workload: str):  # type: ignore[no-untyped-def]
+    return captured_workload(workload, "sgd", "tiny")[1].graph
+
+
+def test_each_plan_is_predicted_against_the_median_of_the_runs(tmp_path: Path) -> None:
+    runs = load_runs([results_file(tmp_path / "a.json", 1.0), results_file(tmp_path / "b.json", 2.0),
+                      results_file(tmp_path / "c.json", 4.0)])
+    machine, profile = cpu_machine(2), make_profile()
+    out = rescore(runs, profile, machine, graph_of)
+    graph = graph_of(MODEL)
+    expected = predict(graph, resolve_all(graph, plan_spread(2), machine), profile, machine)
+    assert [p["predicted_s"] for p in out["plans"]] == [e.step_time_s for e in expected]
+    first = out["plans"][0]
+    assert first["measured_s"] == pytest.approx(2e-3) and first["measured_spread_s"] == pytest.approx((1e-3, 4e-3))
+    assert first["error"] == pytest.approx(first["predicted_s"] / 2e-3 - 1)
+    # each run against the median (2x the first run, 1x the second, 0.5x the third)
+    assert out["overall"]["run_spread"] == pytest.approx([1.0, 0.0, 0.5])
+    (model,) = out["models"]
+    assert model["run_spread"] == pytest.approx([1.0, 0.0, 0.5]) and model["profile_only"]["n_plans"] == 16
+    assert out["overall"]["profile_only"]["mape"] == pytest.approx(
+        sum(abs(p["error"]) for p in out["plans"]) / len(out["plans"]))
+
+
+def test_bad_results_files_get_one_clear_error(tmp_path: Path) -> None:
+    good = results_file(tmp_path / "good.json", 1.0)
+    with pytest.raises(SchedlabError, match="no results file"):
+        load_runs([tmp_path / "missing.json"])
+    (tmp_path / "corrupt.json").write_text("{ not json")
+    with pytest.raises(SchedlabError, match="not a readable JSON"):
+        load_runs([tmp_path / "corrupt.json"])
+    builtin = results_file(tmp_path / "builtin.json", 1.0)
+    builtin.write_text(builtin.read_text().replace('"held-out"', '"built-in"'))
+    with pytest.raises(SchedlabError, match="not a held-out fidelity results file"):
+        load_runs([builtin])
+    with pytest.raises(SchedlabError, match="different conditions"):
+        load_runs([good, results_file(tmp_path / "default.json", 1.0, size="default")])
+    with pytest.raises(SchedlabError, match="measured on 4 cores"):
+        rescore(load_runs([results_file(tmp_path / "four.json", 1.0, cores=4)]), make_profile(), cpu_machine(2), graph_of)
+    bad = json.loads(good.read_text())
+    bad["plans"][0]["measured_s"] = 0
+    (tmp_path / "zero.json").write_text(json.dumps(bad))
+    with pytest.raises(SchedlabError, match="must be > 0"):
+        load_runs([tmp_path / "zero.json"])
+
+
+def test_cli_rescores_without_running_and_never_overwrites_its_inputs(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cores = detect_host().default_device.cores
+    a, b = results_file(tmp_path / "a.json", 1.0, cores), results_file(tmp_path / "b.json", 3.0, cores)
+    profile = make_profile().save(tmp_path / "profile.json")
+    out = tmp_path / "rescored.json"
+    rc = main(["fidelity", "--held-out", "--rescore", str(a), "--rescore", str(b), "--profile", str(profile),
+               "--out", str(out), "--json"])
+    printed = json.loads(capsys.readouterr().out)
+    assert rc == 0 and json.loads(out.read_text()) == printed
+    assert printed["runs"] == [str(a), str(b)] and printed["overall"]["run_spread"] == pytest.approx([1.0, 1 / 3])
+    assert main(["fidelity", "--rescore", str(a)]) == 2  # needs --held-out
+    assert "--held-out" in capsys.readouterr().err
+    before = a.read_text()
+    assert main(["fidelity", "--held-out", "--rescore", str(a), "--out", str(a), "--profile", str(profile)]) == 2
+    assert a.read_text() == before
