@@ -173,7 +173,8 @@ def predict(graph: Graph, plans: Sequence[ResolvedPlan], profile: Profile, machi
         simulator = predictor.simulator(graph, resolved, machine)
         simulator.run(resolved, record=False)  # the first run of a plan fills the caches
         sim = simulator.run(resolved, record=False)
-        cold = simulate(graph, resolved, machine, costs[resolved.slots > 1], record=False)
+        fresh = profile.for_graph(graph).for_slots(2 if resolved.slots > 1 else 1)  # nothing kept: a cold call
+        cold = simulate(graph, resolved, machine, fresh, record=False)
         out.append(Prediction(step_time_s=sim.step_time_s, sim_wall_s=sim.sim_wall_s, sim_cold_s=cold.sim_wall_s))
     return out
 

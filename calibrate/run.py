@@ -27,7 +27,7 @@ from typing import Any
 from tqdm import tqdm
 
 from schedlab.calibrate.cases import Case, new_signatures, workload_cases
-from schedlab.calibrate.context import ContextCosts, Occurrence, first_uses, fit_context
+from schedlab.calibrate.context import ContextCosts, Occurrence, bounded_warm, first_uses, fit_context
 from schedlab.calibrate.corun import measure_corun
 from schedlab.calibrate.corun_fit import CorunRun, fit_corun_latency, measure_corun_runs
 from schedlab.calibrate.coverage import COVERAGE_MODELS, SHAPES, Shape
@@ -294,7 +294,7 @@ def run_calibration(
     if not acc.results:
         raise SchedlabError("calibration measured no ops; nothing to fit" + "".join(f"\n  {f}" for f in acc.failures))
     floor = dispatch.call_floor_us
-    context, in_step = _in_step(acc)
+    context, in_step = _in_step(acc, roofline)
     ops = [(c, k, t) for c, k, t in in_step if not c.is_view]
     points = [Point(c.signature, c.op_class, c.flops, c.nbytes, k, max(t, 1e-3)) for c, k, t in ops]
     with bars.bar(1, "fit", "step") as bar:
@@ -361,16 +361,19 @@ def _measure_links(cfg: LinkConfig, bars: _Progress) -> tuple[LinkFits | None, s
             return None, f"links: {e}"
 
 
-def _in_step(acc: _Bench) -> tuple[ContextCosts, list[tuple[Case, int, float]]]:
+def _in_step(acc: _Bench, roofline: Roofline) -> tuple[ContextCosts, list[tuple[Case, int, float]]]:
     """The context extras, and every benchmarked call time as it would run in a step: plus
-    its signature's warm extra, else its class's, else the median over all."""
+    its signature's warm extra, else its class's (at most what moving its bytes from memory
+    costs, `calibrate.context.bounded_warm`), else the median over all."""
     hot = {c.signature: t for c, k, t in acc.results if k == 1}
     context, sig_warm = fit_context(acc.occurrences, hot)
 
     def warm(c: Case) -> float:
         if c.signature in sig_warm:
             return sig_warm[c.signature]
-        return context.warm(f"view:{c.op_class}" if c.is_view else c.op_class)
+        if c.is_view:
+            return context.warm(f"view:{c.op_class}")
+        return bounded_warm(context, c.op_class, c.nbytes, lambda b: roofline.mem_us(b, 1))
 
     return context, [(c, k, max(0.0, t + warm(c))) for c, k, t in acc.results]
 

@@ -69,3 +69,18 @@ def test_with_trace_keeps_the_kernel_without_the_first_use_extra() -> None:
     traced = p.with_trace(trace, g)
     assert traced.kernel_us(g.ops[0], 1) == pytest.approx(43.0)
     assert traced.for_graph(g).kernel_us(g.ops[0], 1) == pytest.approx(50.0)  # the event, given back
+
+
+def test_a_borrowed_warm_extra_is_no_more_than_moving_the_calls_bytes_from_memory() -> None:
+    """The class median of gelu came from a 12.6 MB call (+294 us): a 17-element gelu must
+    not borrow it, a call as large as the replayed one keeps it."""
+    from schedlab.calibrate.context import bounded_warm
+
+    costs = ContextCosts({"gelu": 294.0, "add": -0.5}, 1.2, {}, 0.0)
+    per_byte_us = 1 / 20e3  # 20 GB/s
+    mem_us = lambda nbytes: nbytes * per_byte_us  # noqa: E731
+    assert bounded_warm(costs, "gelu", 136, mem_us) == pytest.approx(1.2 + 136 * per_byte_us)
+    assert bounded_warm(costs, "gelu", 524288, mem_us) == pytest.approx(1.2 + 524288 * per_byte_us)  # 27.4 us
+    assert bounded_warm(costs, "gelu", 12.6e6, mem_us) == 294.0  # the replayed size: its own class's extra
+    assert bounded_warm(costs, "add", 136, mem_us) == -0.5  # a class below the bound keeps its own
+    assert bounded_warm(costs, "mm", 1e9, mem_us) == 1.2  # a class never replayed: the median of all
