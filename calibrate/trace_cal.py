@@ -145,13 +145,17 @@ def calibrate_with_traces(
     input_values: dict[int, Any],
     machine: Machine,
     steps: int,
+    step_times_s: dict[int, float] | None = None,
 ) -> Profile:
     """The Profile plus the op times of `graph` measured in a few real steps under one
-    slot, program order, 1 thread and all threads: the trace-driven calibration."""
+    slot, program order, 1 thread and all threads: the trace-driven calibration.
+    `step_times_s`, if given, gets each run's step time (median) by thread count."""
     from schedlab.exec import run_steps
     from schedlab.plan import Plan
 
     for threads in sorted({1, machine.default_device.cores}):
         res = run_steps(graph, input_values, Plan(threads=threads), machine, steps=steps, warmup=1)
         profile = profile.with_trace(res.trace, graph)
+        if step_times_s is not None:
+            step_times_s[threads] = res.step_time_s
     return profile

@@ -200,22 +200,28 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     plans = plan_spread(machine.default_device.cores)
     cal_threads = () if args.no_trace_calibration else tuple(sorted({1, machine.default_device.cores}))
     rows = []
+    drifts: list[dict[str, Any]] = []
     with tqdm(total=len(models) * len(plans), desc="fidelity", unit="plan", file=sys.stderr, disable=None) as bar:
         for model in models:
             bar.set_postfix_str(model)
             _, c = capture_spec(model, args.size, args.optimizer)
             profile = base_profile
+            cal_steps: dict[int, float] = {}
             if cal_threads:
-                profile = calibrate_with_traces(profile, c.graph, c.input_values, machine, steps=args.steps)
-            rows += measure_and_predict(
+                profile = calibrate_with_traces(profile, c.graph, c.input_values, machine, steps=args.steps,
+                                                step_times_s=cal_steps)
+            mine = measure_and_predict(
                 model, c.graph, c.input_values, plans, profile, machine, steps=args.steps,
                 calibration_threads=cal_threads, progress=lambda: bar.update(1),
             )
+            drifts += calibration_drift(model, cal_steps, mine)
+            rows += mine
     summary = summarise(rows)
     result = {
         **conditions("built-in", args, machine),
         "trace_calibration": bool(cal_threads),
         **scores(rows),
+        "calibration_drift": drifts,
         "wall_s": time.perf_counter() - t0,
     }
     write_json_atomic(out, result, indent=1)
@@ -238,9 +244,32 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     print(f"overall MAPE {result['mape'] * 100:.1f}% (unseen plans {float(result['mape_unseen_plans'] or 0) * 100:.1f}%), "
           f"worst {float(result['worst_error']) * 100:.1f}%   (* = plan shape used in trace calibration)")
     print("exec/sim: measured step time over simulation time, with the Simulator a search reuses; "
-          "(cold): a simulate() call that builds the graph structure anew")
+          "(cold): a simulate() call with a new cost model object")
+    for d in drifts:
+        if abs(d["drift"]) > DRIFT_WARN:
+            print(f"warning: {d['workload']}: its trace-calibration run ({d['threads']} thread(s), one slot, program "
+                  f"order) measured {d['calibration_step_s'] * 1e3:.1f} ms and the same plan {d['scored_step_s'] * 1e3:.1f} "
+                  f"ms when scored ({d['drift'] * 100:+.0f}%): the machine's speed changed between them, so this "
+                  "workload's errors mostly measure that")
     print(f"results: {out}")
     return 0
+
+
+DRIFT_WARN = 0.15  # a scored run this far from its own trace-calibration run: the machine drifted
+
+
+def calibration_drift(workload: str, cal_steps: dict[int, float], rows: list[Any]) -> list[dict[str, Any]]:
+    """Per trace-calibration run, the same plan's scored run against it: trace calibration
+    replays the calibration run's op times, so a scored run far from it means the machine's
+    speed changed in between (a neighbour on the host), not a modelling error."""
+    scored = {r.plan: r.measured_s for r in rows}
+    out = []
+    for threads, cal_s in sorted(cal_steps.items()):
+        plan = f"s1-t{threads}-topo"  # `plan_spread`'s name of the calibration run's plan
+        if plan in scored:
+            out.append({"workload": workload, "plan": plan, "threads": threads, "calibration_step_s": cal_s,
+                        "scored_step_s": scored[plan], "drift": scored[plan] / cal_s - 1.0})
+    return out
 
 
 # ---- --held-out ------------------------------------------------------------------------------

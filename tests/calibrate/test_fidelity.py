@@ -208,3 +208,20 @@ def test_builtin_command_keeps_its_keys(capsys, tmp_path: Path, profile_file: Pa
     assert d["trace_calibration"] is False and {p["workload"] for p in d["plans"]} == {"mlp"}
     assert {p["method"] for p in d["plans"]} == {PROFILE_ONLY}
     assert json.loads(capsys.readouterr().out)["mape"] == d["mape"]
+
+
+def test_a_scored_run_far_from_its_own_calibration_run_is_reported_as_drift() -> None:
+    """Trace calibration replays its run's op times, so the same plan scored much slower or
+    faster means the machine changed speed in between (mlp, 2026-11-24: 509 ms, then 326)."""
+    from schedlab.calibrate.fidelity import FidelityRow
+    from schedlab.cli.fidelity_cmd import DRIFT_WARN, calibration_drift
+
+    def row(plan: str, measured_s: float) -> FidelityRow:
+        return FidelityRow("mlp", plan, measured_s, (measured_s, measured_s), 0.5, 1e-3, 1e-3, 10, True)
+
+    rows = [row("s1-t1-topo", 0.548), row("s1-t2-topo", 0.326), row("s2-t2-topo", 0.3)]
+    drifts = calibration_drift("mlp", {1: 0.55, 2: 0.509, 16: 0.1}, rows)  # no s1-t16 plan in the spread
+    assert [(d["plan"], d["threads"]) for d in drifts] == [("s1-t1-topo", 1), ("s1-t2-topo", 2)]
+    assert abs(drifts[0]["drift"]) < DRIFT_WARN < abs(drifts[1]["drift"])
+    assert drifts[1]["drift"] == pytest.approx(0.326 / 0.509 - 1)
+    assert calibration_drift("mlp", {}, rows) == []  # --no-trace-calibration
