@@ -30,7 +30,7 @@ from schedlab.graph import Graph, OutputRole
 from schedlab.tf.capture import graph_from_run, node_runs
 from schedlab.tf.model import TFModel
 from schedlab.tf.runtime import TFThreads, import_tensorflow, session_config
-from schedlab.tf.step import TFStep, build_step, eager_loss_and_grads
+from schedlab.tf.step import TFStep, build_step, eager_loss_and_grads, expected_update
 from schedlab.trace import Trace, TraceEvent, base_meta
 
 # TensorFlow's graph runtime against its own eager mode: Grappler and oneDNN fuse kernels
@@ -192,8 +192,7 @@ def _numerics(
     ref_loss, ref_grads = eager_loss_and_grads(model)
     got = session.run({"loss": step.loss, "grads": step.grads, "train": step.train_op})
     new_params = session.run(step.reads)
-    lr = np.float32(step.lr)
-    expected = {p.name: p.value - lr * ref_grads[p.name] for p in model.params}
+    expected = {p.name: expected_update(step.optimizer, step.lr, p.value, ref_grads[p.name]) for p in model.params}
     params = {n: (new_params[n], expected[n]) for n in new_params}
     check = _check(got["loss"], got["grads"], ref_loss, ref_grads, TF_GRAPH_TOLERANCE, params)
     torch_check = None

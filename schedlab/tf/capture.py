@@ -24,6 +24,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, GraphInput, GraphOutput, InputRole, Op, OpKind, OutputRole, TensorMeta
 from schedlab.op_kinds import tag_kinds
@@ -31,7 +33,8 @@ from schedlab.tf.opcost import is_view, tf_op_work
 from schedlab.tf.step import OPTIMIZER_SCOPE, TFStep
 
 _PLUMBING = {"_Retval", "_Arg", "_SOURCE", "_SINK"}  # the Session's fetch and feed plumbing
-_UPDATES = {"AssignVariableOp", "ResourceApplyGradientDescent", "AssignSubVariableOp", "AssignAddVariableOp"}
+_APPLY = {"ResourceApplyGradientDescent", "ResourceApplyAdam"}  # an optimizer's fused update; its last input is the gradient
+_UPDATES = {"AssignVariableOp", "AssignSubVariableOp", "AssignAddVariableOp", *_APPLY}
 _ATTR_KEYS = ("transpose_a", "transpose_b", "adj_x", "adj_y", "strides", "padding", "data_format", "dilations")
 
 
@@ -147,6 +150,7 @@ def graph_from_run(step: TFStep, partition_graphs: Iterable[Any], step_stats: An
         first_start.setdefault(r.name, r.start_ns)
     model = step.model
     var_name = step.variable_names()  # TF op name -> model tensor name
+    state = dict(step.state or {})  # TF op name -> the optimizer's variable
     role = {p.name: InputRole.PARAM for p in model.params}
     role |= {b.name: InputRole.BUFFER for b in model.buffers}
     role |= {x.name: InputRole.USER for x in model.inputs}
@@ -164,7 +168,14 @@ def graph_from_run(step: TFStep, partition_graphs: Iterable[Any], step_stats: An
 
     kept = []
     for n in nodes:
-        if n.op == "VarHandleOp":
+        if n.op == "VarHandleOp" and n.name in state:  # the optimizer's own (Adam's moments, beta powers)
+            var = state[n.name]
+            shape = tuple(int(d) for d in var.shape)
+            dtype = np.dtype(var.dtype.base_dtype.as_numpy_dtype)
+            v = new_value(TensorMeta(shape, dtype.name, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize))
+            value_of[(n.name, 0)] = v
+            inputs.append(GraphInput(v, n.name, InputRole.OPT_STATE))
+        elif n.op == "VarHandleOp":
             name = var_name.get(n.name)
             if name is None:
                 raise SchedlabError(f"captured TF graph has a variable {n.name!r} the model does not declare")
@@ -224,7 +235,7 @@ def graph_from_run(step: TFStep, partition_graphs: Iterable[Any], step_stats: An
             v = new_value(TensorMeta(base.shape, base.dtype, base.nbytes, alias_of=in_vals[0]))
             out_vals.append(v)
             updated[name] = v
-            if n.op == "ResourceApplyGradientDescent":
+            if n.op in _APPLY:
                 delta_of[name] = in_vals[-1]
         if n.name in waited_on:
             v = new_value(None)  # ordering edge: `^name` consumers wait for this op

@@ -2,9 +2,12 @@
 
 Parameters, buffers and the model's inputs are resource variables, initialised from
 placeholders (so a 100 MB model does not become a 100 MB GraphDef). The update is
-TensorFlow's own optimizer (`tf.compat.v1.train.GradientDescentOptimizer`, one fused
-`ResourceApplyGradientDescent` kernel per parameter), in the name scope `OPTIMIZER_SCOPE`
-so capture can tag it OPT. Batch-norm running statistics are assigned in the same step,
+TensorFlow's own optimizer, one fused kernel per parameter: SGD
+(`tf.compat.v1.train.GradientDescentOptimizer`, `ResourceApplyGradientDescent`) or Adam
+(`tf.compat.v1.train.AdamOptimizer`, `ResourceApplyAdam`, with torch's betas and eps),
+in the name scope `OPTIMIZER_SCOPE` so capture can tag it OPT. TF's Adam adds its eps
+to sqrt(v) before the bias correction, torch's after: the same step wherever |grad| is
+far above eps (`expected_update` is TF's formula, the numerics reference). Batch-norm running statistics are assigned in the same step,
 as torch's training-mode forward updates them.
 
 `tf.gradients` makes separate nodes for the weight gradient and the input gradient of a
@@ -24,10 +27,10 @@ from schedlab.errors import SchedlabError
 from schedlab.tf.model import TFModel, TFTensorSpec
 from schedlab.tf.runtime import import_tensorflow
 
-OPTIMIZER_SCOPE = "GradientDescent"
+OPTIMIZER_SCOPE = "optimizer"
 INPUTS_SCOPE = "inputs"
-TF_OPTIMIZERS: tuple[str, ...] = ("sgd",)
-DEFAULT_LR = {"sgd": 0.01}  # as schedlab.optim's torch default, so both frameworks take the same step
+TF_OPTIMIZERS: tuple[str, ...] = ("sgd", "adam")
+DEFAULT_LR = {"sgd": 0.01, "adam": 1e-3}  # as schedlab.optim's torch defaults: both frameworks take the same step
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,14 +47,19 @@ class TFStep:
     initial_values: dict[str, np.ndarray]  # the same names -> arrays they start from
     lr: float
     optimizer: str
+    state_init: Any = None  # the optimizer's own state (Adam's moments and beta powers) to zeros
+    state: Mapping[str, Any] | None = None  # TF op name -> the optimizer's own variables (none for SGD)
 
     def initialize(self, session: Any) -> None:
-        """Set every variable to its initial value (the model's own weights and inputs)."""
+        """Set every variable to its initial value (the model's own weights and inputs), and
+        the optimizer's state to its start."""
         feeds = {}
         ops = []
         for name, var in self.variables.items():
             ops.append(var.initializer)
             feeds[var.initializer.inputs[1]] = self.initial_values[name]
+        if self.state_init is not None:
+            ops.append(self.state_init)
         session.run(ops, feed_dict=feeds)
 
     def variable_names(self) -> dict[str, str]:
@@ -109,12 +117,41 @@ def build_step(model: TFModel, optimizer: str = "sgd", lr: float | None = None) 
         # An embedding's gradient comes as IndexedSlices (rows touched); made dense, as
         # torch's is, so both frameworks take the same dense SGD step.
         grads = {n: tf.convert_to_tensor(g) for n, g in zip(names, grad_list)}
-        opt = tf.compat.v1.train.GradientDescentOptimizer(lr, name=OPTIMIZER_SCOPE)
+        opt = _optimizer(tf, optimizer, lr)
         apply = opt.apply_gradients([(grads[n], variables[n]) for n in names])
         assigns = [variables[n].assign(v, read_value=False) for n, v in new_buffers.items()]
         train_op = tf.group(apply, *assigns, name="train")
+        state = opt.variables()
+        state_init = tf.compat.v1.variables_initializer(state, name="optimizer_init") if state else None
     return TFStep(model=model, graph=graph, loss=loss, grads=grads, train_op=train_op, variables=variables, reads=params,
-                  initial_values=initial, lr=lr, optimizer=optimizer)
+                  initial_values=initial, lr=lr, optimizer=optimizer, state_init=state_init,
+                  state={v.op.name: v for v in state})
+
+
+def _optimizer(tf: Any, optimizer: str, lr: float) -> Any:
+    from schedlab.optim import ADAM_BETAS, ADAM_EPS
+
+    if optimizer == "adam":
+        b1, b2 = ADAM_BETAS
+        return tf.compat.v1.train.AdamOptimizer(lr, beta1=b1, beta2=b2, epsilon=ADAM_EPS, name=OPTIMIZER_SCOPE)
+    return tf.compat.v1.train.GradientDescentOptimizer(lr, name=OPTIMIZER_SCOPE)
+
+
+def expected_update(optimizer: str, lr: float, param: np.ndarray, grad: np.ndarray) -> np.ndarray:
+    """A parameter after the first step of `optimizer` from `grad`, as TensorFlow computes it
+    (float32): SGD p - lr g; Adam from zero moments, lr_t = lr sqrt(1 - b2) / (1 - b1),
+    p - lr_t m / (sqrt(v) + eps) with m = (1 - b1) g, v = (1 - b2) g^2."""
+    from schedlab.optim import ADAM_BETAS, ADAM_EPS
+
+    f = np.float32
+    if optimizer == "sgd":
+        return param - f(lr) * grad
+    if optimizer != "adam":
+        raise SchedlabError(f"no TF update rule for optimizer {optimizer!r}")
+    b1, b2 = ADAM_BETAS
+    m, v = f(1 - b1) * grad, f(1 - b2) * grad * grad
+    lr_t = f(lr * np.sqrt(1 - b2) / (1 - b1))
+    return param - lr_t * m / (np.sqrt(v) + f(ADAM_EPS))
 
 
 def eager_loss_and_grads(model: TFModel) -> tuple[float, dict[str, np.ndarray]]:

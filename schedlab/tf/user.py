@@ -80,8 +80,8 @@ def require_tf_model(spec: str, optimizer: str = "sgd") -> None:
     from schedlab.tf.step import TF_OPTIMIZERS
 
     if optimizer not in TF_OPTIMIZERS:
-        raise SchedlabError(f"--backend tensorflow runs the step with plain SGD for now (optimizers: "
-                            f"{', '.join(TF_OPTIMIZERS)}); drop --optimizer")
+        raise SchedlabError(f"--backend tensorflow builds its step with optimizer {' or '.join(TF_OPTIMIZERS)}, "
+                            f"not {optimizer!r}")
     if spec in TF_BUILTINS or is_tf_user_spec(spec):
         return
     raise SchedlabError(f"{spec!r} has no TensorFlow version; --backend tensorflow runs the built-in workloads "

@@ -85,3 +85,26 @@ def test_buffer_updates_are_forward_outputs() -> None:
     assert writer.target == "tf.AssignVariableOp" and writer.kind is OpKind.F
     assert g.values[buf.value] is not None and g.values[buf.value].alias_of is not None  # in place
     assert run.check.numerics_ok, run.check.describe()
+
+
+def test_adam_step_is_captured_and_checked_as_tensorflow_computes_it() -> None:
+    """TF's own Adam (one ResourceApplyAdam per parameter, tagged OPT, its gradient input the
+    parameter's GRAD output); the first step's parameters equal TF's Adam formula applied to
+    TF eager's gradients, and a later step moves them again (the moments are initialised)."""
+    import numpy as np
+
+    from schedlab.exec.tf_run import run_tensorflow
+    from schedlab.tf.step import expected_update
+
+    run = run_tensorflow(tiny_models.mlp(), TFThreads(0, 0), steps=2, warmup=0, optimizer="adam")  # this process's threading
+    assert run.check.numerics_ok, run.check.describe()
+    g = run.graph
+    updates = [op for op in g.ops if op.target == "tf.ResourceApplyAdam"]
+    assert len(updates) == 4 and all(op.kind is OpKind.OPT for op in updates)
+    assert g.meta["optimizer"] == "adam"
+    for o in (o for o in g.outputs if o.role is OutputRole.GRAD):
+        assert any(o.value == op.inputs[-1] for op in updates), o.name
+    # the reference rule: about lr * sign(grad) on a first step, not SGD's lr * grad
+    p, grad = np.ones(3, np.float32), np.array([1e-3, -2.0, 0.0], np.float32)
+    step = p - expected_update("adam", 1e-3, p, grad)
+    assert step[:2] == pytest.approx([1e-3, -1e-3], rel=1e-3) and step[2] == 0.0

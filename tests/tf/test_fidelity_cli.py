@@ -17,7 +17,6 @@ from schedlab.cli import main
     [
         (("--held-out",), "--held-out is not available with --backend tensorflow"),
         (("--devices", "2"), "--devices is not available"),
-        (("--optimizer", "adam"), "plain SGD"),
         (("gru-tagger",), "'gru-tagger' has no TensorFlow version"),
     ],
 )

@@ -29,7 +29,6 @@ def test_the_space_is_every_pair_and_the_baselines_are_tfs() -> None:
     [
         (("--devices", "2"), "--devices: not for --backend tensorflow"),
         (("--strategy", "ooo"), "strategy exhaustive"),
-        (("--optimizer", "adam"), "plain SGD"),
     ],
 )
 def test_what_a_tf_search_cannot_do_is_refused(capsys, tmp_path: Path, extra: tuple[str, ...], says: str) -> None:  # type: ignore[no-untyped-def]
