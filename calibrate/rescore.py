@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ class SavedRuns:
     optimizer: str
     cores: int
     times_s: dict[tuple[str, str], tuple[float, ...]]  # in file order; plans every file measured
+    conditions: dict[str, Any] = field(default_factory=dict)  # the first file's machine, versions, steps per plan
 
     def workloads(self) -> list[str]:
         return list(dict.fromkeys(w for w, _ in self.times_s))
@@ -55,8 +56,10 @@ def load_runs(paths: Sequence[str | Path]) -> SavedRuns:
         raise SchedlabError("give at least one held-out results file to re-score")
     per_file: list[dict[tuple[str, str], float]] = []
     conds: set[tuple[str, str, int]] = set()
+    first: dict[str, Any] = {}
     for path in paths:
         d = _read(Path(path))
+        first = first or {k: d[k] for k in ("machine", "versions", "steps_per_plan") if k in d}
         conds.add((str(d["size"]), str(d["optimizer"]), int(d["cores"])))
         times: dict[tuple[str, str], float] = {}
         for row in d["plans"]:
@@ -83,7 +86,7 @@ def load_runs(paths: Sequence[str | Path]) -> SavedRuns:
     (size, optimizer, cores), = conds
     return SavedRuns(
         paths=tuple(str(p) for p in paths), size=size, optimizer=optimizer, cores=cores,
-        times_s={k: tuple(f[k] for f in per_file) for k in common},
+        times_s={k: tuple(f[k] for f in per_file) for k in common}, conditions=first,
     )
 
 
@@ -142,6 +145,9 @@ def rescore(
     errs = [r.error for r in rows]
     taus = [m["profile_only"]["kendall_tau"] for m in models if m["profile_only"]["kendall_tau"] is not None]
     return {
+        "set": "held-out",
+        "rescored": True,
+        **runs.conditions,
         "runs": list(runs.paths),
         "size": runs.size,
         "optimizer": runs.optimizer,

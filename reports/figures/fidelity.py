@@ -74,6 +74,7 @@ class FidelityData:
     steps_per_plan: int | None = None
     calibration_plan: str | None = None  # held-out files: the plan the trace calibration used
     foreign_cpu_fracs: tuple[float, ...] = ()  # per measured plan: the CPU share other processes used
+    runs: int = 1  # a re-scored file (`schedlab fidelity --held-out --rescore`): the runs its medians are over
 
     @property
     def methods(self) -> list[str]:
@@ -142,6 +143,7 @@ def load_fidelity(path: str | Path) -> FidelityData:
         steps_per_plan=steps if isinstance(steps, int) else None,
         calibration_plan=str(d["calibration_plan"]) if d.get("calibration_plan") else None,
         foreign_cpu_fracs=tuple(foreign.values()),
+        runs=len(d["runs"]) if d.get("rescored") and isinstance(d.get("runs"), list) and d["runs"] else 1,
     )
 
 
@@ -300,7 +302,10 @@ def _caption(data: FidelityData, methods: list[str], panels: dict[str, dict[str,
     parts = [
         f"Step time the simulator predicted (x, simulated) against the median measured on the executor (y) for "
         f"every plan of the spread, {len(data.workloads)} {kind}, coloured by model; whiskers: min to max of the "
-        f"timed steps; shaded: within ±{BAND:.0%}."
+        f"timed steps; shaded: within ±{BAND:.0%}." if data.runs == 1 else
+        f"Step time the simulator predicted (x, simulated) against the median of {data.runs} measured runs (y) "
+        f"for every plan of the spread, {len(data.workloads)} {kind}, coloured by model; whiskers: min to max "
+        f"of the runs' medians; shaded: within ±{BAND:.0%}."
     ]
     for m in methods:
         p = panels[m]
@@ -319,6 +324,8 @@ def _caption(data: FidelityData, methods: list[str], panels: dict[str, dict[str,
 def _footnote(data: FidelityData) -> str:
     torch = data.versions.get("torch", "?")
     steps = f"{data.steps_per_plan} timed steps per plan" if data.steps_per_plan else "timed steps unknown"
+    if data.runs > 1:
+        steps += f", the median of {data.runs} runs"
     busy = _busy(data.foreign_cpu_fracs)
     others = (f"; other processes used a median {busy['median']:.0%}, at most {busy['max']:.0%} of the CPU "
               "while a plan was measured" if busy else "")

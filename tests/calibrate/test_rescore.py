@@ -29,7 +29,9 @@ def results_file(path: Path, scale: float, cores: int = 2, size: str = "tiny", *
         for i, name in enumerate(plans)
         for method in (PROFILE_ONLY, TRACE_CALIBRATED)
     ]
-    path.write_text(json.dumps({"set": "held-out", "size": size, "optimizer": "sgd", "cores": cores, "plans": rows, **extra}))
+    path.write_text(json.dumps({"set": "held-out", "size": size, "optimizer": "sgd", "cores": cores, "plans": rows,
+                                "machine": {"cpu_model": "Test CPU"}, "versions": {"torch": "2.13.0"},
+                                "steps_per_plan": 5, **extra}))
     return path
 
 
@@ -88,6 +90,12 @@ def test_cli_rescores_without_running_and_never_overwrites_its_inputs(capsys, tm
     printed = json.loads(capsys.readouterr().out)
     assert rc == 0 and json.loads(out.read_text()) == printed
     assert printed["runs"] == [str(a), str(b)] and printed["overall"]["run_spread"] == pytest.approx([1.0, 1 / 3])
+    assert printed["set"] == "held-out" and printed["rescored"] and printed["machine"] == {"cpu_model": "Test CPU"}
+    assert main(["report", str(out), "--out", str(tmp_path / "report"), "--json"]) == 0  # drawn as a fidelity file
+    assert json.loads(capsys.readouterr().out)["figures"][0]["name"] == "fidelity"
+    from schedlab.reports.figures.fidelity import load_fidelity
+
+    assert load_fidelity(out).runs == 2 and load_fidelity(a).runs == 1
     assert main(["fidelity", "--rescore", str(a)]) == 2  # needs --held-out
     assert "--held-out" in capsys.readouterr().err
     before = a.read_text()
