@@ -85,6 +85,7 @@ def tf_fidelity(
     base: Profile | None,
     machine: Machine,
     *,
+    optimizer: str = "sgd",
     steps: int = 3,
     warmup: int = 1,
     timeout_s: float = DEFAULT_TF_TIMEOUT_S,
@@ -96,7 +97,7 @@ def tf_fidelity(
     results: dict[str, TFResult] = {}
     foreign: dict[str, float | None] = {}
     for threads in plans:
-        req = TFRequest(workload=workload, size=size, threads=threads, steps=steps, warmup=warmup)
+        req = TFRequest(workload=workload, size=size, threads=threads, steps=steps, warmup=warmup, optimizer=optimizer)
         before = snapshot()
         results[plan_name(threads)] = run_tf_worker(req, timeout_s=timeout_s)
         foreign[plan_name(threads)] = foreign_cpu_frac(before, snapshot())

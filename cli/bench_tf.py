@@ -57,7 +57,8 @@ def run_tf_bench(args: argparse.Namespace) -> int:
         numerics_ok = True
         for r in range(args.rounds):
             print(f"bench {model}: round {r + 1}/{args.rounds}, TensorFlow ({threads.describe()}) ...", file=sys.stderr)
-            req = TFRequest(workload=model, size=args.size, threads=threads, steps=args.repeats, warmup=2)
+            req = TFRequest(workload=model, size=args.size, threads=threads, steps=args.repeats, warmup=2,
+                            optimizer=args.optimizer)
             res = run_tf_worker(req, timeout_s=DEFAULT_TF_TIMEOUT_S + 2.0 * args.repeats)
             tf_s += res.step_times_s
             numerics_ok = numerics_ok and bool(res.check.get("numerics_ok")) and (
@@ -73,9 +74,11 @@ def run_tf_bench(args: argparse.Namespace) -> int:
             "exec_step_s": exec_med, "exec_step_times_s": exec_s,
             "ratio_tf_vs_eager": tf_med / eager_med, "ratio_tf_vs_exec": tf_med / exec_med,
             "tf_nodes": len(res.graph), "torch_ops": len(captured.graph), "numerics_ok": numerics_ok,
+            "tf_optimizer": res.graph.meta.get("optimizer"), "torch_optimizer": captured.graph.meta.get("optimizer"),
         }
     summary = {
-        "machine": machine.host, "size": args.size, "rounds": args.rounds, "repeats": args.repeats,
+        "machine": machine.host, "size": args.size, "optimizer": args.optimizer, "rounds": args.rounds,
+        "repeats": args.repeats,
         "tf_threads": {"intra_op": threads.intra_op, "inter_op": threads.inter_op},
         "torch_plan": torch_plan.to_json(), "results": rows,
     }

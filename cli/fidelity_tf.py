@@ -62,7 +62,7 @@ def run_tf(args: argparse.Namespace, named: list[str]) -> int:
               disable=None) as bar:
         for model in models:
             bar.set_postfix_str(model)
-            fid = tf_fidelity(model, args.size, plans, base, machine, steps=args.steps, warmup=1,
+            fid = tf_fidelity(model, args.size, plans, base, machine, optimizer=args.optimizer, steps=args.steps, warmup=1,
                               timeout_s=timeout_s, progress=lambda _name: bar.update(1))
             rows += fid.rows
             first = next(iter(fid.results.values()))

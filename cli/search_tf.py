@@ -59,7 +59,7 @@ def run_tf_search(args: argparse.Namespace) -> int:
             bar.set_postfix_str(msg)
             bar.update(1)
 
-        found = search_tf(args.model, args.size, machine, profile, progress=note)
+        found = search_tf(args.model, args.size, machine, profile, optimizer=args.optimizer, progress=note)
     run_dir.mkdir(parents=True, exist_ok=True)
     found.graph.save(paths.graph)
     write_json_atomic(run_dir / TF_COSTS_FILE, found.costs.to_json(), indent=1)

@@ -89,6 +89,7 @@ def search_tf(
     machine: Machine,
     base: Profile | None,
     *,
+    optimizer: str = "sgd",
     steps: int = 5,
     timeout_s: float = DEFAULT_TF_TIMEOUT_S,
     progress: Callable[[str], None] | None = None,
@@ -104,7 +105,8 @@ def search_tf(
         t = TFThreads(intra, 1)
         if progress is not None:
             progress(f"calibrating: {model} in TensorFlow at {t.describe()}")
-        res = run_tf_worker(TFRequest(workload=model, size=size, threads=t, steps=steps, warmup=1), timeout_s=timeout_s)
+        res = run_tf_worker(TFRequest(workload=model, size=size, threads=t, steps=steps, warmup=1, optimizer=optimizer),
+                            timeout_s=timeout_s)
         runs.append(TFCalibrationRun(res.graph, res.trace, res.step_times_s, intra, 1))
         calibration.append({"tf_threads": threads_json(t), "step_times_s": list(res.step_times_s),
                             "numerics_ok": bool(res.check.get("numerics_ok"))})
@@ -193,7 +195,7 @@ def validate_tf(
             try:
                 res: TFResult = run_tf_worker(
                     TFRequest(workload=config.model, size=config.size, threads=t, steps=steps, warmup=warmup,
-                              seed=config.seed),
+                              seed=config.seed, optimizer=config.optimizer),
                     timeout_s=timeout_s,
                 )
             except SchedlabError as err:
