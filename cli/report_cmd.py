@@ -22,11 +22,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "Given a results file of `schedlab fidelity` (traces/fidelity.json, or traces/fidelity-heldout.json from "
         "`schedlab fidelity --held-out`) instead of a run directory, draws the simulator-fidelity figure: "
         "predicted vs measured step time of every plan, coloured by model, one panel per kind of prediction "
-        "(profile-only, trace-calibrated), into RESULTS-report/ beside the file.",
+        "(profile-only, trace-calibrated), into RESULTS-report/ beside the file. Given the saved JSON of "
+        "`schedlab bench MODEL ... --backend tensorflow --json`, draws each workload's step time in TensorFlow, "
+        "eager PyTorch and schedlab's executor side by side.",
     )
     p.add_argument(
         "run_dir", metavar="RUN_DIR",
-        help="run directory, a suite of run directories, or a `schedlab fidelity` results file (.json)",
+        help="run directory, a suite of run directories, a `schedlab fidelity` results file (.json), or a saved "
+        "`schedlab bench --backend tensorflow --json`",
     )
     p.add_argument(
         "--out", default=None, metavar="DIR",
@@ -53,9 +56,12 @@ def run(args: argparse.Namespace) -> int:
             }
         )
         return 0
+    from schedlab.reports.figures.framework_bench import NAME as BENCH_FIGURE
+
     runs = report.suite.runs
+    is_bench = any(r.name == BENCH_FIGURE for r in report.figures) or any(s.name == BENCH_FIGURE for s in report.skipped)
     what = (f"suite of {len(runs)} runs" if report.suite.is_suite else runs[0].workload if runs
-            else f"fidelity results {report.suite.root.name}")
+            else f"{'TensorFlow bench' if is_bench else 'fidelity results'} {report.suite.root.name}")
     print(f"report of {what}: {len(report.figures)} figure(s), PNG and PDF, in {report.out_dir}")
     for r in report.figures:
         tag = f"{r.run}/{r.name}" if r.run and report.suite.is_suite else r.name

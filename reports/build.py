@@ -22,6 +22,7 @@ from schedlab.reports.figures import (
     FigureRecord,
     FigureSkipped,
     fidelity,
+    framework_bench,
     gantt,
     history,
     placement_compare,
@@ -78,7 +79,9 @@ def build_report(path: str | Path, out_dir: str | Path | None = None) -> Report:
     swapped in at the end: its figures, index page and figures.json are replaced together,
     and a report that fails or is interrupted leaves the previous one as it was."""
     source = Path(path)
-    results = fidelity.load_fidelity(source) if source.is_file() else None  # a `schedlab fidelity` file
+    results: fidelity.FidelityData | framework_bench.BenchData | None = None
+    if source.is_file():  # a `schedlab fidelity` results file, or a saved `schedlab bench --backend tensorflow --json`
+        results = framework_bench.load_bench(source) if _is_tf_bench(source) else fidelity.load_fidelity(source)
     suite = Suite(root=source, runs=(), is_suite=False) if results is not None else load(source)
     default_out = source.with_name(source.stem + "-report") if results is not None else suite.root / REPORT_DIR
     out = Path(out_dir) if out_dir is not None else default_out
@@ -95,8 +98,17 @@ def build_report(path: str | Path, out_dir: str | Path | None = None) -> Report:
     )
 
 
+def _is_tf_bench(path: Path) -> bool:
+    from schedlab.io import read_json
+
+    try:
+        return framework_bench.is_tf_bench(read_json(path, what="results"))
+    except Exception:  # not JSON at all: the fidelity loader says so
+        return False
+
+
 def _draw_all(
-    suite: Suite, out: Path, results: fidelity.FidelityData | None = None
+    suite: Suite, out: Path, results: fidelity.FidelityData | framework_bench.BenchData | None = None
 ) -> tuple[list[FigureRecord], list[Skipped]]:
     records: list[FigureRecord] = []
     skipped: list[Skipped] = []
@@ -107,8 +119,13 @@ def _draw_all(
         except FigureSkipped as e:
             skipped.append(Skipped(name=name, run=run.name if run else "", reason=str(e)))
 
+    if isinstance(results, framework_bench.BenchData):  # a saved TF bench: its one figure
+        bench = results
+        attempt(framework_bench.NAME, None, lambda stem: framework_bench.draw(bench, stem))
+        return records, skipped
     if results is not None:  # a fidelity results file: its one figure
-        attempt(fidelity.NAME, None, lambda stem: fidelity.draw(results, stem))
+        fid = results
+        attempt(fidelity.NAME, None, lambda stem: fidelity.draw(fid, stem))
         return records, skipped
     attempt("speedup", None, lambda stem: speedup.draw(suite.runs, stem))
     for run in suite.runs:
