@@ -7,15 +7,14 @@ import pytest
 pytest.importorskip("tensorflow")
 
 from schedlab.graph import InputRole, OpKind, OutputRole
-from schedlab.tf.runtime import TFThreads
-from tests.tf import tiny_models
+from tests.tf import IN_PROCESS, tiny_models
 
 
 @pytest.fixture(scope="module")
 def mlp_run():  # type: ignore[no-untyped-def]
     from schedlab.exec.tf_run import run_tensorflow
 
-    return run_tensorflow(tiny_models.mlp(), TFThreads(0, 0), steps=3, warmup=1)
+    return run_tensorflow(tiny_models.mlp(), IN_PROCESS, steps=3, warmup=1)
 
 
 def test_captured_graph_has_every_parameter_gradient_update_and_the_loss(mlp_run) -> None:  # type: ignore[no-untyped-def]
@@ -78,7 +77,7 @@ def test_trace_events_are_the_captured_ops_once_per_step(mlp_run) -> None:  # ty
 def test_buffer_updates_are_forward_outputs() -> None:
     from schedlab.exec.tf_run import run_tensorflow
 
-    run = run_tensorflow(tiny_models.with_running_mean(), TFThreads(0, 0), steps=1, warmup=0)
+    run = run_tensorflow(tiny_models.with_running_mean(), IN_PROCESS, steps=1, warmup=0)
     g = run.graph
     buf = g.output(OutputRole.BUFFER, "norm.running_mean")
     writer = g.ops[g.producer[buf.value]]
@@ -96,7 +95,7 @@ def test_adam_step_is_captured_and_checked_as_tensorflow_computes_it() -> None:
     from schedlab.exec.tf_run import run_tensorflow
     from schedlab.tf.step import expected_update
 
-    run = run_tensorflow(tiny_models.mlp(), TFThreads(0, 0), steps=2, warmup=0, optimizer="adam")  # this process's threading
+    run = run_tensorflow(tiny_models.mlp(), IN_PROCESS, steps=2, warmup=0, optimizer="adam")
     assert run.check.numerics_ok, run.check.describe()
     g = run.graph
     updates = [op for op in g.ops if op.target == "tf.ResourceApplyAdam"]

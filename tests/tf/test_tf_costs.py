@@ -11,25 +11,27 @@ pytest.importorskip("tensorflow")
 from schedlab.calibrate.signature import signature
 from schedlab.calibrate.tf_costs import TFCalibrationRun, TFCosts, tf_costs
 from schedlab.calibrate.tf_fidelity import as_plan, is_tf_calibration, predict_tf, tf_plan_spread
+from schedlab.calibrate.trace_cal import trace_figures
 from schedlab.errors import SchedlabError
 from schedlab.sim.testing import cpu_machine
 from schedlab.tf.runtime import TFThreads
-from tests.tf import tiny_models
+from tests.tf import IN_PROCESS, tiny_models
 
 
 @pytest.fixture(scope="module")
 def mlp_run():  # type: ignore[no-untyped-def]
     from schedlab.exec.tf_run import run_tensorflow
 
-    return run_tensorflow(tiny_models.mlp(), TFThreads(0, 0), steps=4, warmup=1)
+    return run_tensorflow(tiny_models.mlp(), IN_PROCESS, steps=4, warmup=1)
 
 
 def _as_calibration(run: Any, inter_op: int = 1) -> TFCalibrationRun:
-    """The in-process run (this process's threading is fixed once) read as a one-inter-op run."""
+    """The in-process run (one inter-op thread, `IN_PROCESS`) as a calibration run."""
     return TFCalibrationRun(run.graph, run.trace, run.step_times_s, intra_op=1, inter_op=inter_op)
 
 
 def test_every_timed_kernel_gets_its_trace_time(mlp_run) -> None:  # type: ignore[no-untyped-def]
+    assert trace_figures(mlp_run.trace, mlp_run.graph, floor_us=0.0).n_events_overlapping == 0  # one node at a time
     costs = tf_costs([_as_calibration(mlp_run)], base=None)
     g = mlp_run.graph
     assert costs.unseen(g) == {}

@@ -12,8 +12,8 @@ pytest.importorskip("tensorflow")
 from schedlab.cli import main
 from schedlab.errors import SchedlabError
 from schedlab.tf.heldout import SPEC_PREFIX, TF_HELDOUT
-from schedlab.tf.runtime import TFThreads
 from schedlab.tf.user import load_tf_model, require_tf_model
+from tests.tf import IN_PROCESS
 
 
 @pytest.mark.parametrize("name", TF_HELDOUT)
@@ -22,7 +22,7 @@ def test_each_held_out_tf_model_runs_and_matches_tf_eager(name: str) -> None:
 
     model = load_tf_model(SPEC_PREFIX + name)
     assert model.params and not model.buffers
-    run = run_tensorflow(model, TFThreads(0, 0), steps=1, warmup=0)
+    run = run_tensorflow(model, IN_PROCESS, steps=1, warmup=0)
     assert run.check.numerics_ok and run.torch_check is None
     g = run.graph
     g.validate()
