@@ -114,14 +114,14 @@ class ContextCosts:
         )
 
 
-NO_CONTEXT = ContextCosts({}, 0.0, {}, 0.0)
+NO_CONTEXT = ContextCosts({}, 0.0, {}, 0.0)  # version 1 profiles: kernels as benchmarked
 
 
 def bounded_warm(context: ContextCosts, op_class: str, nbytes: float, mem_us: Callable[[float], float]) -> float:
     """The warm extra a call of `op_class` moving `nbytes` borrows from its class, at most
     the median over all classes plus `mem_us(nbytes)`, the time to bring every byte from
     memory (see the module docstring): cold caches cost a call no more than its data."""
-    return min(context.warm(op_class), max(0.0, context.warm_fallback_us) + mem_us(nbytes))  # version 1 profiles: kernels as benchmarked
+    return min(context.warm(op_class), max(0.0, context.warm_fallback_us) + mem_us(nbytes))
 
 
 def _median(xs: Iterable[float], default: float = 0.0) -> float:

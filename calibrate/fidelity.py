@@ -324,6 +324,18 @@ def error_summary(rows: Sequence[FidelityRow]) -> dict[str, Any]:
     return {"n_plans": len(rows), "mape": s.mape, "worst_error": s.worst_error, "kendall_tau": _finite(s.kendall_tau)}
 
 
+def overall_summary(errors: Sequence[float], taus: Sequence[float | None]) -> dict[str, Any]:
+    """MAPE and worst of signed `errors` over all models' plans, and the median of the
+    models' Kendall taus (those defined)."""
+    defined = [t for t in taus if t is not None]
+    return {
+        "n_plans": len(errors),
+        "mape": statistics.fmean(abs(e) for e in errors) if errors else None,
+        "worst_error": max(errors, key=abs) if errors else None,
+        "median_kendall_tau": statistics.median(defined) if defined else None,
+    }
+
+
 def held_out_summary(results: Sequence[HeldOutResult]) -> dict[str, Any]:
     """Per model and overall, each method's errors on the rows it is scored on; every plan row
     (with whether it is scored); the plans measured while the machine was busy. Plain JSON."""
@@ -341,14 +353,8 @@ def held_out_summary(results: Sequence[HeldOutResult]) -> dict[str, Any]:
         })
     overall: dict[str, Any] = {}
     for method, key in ((PROFILE_ONLY, "profile_only"), (TRACE_CALIBRATED, "trace_calibrated")):
-        errs = [r.error for res in results for r in res.scored(method)]
-        taus = [m[key]["kendall_tau"] for m in models if m[key]["kendall_tau"] is not None]
-        overall[key] = {
-            "n_plans": len(errs),
-            "mape": statistics.fmean(abs(e) for e in errs) if errs else None,
-            "worst_error": max(errs, key=abs) if errs else None,
-            "median_kendall_tau": statistics.median(taus) if taus else None,
-        }
+        overall[key] = overall_summary([r.error for res in results for r in res.scored(method)],
+                                       [m[key]["kendall_tau"] for m in models])
     plans = [
         {**r.__dict__, "error": r.error, "scored": r in scored}
         for res in results

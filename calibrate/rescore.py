@@ -24,7 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schedlab.calibrate.fidelity import PROFILE_ONLY, FidelityRow, error_summary, plan_spread, predict, resolve_all
+from schedlab.calibrate.fidelity import (
+    PROFILE_ONLY,
+    FidelityRow,
+    error_summary,
+    overall_summary,
+    plan_spread,
+    predict,
+    resolve_all,
+)
 from schedlab.calibrate.profile import Profile
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
@@ -44,9 +52,6 @@ class SavedRuns:
 
     def workloads(self) -> list[str]:
         return list(dict.fromkeys(w for w, _ in self.times_s))
-
-    def median_s(self, workload: str, plan: str) -> float:
-        return statistics.median(self.times_s[(workload, plan)])
 
 
 def load_runs(paths: Sequence[str | Path]) -> SavedRuns:
@@ -117,33 +122,31 @@ def rescore(
                             f"{machine.default_device.cores}: their plans are not this machine's spread")
     models: list[dict[str, Any]] = []
     rows: list[FidelityRow] = []
-    spread: list[list[float]] = [[] for _ in runs.paths]
+    spread: list[list[float]] = [[] for _ in runs.paths]  # per run: |median / run - 1| of every plan
     for workload in runs.workloads():
         graph = capture(workload)
-        resolved = [r for r in resolve_all(graph, plan_spread(runs.cores), machine)
-                    if (workload, r.plan.name or r.plan.describe()) in runs.times_s]
-        preds = predict(graph, resolved, profile, machine)
+        named = [(r.plan.name or r.plan.describe(), r) for r in resolve_all(graph, plan_spread(runs.cores), machine)]
+        named = [(name, r) for name, r in named if (workload, name) in runs.times_s]
+        preds = predict(graph, [r for _, r in named], profile, machine)
         mine = []
-        own: list[list[float]] = [[] for _ in runs.paths]  # this model's |median / run - 1| per run
-        for r, pred in zip(resolved, preds, strict=True):
-            times = runs.times_s[(workload, r.plan.name or r.plan.describe())]
+        own: list[list[float]] = [[] for _ in runs.paths]  # the same, this model's plans
+        for (name, _), pred in zip(named, preds, strict=True):
+            times = runs.times_s[(workload, name)]
             med = statistics.median(times)
             mine.append(FidelityRow(
-                workload=workload, plan=r.plan.name or r.plan.describe(), measured_s=med,
-                measured_spread_s=(min(times), max(times)), predicted_s=pred.step_time_s,
-                sim_wall_s=pred.sim_wall_s, sim_cold_s=pred.sim_cold_s, ops=len(graph.ops),
-                in_calibration=False, method=PROFILE_ONLY,
+                workload=workload, plan=name, measured_s=med, measured_spread_s=(min(times), max(times)),
+                predicted_s=pred.step_time_s, sim_wall_s=pred.sim_wall_s, sim_cold_s=pred.sim_cold_s,
+                ops=len(graph.ops), in_calibration=False, method=PROFILE_ONLY,
             ))
             for i, t in enumerate(times):
                 own[i].append(abs(med / t - 1.0))
-                spread[i].append(abs(med / t - 1.0))
+        for i, xs in enumerate(own):
+            spread[i] += xs
         rows += mine
         models.append({
             "workload": workload, "ops": len(graph.ops), "profile_only": error_summary(mine),
             "run_spread": [statistics.fmean(x) for x in own],
         })
-    errs = [r.error for r in rows]
-    taus = [m["profile_only"]["kendall_tau"] for m in models if m["profile_only"]["kendall_tau"] is not None]
     return {
         "set": "held-out",
         "rescored": True,
@@ -156,12 +159,7 @@ def rescore(
         "over the runs; run_spread: per run, the MAPE of the median against that run's measurements (the error "
         "an exact prediction of the median scores against one run). Errors are fractions: predicted / measured - 1.",
         "overall": {
-            "profile_only": {
-                "n_plans": len(errs),
-                "mape": statistics.fmean(abs(e) for e in errs),
-                "worst_error": max(errs, key=abs),
-                "median_kendall_tau": statistics.median(taus) if taus else None,
-            },
+            "profile_only": overall_summary([r.error for r in rows], [m["profile_only"]["kendall_tau"] for m in models]),
             "run_spread": [statistics.fmean(s) for s in spread],
         },
         "models": models,

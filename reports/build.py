@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from schedlab.io import staging_dir, swap_dir
+from schedlab.io import read_json, staging_dir, swap_dir
 from schedlab.reports.figures import (
     FigureRecord,
     FigureSkipped,
@@ -81,7 +81,9 @@ def build_report(path: str | Path, out_dir: str | Path | None = None) -> Report:
     source = Path(path)
     results: fidelity.FidelityData | framework_bench.BenchData | None = None
     if source.is_file():  # a `schedlab fidelity` results file, or a saved `schedlab bench --backend tensorflow --json`
-        results = framework_bench.load_bench(source) if _is_tf_bench(source) else fidelity.load_fidelity(source)
+        d = read_json(source, what="fidelity results")
+        results = (framework_bench.bench_from_json(d, source) if framework_bench.is_tf_bench(d)
+                   else fidelity.fidelity_from_json(d, source))
     suite = Suite(root=source, runs=(), is_suite=False) if results is not None else load(source)
     default_out = source.with_name(source.stem + "-report") if results is not None else suite.root / REPORT_DIR
     out = Path(out_dir) if out_dir is not None else default_out
@@ -96,15 +98,6 @@ def build_report(path: str | Path, out_dir: str | Path | None = None) -> Report:
         suite=suite, out_dir=out, index=out / INDEX_HTML, figures_json=out / FIGURES_JSON, figures=moved,
         skipped=tuple(skipped),
     )
-
-
-def _is_tf_bench(path: Path) -> bool:
-    from schedlab.io import read_json
-
-    try:
-        return framework_bench.is_tf_bench(read_json(path, what="results"))
-    except Exception:  # not JSON at all: the fidelity loader says so
-        return False
 
 
 def _draw_all(

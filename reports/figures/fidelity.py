@@ -88,8 +88,11 @@ class FidelityData:
 
 def load_fidelity(path: str | Path) -> FidelityData:
     """Read a fidelity results file; a file that is not one is one SchedlabError naming it."""
-    p = Path(path)
-    d = read_json(p, what="fidelity results")
+    return fidelity_from_json(read_json(path, what="fidelity results"), Path(path))
+
+
+def fidelity_from_json(d: Any, p: Path) -> FidelityData:
+    """A fidelity results file's loaded JSON `d` (read from `p`), as `load_fidelity` reads it."""
     hint = "write one with `schedlab fidelity` or `schedlab fidelity --held-out`"
     if not isinstance(d, dict) or not isinstance(d.get("plans"), list):
         raise SchedlabError(f"{p} is not a fidelity results file (no list of plans); {hint}")

@@ -57,8 +57,11 @@ def is_tf_bench(d: Any) -> bool:
 
 def load_bench(path: str | Path) -> BenchData:
     """Read a saved TF bench; a file that is not one is one SchedlabError naming it."""
-    p = Path(path)
-    d = read_json(p, what="TensorFlow bench results")
+    return bench_from_json(read_json(path, what="TensorFlow bench results"), Path(path))
+
+
+def bench_from_json(d: Any, p: Path) -> BenchData:
+    """A saved TF bench's loaded JSON `d` (read from `p`), as `load_bench` reads it."""
     if not is_tf_bench(d):
         raise SchedlabError(f"{p} is not the JSON of `schedlab bench ... --backend tensorflow --json`")
     rows = []
@@ -94,8 +97,9 @@ def draw(data: BenchData, out_stem: Path) -> FigureRecord:
         for k, (side, label) in enumerate(SIDES):
             xs = [i + (k - 1) * width for i in range(len(data.rows))]
             meds = [r.step_s[side] * ms for r in data.rows]
-            lo = [max(0.0, m - min(r.times_s[side], default=m / ms) * ms) for m, r in zip(meds, data.rows, strict=True)]
-            hi = [max(0.0, max(r.times_s[side], default=m / ms) * ms - m) for m, r in zip(meds, data.rows, strict=True)]
+            spans = [_span_ms(r, side) for r in data.rows]
+            lo = [max(0.0, m - s[0]) for m, s in zip(meds, spans, strict=True)]
+            hi = [max(0.0, s[1] - m) for m, s in zip(meds, spans, strict=True)]
             ax.bar(xs, meds, width, yerr=[lo, hi], color=style.colour(k), label=label, capsize=1.5,
                    error_kw={"elinewidth": 0.6})
             top = max(top, *(m + h for m, h in zip(meds, hi, strict=True)))
@@ -124,6 +128,12 @@ def draw(data: BenchData, out_stem: Path) -> FigureRecord:
             MEASURED, host=data.host, repeats=data.rounds, steps_per_repeat=data.repeats,
             stats=[f"size {data.size}", f"optimizer {data.optimizer}"]),
     )
+
+
+def _span_ms(row: BenchRow, side: str) -> tuple[float, float]:
+    """Min and max of one side's timed steps (ms); its median when none were kept."""
+    times = row.times_s[side] or (row.step_s[side],)
+    return min(times) * 1e3, max(times) * 1e3
 
 
 def _footnote(data: BenchData) -> str:

@@ -7,8 +7,9 @@ TensorFlow's own optimizer, one fused kernel per parameter: SGD
 (`tf.compat.v1.train.AdamOptimizer`, `ResourceApplyAdam`, with torch's betas and eps),
 in the name scope `OPTIMIZER_SCOPE` so capture can tag it OPT. TF's Adam adds its eps
 to sqrt(v) before the bias correction, torch's after: the same step wherever |grad| is
-far above eps (`expected_update` is TF's formula, the numerics reference). Batch-norm running statistics are assigned in the same step,
-as torch's training-mode forward updates them.
+far above eps (`expected_update` is TF's formula, the numerics reference). Batch-norm
+running statistics are assigned in the same step, as torch's training-mode forward
+updates them.
 
 `tf.gradients` makes separate nodes for the weight gradient and the input gradient of a
 MatMul (DESIGN.md, facts), which is what out-of-order backprop schedules.
