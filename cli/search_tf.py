@@ -138,7 +138,7 @@ def run_tf_simulate(args: argparse.Namespace) -> int:
     from schedlab.calibrate.tf_fidelity import as_plan
     from schedlab.cli.common import TRACES_DIR, slug
     from schedlab.cli.search_cmd import default_run_dir
-    from schedlab.cli.trace_tf import tf_threads_from_args
+    from schedlab.cli.trace_tf import refuse_tf_placement, tf_threads_from_args
     from schedlab.graph import Graph
     from schedlab.machine import detect_host
     from schedlab.plan import resolve
@@ -155,6 +155,7 @@ def run_tf_simulate(args: argparse.Namespace) -> int:
         raise SchedlabError(f"{run_dir} was searched for {config.model}/{config.size}, not {args.model}/{args.size}")
     machine = detect_host()
     threads = tf_threads_from_args(args)
+    refuse_tf_placement(threads, "simulating")
     plan = as_plan(threads, machine.default_device.cores)
     graph = Graph.load(RunPaths(run_dir).graph)
     resolve(graph, plan, machine)  # a setting this machine cannot have fails here, by name

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from schedlab.cli.common import TRACES_DIR, load_plan_arg, print_json, slug
 from schedlab.errors import SchedlabError
@@ -47,7 +48,23 @@ def tf_threads_from_args(args: argparse.Namespace) -> TFThreads:
     return TFThreads(
         intra_op=base.intra_op if args.intra_op is None else args.intra_op,
         inter_op=base.inter_op if args.inter_op is None else args.inter_op,
+        cpu_devices=base.cpu_devices,
     )
+
+
+def tf_placement_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The `--plan` as a TFRequest's placement, if it places ops on several devices."""
+    if not args.plan:
+        return None
+    plan = load_plan_arg(args.plan)
+    return plan.to_json() if plan.multi_device else None
+
+
+def refuse_tf_placement(threads: TFThreads, what: str) -> None:
+    """`what` (simulating, searching) does not model TensorFlow placement yet: say so."""
+    if threads.cpu_devices > 1:
+        raise SchedlabError(f"{what} a TensorFlow placement is not built yet; `schedlab trace` and `schedlab bench` "
+                            "run a placed plan for real")
 
 
 def run_tf_trace(args: argparse.Namespace) -> int:
@@ -62,15 +79,16 @@ def run_tf_trace(args: argparse.Namespace) -> int:
     from schedlab.tf.user import require_tf_model
 
     require_tf_model(args.model, args.optimizer)
-    if args.devices not in (None, 1):
-        raise SchedlabError("--backend tensorflow runs on one device for now; drop --devices")
     threads = tf_threads_from_args(args)
+    if args.devices not in (None, threads.cpu_devices):
+        raise SchedlabError(f"--devices {args.devices}: on the TensorFlow backend the plan's placement sets the logical "
+                            f"CPU devices ({threads.cpu_devices} here); drop --devices")
     timeout_s = DEFAULT_TF_TIMEOUT_S if args.timeout_s is None else args.timeout_s
     request = TFRequest(workload=args.model, size=args.size, threads=threads, steps=args.steps, warmup=args.warmup,
-                        optimizer=args.optimizer, seed=args.seed)
+                        optimizer=args.optimizer, seed=args.seed, placement=tf_placement_from_args(args))
     print(f"trace {args.model} on TensorFlow ({threads.describe()}) ...", file=sys.stderr)
     result = run_tf_worker(request, timeout_s=timeout_s)
-    tag = f"tf-i{threads.intra_op}-e{threads.inter_op}"
+    tag = f"tf-i{threads.intra_op}-e{threads.inter_op}" + (f"-d{threads.cpu_devices}" if threads.cpu_devices > 1 else "")
     out = Path(args.out) if args.out else TRACES_DIR / f"{slug(args.model)}-{args.size}-{args.optimizer}-{tag}.json"
     stem = out.name.removesuffix(".json")
     chrome = out.with_name(f"{stem}.chrome.json")
@@ -85,6 +103,8 @@ def run_tf_trace(args: argparse.Namespace) -> int:
         "optimizer": args.optimizer,
         "backend": "tensorflow",
         "threads": {"intra_op": threads.intra_op, "inter_op": threads.inter_op},
+        "devices": threads.cpu_devices,
+        "placement_honoured": result.graph.meta.get("placement_honoured"),  # share of planned nodes on their device
         "ops": len(result.graph),
         "step_time_s": result.step_time_s,
         "step_times_s": list(result.step_times_s),
@@ -107,6 +127,10 @@ def run_tf_trace(args: argparse.Namespace) -> int:
         print(f"{args.model}/{args.size} on TensorFlow {summary['tensorflow']} ({len(result.graph)} executed nodes), "
               f"{threads.describe()}")
         print(f"  step time   {result.step_time_s * 1e3:.2f} ms (median of {len(result.step_times_s)})")
+        if summary["placement_honoured"] is not None:
+            comm = sum(1 for op in result.graph.ops if op.kind.value == "COMM")
+            print(f"  placement   {summary['placement_honoured']:.0%} of planned nodes on their device; "
+                  f"{comm // 2} transfers between devices (_Send/_Recv)")
         print(f"  numerics    vs TF eager: max abs grad diff {check['max_abs_grad_diff']:.2e} "
               f"({'ok' if check['numerics_ok'] else 'DIFFERS'})")
         if torch_check is not None:

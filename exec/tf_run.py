@@ -15,6 +15,7 @@ This is the TensorFlow executor's in-process half (the worker process calls it; 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -25,10 +26,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from schedlab.errors import SchedlabError
 from schedlab.exec.check import NumericCheck, Tolerance, compare
 from schedlab.graph import Graph, OutputRole
+from schedlab.plan import Plan
 from schedlab.tf.capture import graph_from_run, node_runs
 from schedlab.tf.model import TFModel
+from schedlab.tf.placement import apply_placement, device_index, honoured, node_devices
 from schedlab.tf.runtime import TFThreads, import_tensorflow, session_config
 from schedlab.tf.step import TFStep, build_step, eager_loss_and_grads, expected_update
 from schedlab.trace import Trace, TraceEvent, base_meta
@@ -69,8 +73,6 @@ def cross_framework_check(
     loss: float, grads: Mapping[str, np.ndarray], ref_loss: float, ref_grads: Mapping[str, np.ndarray]
 ) -> CrossFrameworkCheck:
     """`grads` (torch layout) against PyTorch's `ref_grads`; see CROSS_FRAMEWORK_GRAD_REL_NORM."""
-    from schedlab.errors import SchedlabError
-
     worst_abs, worst_rel, worst_name = 0.0, 0.0, ""
     for name, ref in ref_grads.items():
         if name not in grads:
@@ -134,18 +136,28 @@ def run_tensorflow(
     warmup: int,
     optimizer: str = "sgd",
     lr: float | None = None,
+    placement: Plan | None = None,
     torch_reference: Callable[[], tuple[float, dict[str, np.ndarray]]] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> TFRun:
-    """Run `model`'s step in TensorFlow (see the module docstring). `torch_reference` gives
-    eager PyTorch's loss and gradients (torch layout) on the same weights."""
+    """Run `model`'s step in TensorFlow (see the module docstring). `placement`, a plan that
+    places ops on `threads.cpu_devices` logical CPU devices, is resolved on the unplaced
+    step first (`schedlab.tf.placement`). `torch_reference` gives eager PyTorch's loss and
+    gradients (torch layout) on the same weights."""
     tf = import_tensorflow(threads)
     step = build_step(model, optimizer, lr)
+    planned: dict[str, int] | None = None
+    if placement is not None and placement.multi_device:
+        planned = _resolve_placement(tf, step, threads, placement)
+        step = build_step(model, optimizer, lr)
+        apply_placement(step.graph, planned)
     session = tf.compat.v1.Session(graph=step.graph, config=session_config(threads))
     try:
         step.initialize(session)
         check, torch_check = _numerics(session, step, torch_reference)
         graph = _capture(tf, session, step)
+        if planned is not None:
+            graph = dataclasses.replace(graph, meta={**graph.meta, "placement_honoured": honoured(planned, graph)})
         names = {op.name: op.id for op in graph.ops}
         opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.SOFTWARE_TRACE)
         times: list[float] = []
@@ -170,7 +182,7 @@ def run_tensorflow(
                     continue  # variables and fetch plumbing: not ops of the captured graph
                 w = workers.setdefault((r.device, r.thread), len(workers))
                 op = graph.ops[op_id]
-                events.append(TraceEvent(op_id, op.name, op.kind.value, "cpu0", w, intra,
+                events.append(TraceEvent(op_id, op.name, op.kind.value, f"cpu{device_index(r.device)}", w, intra,
                                          r.start_ns - t_start, r.end_ns - t_start, step=len(times) - 1))
     finally:
         session.close()
@@ -206,6 +218,19 @@ def _numerics(
         as_torch = {p.name: p.layout.to_torch(got["grads"][p.name]) for p in model.params}
         torch_check = cross_framework_check(float(got["loss"]), as_torch, t_loss, t_grads)
     return check, torch_check
+
+
+def _resolve_placement(tf: Any, step: TFStep, threads: TFThreads, plan: Plan) -> dict[str, int]:
+    """The plan's device for each node TensorFlow executes, resolved on one unplaced step."""
+    if threads.cpu_devices < 2:
+        raise SchedlabError(f"a placed plan needs several TensorFlow CPU devices, got {threads.describe()}")
+    session = tf.compat.v1.Session(graph=step.graph, config=session_config(threads))
+    try:
+        step.initialize(session)
+        unplaced = _capture(tf, session, step)
+    finally:
+        session.close()
+    return node_devices(unplaced, plan, threads.cpu_devices)
 
 
 def _capture(tf: Any, session: Any, step: TFStep) -> Graph:

@@ -33,6 +33,7 @@ def torch_loss_and_grads(spec: str, size: str, seed: int) -> tuple[float, dict[s
 
 def run(job_dir: Path, progress: Progress) -> TFResult:
     from schedlab.exec.tf_run import run_tensorflow
+    from schedlab.plan import Plan
     from schedlab.tf.builtins import from_torch
     from schedlab.tf.runtime import import_tensorflow
     from schedlab.tf.user import is_tf_user_spec, load_tf_model
@@ -45,8 +46,9 @@ def run(job_dir: Path, progress: Progress) -> TFResult:
     model = load_tf_model(req.workload, req.size) if user else from_torch(
         load_workload(req.workload, req.size, seed=req.seed))
     progress.mark(START)
+    placement = None if req.placement is None else Plan.from_json(req.placement)
     run = run_tensorflow(
-        model, req.threads, steps=req.steps, warmup=req.warmup, optimizer=req.optimizer, lr=req.lr,
+        model, req.threads, steps=req.steps, warmup=req.warmup, optimizer=req.optimizer, lr=req.lr, placement=placement,
         torch_reference=None if user else lambda: torch_loss_and_grads(req.workload, req.size, req.seed),
         progress=lambda done, total: progress.mark(done - 1),
     )

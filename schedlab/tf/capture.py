@@ -15,7 +15,11 @@ Mapping to the schedlab Graph (one schema for both frameworks):
 - an in-place update (`ResourceApplyGradientDescent`, a buffer's `AssignVariableOp`)
   writes a value aliasing its variable: the updated parameter or buffer output;
 - kinds F/B/W from data flow (`schedlab.op_kinds`), OPT for the optimizer's scope and
-  what runs only after it.
+  what runs only after it;
+- on several devices (`schedlab.tf.placement`), the `_Send`/`_Recv` pair TensorFlow puts
+  on an edge between devices is two COMM ops, the receive waiting on its send (they are
+  paired by rendezvous key, not by an edge), and `meta["tf_devices"]` names each node's
+  device.
 """
 
 from __future__ import annotations
@@ -30,10 +34,14 @@ from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, GraphInput, GraphOutput, InputRole, Op, OpKind, OutputRole, TensorMeta
 from schedlab.op_kinds import tag_kinds
 from schedlab.tf.opcost import is_view, tf_op_work
+from schedlab.tf.placement import device_index
 from schedlab.tf.step import OPTIMIZER_SCOPE, TFStep
 
 _PLUMBING = {"_Retval", "_Arg", "_SOURCE", "_SINK"}  # the Session's fetch and feed plumbing
 _APPLY = {"ResourceApplyGradientDescent", "ResourceApplyAdam"}  # an optimizer's fused update; its last input is the gradient
+_SENDS = {"_Send", "_HostSend"}  # a value leaving its device (placement); paired with a receive by tensor_name
+_RECVS = {"_Recv", "_HostRecv"}
+_TRANSFERS = {f"tf.{t}" for t in (*_SENDS, *_RECVS)}
 _UPDATES = {"AssignVariableOp", "AssignSubVariableOp", "AssignAddVariableOp", *_APPLY}
 _ATTR_KEYS = ("transpose_a", "transpose_b", "adj_x", "adj_y", "strides", "padding", "data_format", "dilations")
 
@@ -106,7 +114,24 @@ def _attrs(node: Any) -> dict[str, Any]:
     return out
 
 
-def _topological(nodes: Sequence[Any], first_start: dict[str, int]) -> list[Any]:
+def _inputs_with_transfers(nodes: Sequence[Any]) -> dict[str, list[str]]:
+    """Each node's inputs, a `_Recv` also waiting on its `_Send`: TensorFlow pairs them by
+    `tensor_name` (the rendezvous key), not by an edge, when the graph spans devices."""
+    sends = {n.attr["tensor_name"].s: n.name for n in nodes if n.op in _SENDS}
+    out: dict[str, list[str]] = {}
+    for n in nodes:
+        ins = list(n.input)
+        if n.op in _RECVS:
+            send = sends.get(n.attr["tensor_name"].s)
+            if send is None:
+                raise SchedlabError(f"captured TF graph: {n.name} receives {n.attr['tensor_name'].s.decode()!r}, "
+                                    "which no partition sends")
+            ins.append(f"^{send}")
+        out[n.name] = ins
+    return out
+
+
+def _topological(nodes: Sequence[Any], first_start: dict[str, int], node_inputs: dict[str, list[str]]) -> list[Any]:
     """Nodes in an order that respects data and control edges, ties by when they ran."""
     import heapq
 
@@ -114,7 +139,7 @@ def _topological(nodes: Sequence[Any], first_start: dict[str, int]) -> list[Any]
     indeg = {n.name: 0 for n in nodes}
     succs: dict[str, list[str]] = {n.name: [] for n in nodes}
     for n in nodes:
-        for s in {_split_input(i)[0] for i in n.input}:
+        for s in {_split_input(i)[0] for i in node_inputs[n.name]}:
             if s in by_name:
                 indeg[n.name] += 1
                 succs[s].append(n.name)
@@ -144,6 +169,7 @@ def graph_from_run(step: TFStep, partition_graphs: Iterable[Any], step_stats: An
     nodes = [n for g in partition_graphs for n in g.node]
     if not nodes:
         raise SchedlabError("TensorFlow returned no partition graph: run the step with output_partition_graphs=True")
+    node_inputs = _inputs_with_transfers(nodes)
     metas = _output_metas(step_stats, dtype_name)
     first_start: dict[str, int] = {}
     for r in node_runs(step_stats):
@@ -155,8 +181,8 @@ def graph_from_run(step: TFStep, partition_graphs: Iterable[Any], step_stats: An
     role |= {b.name: InputRole.BUFFER for b in model.buffers}
     role |= {x.name: InputRole.USER for x in model.inputs}
     spec_of = {s.name: s for s in (*model.params, *model.buffers, *model.inputs)}
-    consumed = {_split_input(i)[0] for n in nodes for i in n.input}
-    waited_on = {i[1:] for n in nodes for i in n.input if i.startswith("^")}  # sources of ordering edges
+    consumed = {_split_input(i)[0] for n in nodes for i in node_inputs[n.name]}
+    waited_on = {i[1:] for n in nodes for i in node_inputs[n.name] if i.startswith("^")}  # sources of ordering edges
 
     values: list[TensorMeta | None] = []
     inputs: list[GraphInput] = []
@@ -193,7 +219,7 @@ def graph_from_run(step: TFStep, partition_graphs: Iterable[Any], step_stats: An
     for name, slot in metas:
         slots[name] = max(slots.get(name, 0), slot + 1)
     for m in kept:
-        for i in m.input:
+        for i in node_inputs[m.name]:
             src, slot, _ = _split_input(i)
             slots[src] = max(slots.get(src, 0), slot + 1)
 
@@ -201,10 +227,12 @@ def graph_from_run(step: TFStep, partition_graphs: Iterable[Any], step_stats: An
     resource_var: dict[int, str] = {i.value: i.name for i in inputs}
     updated: dict[str, int] = {}  # variable name -> value its in-place update writes
     delta_of: dict[str, int] = {}  # parameter name -> its gradient value
-    for n in _topological(kept, first_start):
+    op_device: dict[str, str] = {}
+    for n in _topological(kept, first_start, node_inputs):
+        op_device[n.name] = f"cpu{device_index(n.device)}"
         op_id = len(ops)
         in_vals: list[int] = []
-        for s in n.input:
+        for s in node_inputs[n.name]:
             src, slot, control = _split_input(s)
             key = (src, -1 if control else slot)
             if key not in value_of:
@@ -262,7 +290,8 @@ def graph_from_run(step: TFStep, partition_graphs: Iterable[Any], step_stats: An
     grads = {p.name: delta_of[p.name] for p in model.params}
     param_of_value = {i.value: i.name for i in inputs if i.role is InputRole.PARAM}
     tagged = tag_kinds(ops, values, forward_outputs, grads, param_of_value)
-    ops = _tag_optimizer(tagged)
+    ops = [Op(**{**op.__dict__, "kind": OpKind.COMM}) if op.target in _TRANSFERS else op for op in _tag_optimizer(tagged)]
+    placed = len(set(op_device.values())) > 1
     graph = Graph(
         name=model.name,
         inputs=tuple(inputs),
@@ -277,6 +306,7 @@ def graph_from_run(step: TFStep, partition_graphs: Iterable[Any], step_stats: An
             "tensorflow": tf_version,
             "params": len(model.params),
             "param_elements": int(sum(p.value.size for p in model.params)),
+            **({"tf_devices": op_device} if placed else {}),  # node -> the logical CPU device it ran on
         },
     )
     graph.validate()

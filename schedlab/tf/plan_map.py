@@ -1,17 +1,20 @@
 """What of a schedlab Plan TensorFlow's runtime can honour, as its threading settings.
 
 TensorFlow has one intra-op pool per CPU device (every kernel gets the same number of
-threads) and one inter-op pool (how many kernels run side by side). So a one-device plan
-maps onto it directly: `threads` -> intra-op threads, `slots` -> inter-op threads. What it
-cannot honour is refused with one message naming the field, rather than run as something
-else: per-op or per-class thread counts, an op order (TF takes ready ops in its own
-order), placement across devices, replicas and pipelines (not yet in this backend).
+threads) and one inter-op pool (how many kernels run side by side). So a plan maps onto
+it directly: `threads` -> intra-op threads, `slots` -> inter-op threads, and a placement
+on cpu0..cpu{N-1} -> N logical CPU devices (`schedlab.tf.placement`). What it cannot
+honour is refused with one message naming the field, rather than run as something else:
+per-op or per-class thread counts, per-device slots or threads (TF gives every CPU device
+the same pool size and the session one inter-op pool), an op order (TF takes ready ops in
+its own order), replicas and pipelines (not yet in this backend).
 """
 
 from __future__ import annotations
 
 from schedlab.errors import SchedlabError
 from schedlab.plan import Plan
+from schedlab.tf.placement import plan_devices
 from schedlab.tf.runtime import TFThreads
 
 
@@ -23,16 +26,18 @@ def tf_threads_for_plan(plan: Plan) -> TFThreads:
     if plan.order != "topo":
         order = plan.order if isinstance(plan.order, str) else "an explicit op list"
         why.append(f"op order {order!r} (TensorFlow takes ready ops in its own order)")
-    if plan.layer_devices or plan.op_devices or plan.device_slots or plan.device_threads:
-        why.append("placement on several devices (not yet in the TensorFlow backend)")
+    if plan.device_slots or plan.device_threads:
+        why.append("per-device slots or threads (TensorFlow sizes every CPU device's intra-op pool alike, and runs "
+                   "one inter-op pool for the session)")
     if plan.replicas > 1:
         why.append("replicas (not yet in the TensorFlow backend)")
     if plan.pipelined:
         why.append("a pipeline schedule (not yet in the TensorFlow backend)")
     if why:
         raise SchedlabError(f"plan {plan.name or plan.describe()!r} cannot run on the TensorFlow backend: it sets "
-                            + "; ".join(why) + ". TensorFlow honours slots (inter-op threads) and threads (intra-op threads)")
-    return TFThreads(intra_op=plan.threads or 0, inter_op=plan.slots)
+                            + "; ".join(why) + ". TensorFlow honours slots (inter-op threads), threads (intra-op threads) and "
+                            "placement on logical CPU devices cpu0, cpu1, ...")
+    return TFThreads(intra_op=plan.threads or 0, inter_op=plan.slots, cpu_devices=plan_devices(plan))
 
 
 def recommended_threads(physical_cores: int, sockets: int) -> TFThreads:

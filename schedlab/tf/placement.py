@@ -1,0 +1,127 @@
+"""A schedlab Plan's placement as TensorFlow device assignments on logical CPU devices.
+
+TensorFlow splits one host into N logical CPU devices (`TFThreads.cpu_devices`), each with
+its own intra-op pool (`TF_OVERRIDE_GLOBAL_THREADPOOL=1`, `schedlab.tf.runtime`); the
+session's one inter-op pool runs ready nodes of every device. schedlab's devices
+``cpu0..cpu{N-1}`` are TensorFlow's ``/device:CPU:0..N-1``.
+
+A plan places ops of a Graph: by layer (`placement.layers`) or by op id (`placement.ops`)
+of the graph TensorFlow executes unplaced. So placement takes two steps:
+
+1. capture the unplaced step (`schedlab.tf.capture`) and resolve the plan on it with the
+   same `schedlab.plan.place` the torch backend uses: a device per executed node;
+2. set those devices on a fresh step graph before its session starts. Nodes Grappler
+   fused or pruned away (a MatMul inside a fused MatMul + BiasAdd + Relu, constants) take
+   the device of the node that consumes them, else of the node that feeds them; a
+   resource variable goes where its update runs. TensorFlow's colocation rules come last
+   (an optimizer's slots and apply op with their variable; `tf.gradients` colocates some
+   of its nodes with the forward op), since TF refuses to break them.
+
+TensorFlow then inserts a `_Send`/`_Recv` pair on every edge between devices: capture
+keeps them as COMM ops. How much of the plan ran as asked is `placement_honoured`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from schedlab.errors import SchedlabError
+from schedlab.graph import Graph
+from schedlab.machine import Device, Machine
+from schedlab.plan import Plan, place
+
+_TF_CPU = re.compile(r"(?:^|/)device:CPU:(\d+)$")
+_SCHEDLAB_CPU = re.compile(r"^cpu(\d+)$")
+_UPDATE_TYPES = ("ResourceApply", "AssignVariableOp", "AssignSubVariableOp", "AssignAddVariableOp")
+
+
+def plan_devices(plan: Plan) -> int:
+    """How many logical CPU devices `plan` places onto (1 without placement): one more than
+    the highest ``cpuK`` it names. Any other name is refused."""
+    named = {*plan.layer_devices.values(), *plan.op_devices.values()}
+    if plan.device is not None:
+        named.add(plan.device)
+    if not (plan.layer_devices or plan.op_devices):
+        return 1
+    top = 0
+    for dev in sorted(named):
+        m = _SCHEDLAB_CPU.match(dev)
+        if m is None:
+            raise SchedlabError(f"plan {plan.name or plan.describe()!r} places ops on {dev!r}: the TensorFlow backend "
+                                "places on logical CPU devices cpu0, cpu1, ... (TensorFlow's /device:CPU:K)")
+        top = max(top, int(m.group(1)))
+    return top + 1
+
+
+def tf_cpu_machine(n: int, cores: int) -> Machine:
+    """N logical CPU devices of one TensorFlow process, as a Machine to resolve a plan on.
+    Each device's pool may use every core of the host: the devices share them."""
+    return Machine(
+        name=f"tensorflow-{n}cpu",
+        devices=tuple(Device(id=f"cpu{i}", kind="cpu", cores=cores, memory_bytes=2**62, process=0) for i in range(n)),
+    )
+
+
+def device_index(tf_device: str) -> int:
+    """"/job:localhost/replica:0/task:0/device:CPU:1" -> 1; an unplaced node ("") is 0."""
+    if not tf_device:
+        return 0
+    m = _TF_CPU.search(tf_device)
+    if m is None:
+        raise SchedlabError(f"TensorFlow ran a node on {tf_device!r}, not a CPU device; the TensorFlow backend "
+                            "places on CPU devices only")
+    return int(m.group(1))
+
+
+def node_devices(unplaced: Graph, plan: Plan, n_devices: int) -> dict[str, int]:
+    """The device index the plan gives each node of the unplaced executed graph, by name."""
+    machine = tf_cpu_machine(n_devices, cores=1)
+    devs = place(unplaced, plan, machine)
+    return {op.name: int(dev.removeprefix("cpu")) for op, dev in zip(unplaced.ops, devs)}
+
+
+def apply_placement(tf_graph: Any, devices: Mapping[str, int]) -> dict[str, int]:
+    """Set a device on every node of `tf_graph` (not yet run by any session) from
+    `devices` (node name -> index; see the module docstring for nodes it does not name).
+    Returns the index each node got."""
+    ops = list(tf_graph.get_operations())  # creation order: every node after its inputs
+    got: dict[str, int] = {op.name: devices[op.name] for op in ops if op.name in devices}
+    for op in reversed(ops):  # fused or pruned nodes follow their consumers
+        if op.name in got or op.type == "VarHandleOp":
+            continue
+        consumers = [c for out in op.outputs for c in out.consumers()] + list(op._control_outputs)
+        dev = next((got[c.name] for c in consumers if c.name in got), None)
+        if dev is not None:
+            got[op.name] = dev
+    for op in ops:  # ... else their producers
+        if op.name in got or op.type == "VarHandleOp":
+            continue
+        dev = next((got[i.op.name] for i in op.inputs if i.op.name in got), None)
+        got[op.name] = 0 if dev is None else dev
+    for op in ops:  # a variable lives where the step updates it, else where the step first reads it
+        if op.type != "VarHandleOp":
+            continue
+        users = [c for c in op.outputs[0].consumers() if c.name in devices]  # the step's, not the initializer's
+        update = next((c for c in users if c.type.startswith(_UPDATE_TYPES)), None)
+        first = update or (users[0] if users else None)
+        got[op.name] = devices[first.name] if first is not None else 0
+    for op in ops:  # TensorFlow's colocation groups go with their root
+        for group in op.colocation_groups():
+            root = group.decode().removeprefix("loc:@")
+            if root != op.name and root in got:
+                got[op.name] = got[root]
+    for op in ops:
+        op._set_device(f"/device:CPU:{got[op.name]}")
+    return got
+
+
+def honoured(planned: Mapping[str, int], placed: Graph) -> float:
+    """The share of the planned nodes that ran on the planned device in the placed run
+    (nodes fused away in the placed run are not counted)."""
+    ran = placed.meta.get("tf_devices", {})
+    both = [name for name in planned if name in ran]
+    if not both:
+        return 0.0
+    return sum(1 for name in both if ran[name] == f"cpu{planned[name]}") / len(both)

@@ -1,0 +1,106 @@
+"""A plan's placement on TensorFlow's logical CPU devices: resolved, applied, run, captured."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from schedlab.errors import SchedlabError
+from schedlab.plan import Plan
+from schedlab.tf.placement import device_index, plan_devices
+from schedlab.tf.plan_map import tf_threads_for_plan
+from schedlab.tf.runtime import TFThreads
+
+
+def test_a_placement_asks_for_as_many_cpu_devices_as_it_names() -> None:
+    assert plan_devices(Plan()) == 1
+    assert plan_devices(Plan(layer_devices={"body.0": "cpu1"})) == 2
+    assert plan_devices(Plan(device="cpu0", op_devices={3: "cpu2"})) == 3
+    t = tf_threads_for_plan(Plan(slots=2, threads=1, layer_devices={"body.0": "cpu1"}))
+    assert t == TFThreads(intra_op=1, inter_op=2, cpu_devices=2)
+
+
+@pytest.mark.parametrize(
+    ("plan", "says"),
+    [
+        (Plan(layer_devices={"body.0": "gpu0"}), "places ops on 'gpu0'"),
+        (Plan(layer_devices={"body.0": "cpu1"}, device_threads={"cpu1": 1}), "per-device slots or threads"),
+        (Plan(layer_devices={"body.0": "cpu1"}, device_slots={"cpu0": 2}), "per-device slots or threads"),
+    ],
+)
+def test_what_tf_placement_cannot_honour_is_refused_by_name(plan: Plan, says: str) -> None:
+    with pytest.raises(SchedlabError, match=says):
+        tf_threads_for_plan(plan)
+
+
+def test_tf_device_names_map_to_schedlab_cpus() -> None:
+    assert device_index("/job:localhost/replica:0/task:0/device:CPU:1") == 1
+    assert device_index("") == 0
+    with pytest.raises(SchedlabError, match="CPU devices only"):
+        device_index("/job:localhost/replica:0/task:0/device:GPU:0")
+
+
+def test_a_receive_without_its_send_is_a_clear_capture_error() -> None:
+    from schedlab.tf.capture import _inputs_with_transfers
+
+    def node(name: str, op: str, key: bytes, inputs: tuple[str, ...] = ()) -> SimpleNamespace:
+        return SimpleNamespace(name=name, op=op, input=list(inputs), attr={"tensor_name": SimpleNamespace(s=key)})
+
+    send = node("x/_1", "_Send", b"edge_3_x", ("x",))
+    recv = node("x/_2", "_Recv", b"edge_3_x")
+    assert _inputs_with_transfers([send, recv])["x/_2"] == ["^x/_1"]  # the receive waits on its send
+    with pytest.raises(SchedlabError, match="receives 'edge_9_y', which no partition sends"):
+        _inputs_with_transfers([send, node("y/_2", "_Recv", b"edge_9_y")])
+
+
+def test_simulating_a_tf_placement_is_refused_until_it_is_modelled() -> None:
+    from schedlab.cli.trace_tf import refuse_tf_placement
+
+    refuse_tf_placement(TFThreads(1, 2), "simulating")  # one device: fine
+    with pytest.raises(SchedlabError, match="simulating a TensorFlow placement is not built yet"):
+        refuse_tf_placement(TFThreads(1, 2, cpu_devices=2), "simulating")
+
+
+pytest.importorskip("tensorflow")
+
+
+def test_a_placed_step_runs_on_its_devices_with_transfers_between_them() -> None:
+    """Layer body.0 on cpu1, the rest on cpu0, in a fresh TF process: every planned node
+    runs where the plan put it, each cross-device edge is a _Send/_Recv pair of COMM ops
+    (the receive after its send, on the other device), events carry their device, and the
+    step's numerics still match TF eager and PyTorch."""
+    from schedlab.exec.tf_job import TFRequest
+    from schedlab.exec.tf_launch import run_tf_worker
+    from schedlab.graph import OpKind
+
+    plan = Plan(slots=2, threads=1, layer_devices={"body.0": "cpu1"})
+    res = run_tf_worker(TFRequest("mlp", "tiny", tf_threads_for_plan(plan), steps=2, warmup=1,
+                                  placement=plan.to_json()), timeout_s=120)
+    assert res.check["numerics_ok"] and res.torch_check is not None and res.torch_check["numerics_ok"]
+    g = res.graph
+    g.validate()
+    assert g.meta["placement_honoured"] == 1.0
+    dev = g.meta["tf_devices"]
+    compute = [op for op in g.ops if op.kind in (OpKind.F, OpKind.B, OpKind.W, OpKind.OPT) and "CrossDevice" not in op.name]
+    assert {dev[op.name] for op in compute if op.layer == "body.0"} == {"cpu1"}  # and TF's own plumbing anywhere
+    assert {dev[op.name] for op in compute if op.layer == "head"} == {"cpu0"}
+    comm = [op for op in g.ops if op.kind is OpKind.COMM]
+    sends = {op.id: op for op in comm if op.target == "tf._Send"}
+    recvs = [op for op in comm if op.target == "tf._Recv"]
+    assert sends and len(sends) == len(recvs)
+    for r in recvs:
+        (s,) = [g.producer[v] for v in r.inputs if g.producer.get(v) in sends]
+        assert dev[sends[s].name] != dev[r.name]
+    assert {e.device for e in res.trace.events} == {"cpu0", "cpu1"}
+    assert all(e.device == dev[e.name] for e in res.trace.events)
+
+
+def test_a_placement_naming_an_unknown_layer_fails_in_the_worker_with_the_plan_error() -> None:
+    from schedlab.exec.tf_job import TFRequest
+    from schedlab.exec.tf_launch import run_tf_worker
+
+    plan = Plan(layer_devices={"decoder": "cpu1"})
+    with pytest.raises(SchedlabError, match=r"placement\.layers: names layer 'decoder'"):
+        run_tf_worker(TFRequest("mlp", "tiny", tf_threads_for_plan(plan), steps=1, warmup=0,
+                                placement=plan.to_json()), timeout_s=120)
