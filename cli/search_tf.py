@@ -36,9 +36,10 @@ def run_tf_search(args: argparse.Namespace) -> int:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
         raise SchedlabError(f"{flags}: not for --backend tensorflow, which searches TF's intra-op and inter-op "
                             "threads on this host's one CPU device")
-    if args.strategy != "optuna" or args.space != "all" or args.workers != 1:
-        raise SchedlabError("--backend tensorflow simulates every intra-op x inter-op setting (strategy exhaustive); "
-                            "drop --strategy, --space and --workers")
+    if args.strategy != "optuna" or args.space not in ("all", "placement") or args.workers != 1:
+        raise SchedlabError("--backend tensorflow simulates every intra-op x inter-op setting (strategy exhaustive), "
+                            "with --space placement also each split of the layers over two logical CPU devices; "
+                            "drop --strategy and --workers, and give --space placement or none")
     require_tf_model(args.model, args.optimizer)
     if not tensorflow_available():
         raise SchedlabError(f"--backend tensorflow needs tensorflow; {INSTALL_HINT}")
@@ -59,12 +60,14 @@ def run_tf_search(args: argparse.Namespace) -> int:
             bar.set_postfix_str(msg)
             bar.update(1)
 
-        found = search_tf(args.model, args.size, machine, profile, optimizer=args.optimizer, progress=note)
+        found = search_tf(args.model, args.size, machine, profile, optimizer=args.optimizer,
+                          placement=args.space == "placement", progress=note)
     run_dir.mkdir(parents=True, exist_ok=True)
     found.graph.save(paths.graph)
     write_json_atomic(run_dir / TF_COSTS_FILE, found.costs.to_json(), indent=1)
     config = RunConfig(
-        model=args.model, size=args.size, optimizer=args.optimizer, seed=args.seed, space=TF_SPACE,
+        model=args.model, size=args.size, optimizer=args.optimizer, seed=args.seed,
+        space=TF_SPACE + ("+placement" if args.space == "placement" else ""),
         strategy=TF_STRATEGY, study="", storage="", trials=found.summary["n_trials"],
         profile=str(profile_path.resolve()), machine=machine.to_json(), created_unix_s=time.time(), backend="tensorflow",
     )
@@ -83,7 +86,8 @@ def _ms(x: Any) -> str:
 
 
 def _threads(t: dict[str, int]) -> str:
-    return f"intra-op {t['intra_op'] or 'TF default'}, inter-op {t['inter_op'] or 'TF default'}"
+    devs = f", {t['cpu_devices']} CPU devices" if t.get("cpu_devices", 1) > 1 else ""
+    return f"intra-op {t['intra_op'] or 'TF default'}, inter-op {t['inter_op'] or 'TF default'}{devs}"
 
 
 def _print(args: argparse.Namespace, s: dict[str, Any], n_nodes: int) -> None:
@@ -95,7 +99,9 @@ def _print(args: argparse.Namespace, s: dict[str, Any], n_nodes: int) -> None:
     for name, b in s["baselines"].items():
         print(f"    {_ms(b['predicted_step_time_s'])}  baseline {name} ({_threads(b['tf_threads'])})")
     for row in s["best"][:5]:
-        print(f"    {_ms(row['predicted_step_time_s'])}  {_threads(row['tf_threads'])}")
+        split = row["plan"].get("placement", {}).get("layers") or {}
+        where = f"; {row['plan']['name']} (on cpu1 from that layer)" if split else ""
+        print(f"    {_ms(row['predicted_step_time_s'])}  {_threads(row['tf_threads'])}{where}")
     print(f"  run directory {s['run_dir']}  (next: schedlab validate {s['run_dir']})")
 
 
@@ -136,14 +142,15 @@ def run_tf_simulate(args: argparse.Namespace) -> int:
     import dataclasses
 
     from schedlab.calibrate.tf_fidelity import as_plan
-    from schedlab.cli.common import TRACES_DIR, slug
+    from schedlab.cli.common import TRACES_DIR, load_plan_arg, slug
     from schedlab.cli.search_cmd import default_run_dir
-    from schedlab.cli.trace_tf import refuse_tf_placement, tf_threads_from_args
+    from schedlab.cli.trace_tf import tf_threads_from_args
     from schedlab.graph import Graph
     from schedlab.machine import detect_host
     from schedlab.plan import resolve
     from schedlab.search.run_dir import RunPaths, read_run
     from schedlab.search.tf_search import simulate_tf
+    from schedlab.tf.placement import place_for_tf
 
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args).with_name(default_run_dir(args).name + "-tf")
     config = read_run(run_dir) if (run_dir / "run.json").exists() else None
@@ -155,19 +162,26 @@ def run_tf_simulate(args: argparse.Namespace) -> int:
         raise SchedlabError(f"{run_dir} was searched for {config.model}/{config.size}, not {args.model}/{args.size}")
     machine = detect_host()
     threads = tf_threads_from_args(args)
-    refuse_tf_placement(threads, "simulating")
     plan = as_plan(threads, machine.default_device.cores)
     graph = Graph.load(RunPaths(run_dir).graph)
     resolve(graph, plan, machine)  # a setting this machine cannot have fails here, by name
+    if threads.cpu_devices > 1:  # a placement on TF's logical CPU devices (simulate_tf adds its transfers)
+        user = load_plan_arg(args.plan)
+        plan = dataclasses.replace(plan, device=user.device, layer_devices=user.layer_devices,
+                                   op_devices=user.op_devices)
     result, costs = simulate_tf(run_dir, config, graph, machine, plan)
+    if threads.cpu_devices > 1:
+        graph = place_for_tf(graph, plan)
     step_s, session_us = costs.step_time_s(result.step_time_s), costs.session_us
     out = Path(args.out) if args.out else TRACES_DIR / (
-        f"{slug(args.model)}-{args.size}-tf-i{threads.intra_op}-e{threads.inter_op}.sim.json")
+        f"{slug(args.model)}-{args.size}-tf-i{threads.intra_op}-e{threads.inter_op}"
+        + (f"-d{threads.cpu_devices}" if threads.cpu_devices > 1 else "") + ".sim.json")
     trace = dataclasses.replace(result.trace, meta={**result.trace.meta, "workload": args.model, "backend": "tensorflow",
                                              "threads": {"intra_op": threads.intra_op, "inter_op": threads.inter_op}})
     trace.save(out)
     summary = {"model": args.model, "size": args.size, "backend": "tensorflow", "run_dir": str(run_dir),
-               "threads": {"intra_op": threads.intra_op, "inter_op": threads.inter_op}, "ops": len(graph),
+               "threads": {"intra_op": threads.intra_op, "inter_op": threads.inter_op}, "devices": threads.cpu_devices,
+               "transfers": sum(1 for op in graph.ops if op.target == "tf._Recv"), "ops": len(graph),
                "predicted_step_time_s": step_s, "session_us": session_us, "trace": str(out)}
     if args.json:
         print_json(summary)

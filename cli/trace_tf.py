@@ -60,13 +60,6 @@ def tf_placement_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
     return plan.to_json() if plan.multi_device else None
 
 
-def refuse_tf_placement(threads: TFThreads, what: str) -> None:
-    """`what` (simulating, searching) does not model TensorFlow placement yet: say so."""
-    if threads.cpu_devices > 1:
-        raise SchedlabError(f"{what} a TensorFlow placement is not built yet; `schedlab trace` and `schedlab bench` "
-                            "run a placed plan for real")
-
-
 def run_tf_trace(args: argparse.Namespace) -> int:
     from schedlab.exec.tf_job import TFRequest
     from schedlab.exec.tf_launch import DEFAULT_TF_TIMEOUT_S, run_tf_worker
@@ -128,7 +121,7 @@ def run_tf_trace(args: argparse.Namespace) -> int:
               f"{threads.describe()}")
         print(f"  step time   {result.step_time_s * 1e3:.2f} ms (median of {len(result.step_times_s)})")
         if summary["placement_honoured"] is not None:
-            comm = sum(1 for op in result.graph.ops if op.kind.value == "COMM")
+            comm = sum(1 for op in result.graph.ops if op.target in ("tf._Send", "tf._Recv"))
             print(f"  placement   {summary['placement_honoured']:.0%} of planned nodes on their device; "
                   f"{comm // 2} transfers between devices (_Send/_Recv)")
         print(f"  numerics    vs TF eager: max abs grad diff {check['max_abs_grad_diff']:.2e} "

@@ -16,10 +16,17 @@ is needed:
 
 A setting is stored as the schedlab Plan it is simulated as (slots = inter-op, threads =
 intra-op) with its `tf_threads` beside it.
+
+With `--space placement`, every setting is also simulated with each contiguous split of
+the layers over two logical CPU devices (`layer_splits`): the graph gets TF's `_Send` /
+`_Recv` pair on every edge between the devices (`schedlab.tf.placement.with_transfers`)
+and runs on the one physical CPU, the devices' pools sharing its cores. Validation runs a
+placed winner placed (`TFRequest.placement`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +43,7 @@ from schedlab.graph import Graph
 from schedlab.machine import Machine
 from schedlab.plan import Plan, resolve
 from schedlab.search.baselines import TENSORFLOW_RECOMMENDED, tensorflow_recommended
+from schedlab.tf.placement import place_for_tf
 from schedlab.tf.plan_map import tf_threads_for_plan
 from schedlab.tf.runtime import TFThreads
 
@@ -59,14 +67,35 @@ def tf_baselines(machine: Machine) -> dict[str, TFThreads]:
 
 
 def threads_json(t: TFThreads) -> dict[str, int]:
-    return {"intra_op": t.intra_op, "inter_op": t.inter_op}
+    return {"intra_op": t.intra_op, "inter_op": t.inter_op, **({"cpu_devices": t.cpu_devices} if t.cpu_devices > 1 else {})}
 
 
 def threads_from_json(d: Any) -> TFThreads:
     try:
-        return TFThreads(int(d["intra_op"]), int(d["inter_op"]))
+        return TFThreads(int(d["intra_op"]), int(d["inter_op"]), int(d.get("cpu_devices", 1)))
     except (KeyError, TypeError, ValueError) as e:
         raise SchedlabError(f"corrupt tf_threads in search.json: {type(e).__name__}: {e}") from None
+
+
+def layer_groups(graph: Graph) -> list[str]:
+    """The graph's layers as contiguous groups in program order: a layer's first name, with
+    its index where the second is one ("blocks.2.attn.qkv" -> "blocks.2", "head" -> "head")."""
+    out: list[str] = []
+    for op in graph.ops:
+        if not op.layer:
+            continue
+        parts = op.layer.split(".")
+        group = ".".join(parts[:2]) if len(parts) > 1 and parts[1].isdigit() else parts[0]
+        if group not in out:
+            out.append(group)
+    return out
+
+
+def layer_splits(graph: Graph) -> list[dict[str, str]]:
+    """Every cut of the layer groups into a first part on cpu0 and the rest on cpu1: the
+    placements a TF search tries on two logical CPU devices (the expert's contiguous split)."""
+    groups = layer_groups(graph)
+    return [{g: "cpu1" for g in groups[k:]} for k in range(1, len(groups))]
 
 
 def _tf_plan(t: TFThreads, cores: int, name: str | None = None) -> Plan:
@@ -91,10 +120,12 @@ def search_tf(
     *,
     optimizer: str = "sgd",
     steps: int = 5,
+    placement: bool = False,
     timeout_s: float = DEFAULT_TF_TIMEOUT_S,
     progress: Callable[[str], None] | None = None,
 ) -> TFSearch:
-    """Calibrate on TensorFlow's own traces, then simulate every setting (module docstring)."""
+    """Calibrate on TensorFlow's own traces, then simulate every setting (module docstring);
+    with `placement`, every setting also with each `layer_splits` cut on two CPU devices."""
     from schedlab.sim import Simulator
 
     t0 = time.perf_counter()
@@ -113,17 +144,29 @@ def search_tf(
     costs = tf_costs(runs, base)
     graph = runs[-1].graph
     if progress is not None:
-        progress(f"simulating {cores * cores} settings")
+        progress(f"simulating {cores * cores} settings" + (" with and without placement" if placement else ""))
     t_sim = time.perf_counter()
     simulator = Simulator(graph, machine, costs)
 
     def predict(t: TFThreads) -> float:
         return costs.step_time_s(simulator.run(resolve(graph, as_plan(t, cores), machine), record=False).step_time_s)
 
-    rows = []
-    for i, t in enumerate(tf_settings(cores)):
-        rows.append({"trial": i, "strategy": TF_STRATEGY, "plan": _tf_plan(t, cores).to_json(),
+    rows: list[dict[str, Any]] = []
+    for t in tf_settings(cores):
+        rows.append({"trial": len(rows), "strategy": TF_STRATEGY, "plan": _tf_plan(t, cores).to_json(),
                      "tf_threads": threads_json(t), "predicted_step_time_s": predict(t)})
+    for k, split in enumerate(layer_splits(graph) if placement else []):
+        first = next(iter(split))
+        split_plan = Plan(layer_devices=split)
+        placed = place_for_tf(graph, split_plan)
+        placed_sim = Simulator(placed, machine, costs)
+        for t in tf_settings(cores):
+            plan = dataclasses.replace(_tf_plan(t, cores), layer_devices=split,
+                                       name=f"{_tf_plan(t, cores).name}-split{k + 1}-{first}")
+            step_s = placed_sim.run(resolve(placed, as_plan(t, cores), machine), record=False).step_time_s
+            rows.append({"trial": len(rows), "strategy": TF_STRATEGY, "plan": plan.to_json(),
+                         "tf_threads": threads_json(dataclasses.replace(t, cpu_devices=2)),
+                         "predicted_step_time_s": costs.step_time_s(step_s)})
     sim_wall_s = time.perf_counter() - t_sim
     rows.sort(key=lambda r: (r["predicted_step_time_s"], r["trial"]))
     baselines = {
@@ -180,8 +223,11 @@ def validate_tf(
     contenders = contenders_of(search, top)
     threads_of: dict[str, TFThreads] = {}
     # a baseline runs as TF names it (TF's default: 0, 0), a searched setting as its pair
+    placement_of: dict[str, dict[str, Any] | None] = {}
     for row in [*search.get("baselines", {}).values(), *search.get("best", [])]:
-        threads_of.setdefault(Plan.from_json(row["plan"]).hash, threads_from_json(row["tf_threads"]))
+        plan = Plan.from_json(row["plan"])
+        threads_of.setdefault(plan.hash, threads_from_json(row["tf_threads"]))
+        placement_of.setdefault(plan.hash, plan.to_json() if plan.multi_device else None)
     measured: dict[str, Measurement] = {}
     for c in contenders:
         measured.setdefault(c.plan.hash, Measurement(plan=c.plan, numeric_ok=True))
@@ -195,7 +241,7 @@ def validate_tf(
             try:
                 res: TFResult = run_tf_worker(
                     TFRequest(workload=config.model, size=config.size, threads=t, steps=steps, warmup=warmup,
-                              seed=config.seed, optimizer=config.optimizer),
+                              seed=config.seed, optimizer=config.optimizer, placement=placement_of[key]),
                     timeout_s=timeout_s,
                 )
             except SchedlabError as err:
@@ -250,6 +296,9 @@ def simulate_tf(run_dir: Path, config: Any, graph: Graph, machine: Machine, plan
 
     base = Profile.load(config.profile, machine=machine, check_machine=False) if config.profile else None
     costs = tf_costs_from_json(read_json(run_dir / TF_COSTS_FILE, what="TensorFlow cost model"), base)
+    if plan.multi_device:  # TF's transfers between its logical CPU devices as ops, on the one physical CPU
+        graph = place_for_tf(graph, plan)
+        plan = dataclasses.replace(plan, layer_devices={}, op_devices={}, device=None)
     return simulate(graph, resolve(graph, plan, machine), machine, costs, record=True), costs
 
 

@@ -17,9 +17,11 @@ Mapping to the schedlab Graph (one schema for both frameworks):
 - kinds F/B/W from data flow (`schedlab.op_kinds`), OPT for the optimizer's scope and
   what runs only after it;
 - on several devices (`schedlab.tf.placement`), the `_Send`/`_Recv` pair TensorFlow puts
-  on an edge between devices is two COMM ops, the receive waiting on its send (they are
-  paired by rendezvous key, not by an edge), and `meta["tf_devices"]` names each node's
-  device.
+  on an edge between devices is two ops ("tf._Send", "tf._Recv"), the receive waiting on
+  its send (they are paired by rendezvous key, not by an edge), and `meta["tf_devices"]`
+  names each node's device. They keep their data-flow kind: between logical CPU devices
+  of one process they are executor nodes that hand a buffer over, not COMM (schedlab's
+  own transfers over a link, which the simulator routes as such).
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ _PLUMBING = {"_Retval", "_Arg", "_SOURCE", "_SINK"}  # the Session's fetch and f
 _APPLY = {"ResourceApplyGradientDescent", "ResourceApplyAdam"}  # an optimizer's fused update; its last input is the gradient
 _SENDS = {"_Send", "_HostSend"}  # a value leaving its device (placement); paired with a receive by tensor_name
 _RECVS = {"_Recv", "_HostRecv"}
-_TRANSFERS = {f"tf.{t}" for t in (*_SENDS, *_RECVS)}
 _UPDATES = {"AssignVariableOp", "AssignSubVariableOp", "AssignAddVariableOp", *_APPLY}
 _ATTR_KEYS = ("transpose_a", "transpose_b", "adj_x", "adj_y", "strides", "padding", "data_format", "dilations")
 
@@ -290,7 +291,7 @@ def graph_from_run(step: TFStep, partition_graphs: Iterable[Any], step_stats: An
     grads = {p.name: delta_of[p.name] for p in model.params}
     param_of_value = {i.value: i.name for i in inputs if i.role is InputRole.PARAM}
     tagged = tag_kinds(ops, values, forward_outputs, grads, param_of_value)
-    ops = [Op(**{**op.__dict__, "kind": OpKind.COMM}) if op.target in _TRANSFERS else op for op in _tag_optimizer(tagged)]
+    ops = _tag_optimizer(tagged)
     placed = len(set(op_device.values())) > 1
     graph = Graph(
         name=model.name,

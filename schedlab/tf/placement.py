@@ -18,17 +18,18 @@ of the graph TensorFlow executes unplaced. So placement takes two steps:
    of its nodes with the forward op), since TF refuses to break them.
 
 TensorFlow then inserts a `_Send`/`_Recv` pair on every edge between devices: capture
-keeps them as COMM ops. How much of the plan ran as asked is `placement_honoured`.
+keeps them as ops. How much of the plan ran as asked is `placement_honoured`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph
+from schedlab.graph import Graph, Op, TensorMeta
 from schedlab.machine import Device, Machine
 from schedlab.plan import Plan, place
 
@@ -125,3 +126,66 @@ def honoured(planned: Mapping[str, int], placed: Graph) -> float:
     if not both:
         return 0.0
     return sum(1 for name in both if ran[name] == f"cpu{planned[name]}") / len(both)
+
+
+def with_transfers(graph: Graph, op_device: tuple[str, ...]) -> Graph:
+    """`graph` placed on `op_device` (one device id per op) as TensorFlow runs it: every
+    value read on a device other than its producer's goes through a `_Send` on the
+    producer's device and a `_Recv` on the reader's (one pair per value and reading
+    device), as capture records them (of the reader's kind), and `meta["tf_devices"]` names each op's
+    device. What the simulator predicts a placement on, before TensorFlow has run it. A
+    constant is not sent: TensorFlow makes a copy of it on each device that reads it.
+
+    Between logical CPU devices of one process the pair moves no data (TensorFlow hands the
+    buffer over), so the ops carry no FLOPs or bytes: each costs the executor's per-node time.
+    """
+    if len(op_device) != len(graph.ops):
+        raise SchedlabError(f"placement covers {len(op_device)} ops but graph {graph.name!r} has {len(graph.ops)}")
+    values: list[TensorMeta | None] = list(graph.values)
+    producer = graph.producer
+    device_of_value = {v: op_device[producer[v]] for v in producer}
+    received: dict[tuple[int, str], int] = {}  # (value, device) -> the value its receive writes there
+    ops: list[Op] = []
+    devices: dict[str, str] = {}
+
+    def add(op: Op, dev: str) -> None:
+        ops.append(dataclasses.replace(op, id=len(ops)))
+        devices[op.name] = dev
+
+    for op in graph.ops:
+        dev = op_device[op.id]
+        inputs = []
+        for v in op.inputs:
+            src = device_of_value.get(v)
+            if src is None or src == dev or graph.ops[producer[v]].target == "tf.Const":  # TF copies a constant to each device
+                inputs.append(v)
+                continue
+            if (v, dev) not in received:
+                token = len(values)
+                values.append(None)
+                meta = values[v]
+                values.append(None if meta is None else TensorMeta(meta.shape, meta.dtype, meta.nbytes))
+                received[(v, dev)] = token + 1
+                base = f"{graph.ops[producer[v]].name}/_to_{dev}"
+                add(_transfer(f"{base}/send", "tf._Send", v, token, op), src)
+                add(_transfer(f"{base}/recv", "tf._Recv", token, token + 1, op), dev)
+            inputs.append(received[(v, dev)])
+        add(dataclasses.replace(op, inputs=tuple(inputs)), dev)
+    placed = Graph(name=graph.name, inputs=graph.inputs, outputs=graph.outputs, ops=tuple(ops), values=tuple(values),
+                   meta={**graph.meta, "tf_devices": devices})
+    placed.validate()
+    return placed
+
+
+def _transfer(name: str, target: str, src: int, dst: int, reader: Op) -> Op:
+    """A send or receive for `reader`'s input, of its kind and layer (as capture keeps them)."""
+    return Op(id=0, name=name, target=target, kind=reader.kind, args=(), kwargs={}, inputs=(src,), outputs=(dst,),
+              flops=0.0, bytes_moved=0, layer=reader.layer)
+
+
+def place_for_tf(graph: Graph, plan: Plan) -> Graph:
+    """The unplaced executed `graph` with `plan`'s placement, as `with_transfers` makes it."""
+    n = plan_devices(plan)
+    if n < 2:
+        return graph
+    return with_transfers(graph, place(graph, plan, tf_cpu_machine(n, cores=1)))

@@ -54,12 +54,38 @@ def test_a_receive_without_its_send_is_a_clear_capture_error() -> None:
         _inputs_with_transfers([send, node("y/_2", "_Recv", b"edge_9_y")])
 
 
-def test_simulating_a_tf_placement_is_refused_until_it_is_modelled() -> None:
-    from schedlab.cli.trace_tf import refuse_tf_placement
+def test_a_simulated_placement_gets_a_send_and_receive_per_value_and_device() -> None:
+    """Values read on another device go through one _Send (producer's device) and one _Recv
+    (reader's device), shared by every reader there; constants are copied, not sent."""
+    from schedlab.graph import Graph, GraphInput, GraphOutput, InputRole, Op, OpKind, OutputRole, TensorMeta
+    from schedlab.tf.placement import with_transfers
 
-    refuse_tf_placement(TFThreads(1, 2), "simulating")  # one device: fine
-    with pytest.raises(SchedlabError, match="simulating a TensorFlow placement is not built yet"):
-        refuse_tf_placement(TFThreads(1, 2, cpu_devices=2), "simulating")
+    m = TensorMeta((4,), "float32", 16)
+
+    def op(i: int, name: str, target: str, ins: tuple[int, ...], outs: tuple[int, ...]) -> Op:
+        return Op(id=i, name=name, target=target, kind=OpKind.F, args=(), kwargs={}, inputs=ins, outputs=outs,
+                  flops=4.0, bytes_moved=32)
+
+    g = Graph(name="g", inputs=(GraphInput(0, "x", InputRole.USER),), outputs=(GraphOutput(5, "loss", OutputRole.LOSS),),
+              ops=(op(0, "a", "tf.Relu", (0,), (1,)), op(1, "c", "tf.Const", (), (2,)),
+                   op(2, "b", "tf.Mul", (1, 2), (3,)), op(3, "b2", "tf.Neg", (1,), (4,)),
+                   op(4, "out", "tf.AddV2", (3, 4), (5,))),
+              values=(m,) * 6)
+    placed = with_transfers(g, ("cpu0", "cpu0", "cpu1", "cpu1", "cpu0"))
+    placed.validate()
+    names = [o.name for o in placed.ops]
+    assert names == ["a", "c", "a/_to_cpu1/send", "a/_to_cpu1/recv", "b", "b2",
+                     "b/_to_cpu0/send", "b/_to_cpu0/recv", "b2/_to_cpu0/send", "b2/_to_cpu0/recv", "out"]
+    dev = placed.meta["tf_devices"]
+    assert [dev[n] for n in names] == ["cpu0", "cpu0", "cpu0", "cpu1", "cpu1", "cpu1", "cpu1", "cpu0", "cpu1", "cpu0",
+                                       "cpu0"]
+    comm = [o for o in placed.ops if o.target in ("tf._Send", "tf._Recv")]
+    assert len(comm) == 6 and all(o.flops == 0 and o.bytes_moved == 0 and o.kind is OpKind.F for o in comm)
+    b, b2 = placed.ops[4], placed.ops[5]
+    assert b.inputs[0] == b2.inputs[0] == placed.ops[3].outputs[0]  # one receive serves both readers
+    assert b.inputs[1] == 2  # the constant, read where it is
+    with pytest.raises(SchedlabError, match="placement covers 2 ops"):
+        with_transfers(g, ("cpu0", "cpu1"))
 
 
 pytest.importorskip("tensorflow")
@@ -67,7 +93,7 @@ pytest.importorskip("tensorflow")
 
 def test_a_placed_step_runs_on_its_devices_with_transfers_between_them() -> None:
     """Layer body.0 on cpu1, the rest on cpu0, in a fresh TF process: every planned node
-    runs where the plan put it, each cross-device edge is a _Send/_Recv pair of COMM ops
+    runs where the plan put it, each cross-device edge is a _Send/_Recv pair of ops
     (the receive after its send, on the other device), events carry their device, and the
     step's numerics still match TF eager and PyTorch."""
     from schedlab.exec.tf_job import TFRequest
@@ -82,12 +108,13 @@ def test_a_placed_step_runs_on_its_devices_with_transfers_between_them() -> None
     g.validate()
     assert g.meta["placement_honoured"] == 1.0
     dev = g.meta["tf_devices"]
-    compute = [op for op in g.ops if op.kind in (OpKind.F, OpKind.B, OpKind.W, OpKind.OPT) and "CrossDevice" not in op.name]
+    transfer = {"tf._Send", "tf._Recv"}
+    compute = [op for op in g.ops if op.target not in transfer and "CrossDevice" not in op.name]
     assert {dev[op.name] for op in compute if op.layer == "body.0"} == {"cpu1"}  # and TF's own plumbing anywhere
     assert {dev[op.name] for op in compute if op.layer == "head"} == {"cpu0"}
-    comm = [op for op in g.ops if op.kind is OpKind.COMM]
-    sends = {op.id: op for op in comm if op.target == "tf._Send"}
-    recvs = [op for op in comm if op.target == "tf._Recv"]
+    assert not [op for op in g.ops if op.kind is OpKind.COMM]  # executor nodes, not schedlab's link transfers
+    sends = {op.id: op for op in g.ops if op.target == "tf._Send"}
+    recvs = [op for op in g.ops if op.target == "tf._Recv"]
     assert sends and len(sends) == len(recvs)
     for r in recvs:
         (s,) = [g.producer[v] for v in r.inputs if g.producer.get(v) in sends]

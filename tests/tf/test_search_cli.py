@@ -100,3 +100,54 @@ def test_search_validate_report_in_tensorflow(capsys, tmp_path: Path) -> None:  
     # a second search into the same folder is refused: the run is whole already
     assert main(["search", "mlp", "--size", "tiny", "--backend", "tensorflow", "--run-dir", str(run_dir)]) != 0
     assert "not an empty folder" in capsys.readouterr().err
+
+
+def test_layer_splits_cut_the_layer_groups_in_program_order() -> None:
+    from schedlab.graph import Graph, GraphInput, GraphOutput, InputRole, Op, OpKind, OutputRole, TensorMeta
+    from schedlab.search.tf_search import layer_groups, layer_splits
+
+    layers = ["tok_emb", "blocks.0.attn.qkv", "blocks.0.mlp", None, "blocks.1.attn.qkv", "head"]
+    ops = tuple(Op(id=i, name=f"n{i}", target="tf.Relu", kind=OpKind.F, args=(), kwargs={}, inputs=(i,),
+                   outputs=(i + 1,), flops=1.0, bytes_moved=8, layer=lay) for i, lay in enumerate(layers))
+    g = Graph(name="g", inputs=(GraphInput(0, "x", InputRole.USER),), ops=ops,
+              outputs=(GraphOutput(len(ops), "loss", OutputRole.LOSS),), values=(TensorMeta((2,), "float32", 8),) * 7)
+    assert layer_groups(g) == ["tok_emb", "blocks.0", "blocks.1", "head"]
+    assert layer_splits(g) == [
+        {"blocks.0": "cpu1", "blocks.1": "cpu1", "head": "cpu1"},
+        {"blocks.1": "cpu1", "head": "cpu1"},
+        {"head": "cpu1"},
+    ]
+
+
+@pytest.mark.slow
+def test_a_tf_placement_search_predicts_and_validates_placed_plans(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """--space placement: every threading setting also with each layer split on two CPU
+    devices; `simulate --plan` repeats a placed row's prediction; validation runs a placed
+    plan placed (search.json's best cut to that one row, so it is validated beside the baselines)."""
+    from schedlab.plan import Plan
+
+    run_dir = tmp_path / "run"
+    assert main(["search", "mlp", "--size", "tiny", "--backend", "tensorflow", "--space", "placement",
+                 "--run-dir", str(run_dir), "--no-progress", "--json"]) == 0
+    search = json.loads(capsys.readouterr().out)
+    cores = detect_host().default_device.cores
+    assert json.loads((run_dir / "run.json").read_text())["space"] == "tf-threading+placement"
+    assert search["n_trials"] == cores * cores * 3  # unplaced, and each of 2 cuts of body.0 | body.2 | head
+    placed = [r for r in json.loads((run_dir / "search.json").read_text())["best"] if r["plan"]["placement"]["layers"]]
+    assert placed and all(r["tf_threads"]["cpu_devices"] == 2 for r in placed)
+    row = placed[0]
+    (tmp_path / "placed.json").write_text(json.dumps(row["plan"]))
+    assert main(["simulate", "mlp", "--size", "tiny", "--backend", "tensorflow", "--plan", str(tmp_path / "placed.json"),
+                 "--run-dir", str(run_dir), "--out", str(tmp_path / "sim.json"), "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert sim["predicted_step_time_s"] == pytest.approx(row["predicted_step_time_s"], rel=1e-9)
+    assert sim["devices"] == 2 and sim["transfers"] > 0
+
+    s = json.loads((run_dir / "search.json").read_text())
+    (run_dir / "search.json").write_text(json.dumps({**s, "best": [row]}))
+    assert main(["validate", str(run_dir), "--top", "1", "--repeats", "1", "--steps", "2", "--no-progress",
+                 "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    (cand,) = [c for c in results["candidates"] if c["baseline"] is None]
+    assert Plan.from_json(cand["plan"]).layer_devices == Plan.from_json(row["plan"]).layer_devices
+    assert cand["tf_threads"]["cpu_devices"] == 2 and cand["numeric_ok"] and cand["measured_step_time_s"] > 0
