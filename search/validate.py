@@ -100,6 +100,8 @@ def _concurrency(plan: dict[str, Any]) -> tuple[Any, ...]:
         tuple(sorted(dict(plan.get("class_threads", {})).items())),
         tuple(sorted(dict(plan.get("op_threads", {})).items())),
         plan.get("device"),
+        repr(plan.get("placement")),  # where ops run is a setting of its own, not an order
+        plan.get("replicas"),
     )
 
 

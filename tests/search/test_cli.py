@@ -146,3 +146,7 @@ def test_validation_picks_one_plan_per_concurrency_setting_first() -> None:
     rows = [row(2, 1, "topo"), row(2, 1, "w-last"), row(1, 2, "topo"), row(2, 2, "topo")]
     assert pick(rows, 3) == [rows[0], rows[2], rows[3]]
     assert pick(rows, 4) == rows and pick(rows, 0) == []
+    # a placement is a setting of its own: the same threads with layers on another device count apart
+    placed = {"plan": {**rows[0]["plan"], "placement": {"default": None, "layers": {"head": "cpu1"}, "ops": {}}}}  # type: ignore[dict-item]
+    rows = [rows[0], rows[1], placed, rows[2]]
+    assert pick(rows, 3) == [rows[0], placed, rows[3]]  # before the order variant rows[1]
