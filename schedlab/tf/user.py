@@ -10,10 +10,11 @@ The function takes no arguments and returns ``(loss_fn, params, example_inputs)`
   input tensors in order. ``tf.name_scope("encoder.0/")`` around a layer's ops names the
   layer of every captured op.
 
-(It may also return a `schedlab.tf.model.TFModel`.) A Keras model is refused by name: Keras 3
-does not build TF1 graphs, and the executor runs the step as one, under a Session, so that
-`RunMetadata.step_stats` times every node. The step has no PyTorch counterpart, so it is
-checked against TF eager only.
+Or it returns ``(keras_model, example_inputs)``: a built Keras 3 model, compiled with a
+loss (the last example input is then the targets) or outputting the scalar loss itself
+(`schedlab.tf.keras_model`: its layers run as plain TF ops in the step's TF1 graph through
+`stateless_call`). It may also return a `schedlab.tf.model.TFModel`. The step has no
+PyTorch counterpart, so it is checked against TF eager only.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from typing import Any
 import numpy as np
 
 from schedlab.errors import SchedlabError
+from schedlab.tf.keras_model import KERAS_USAGE, is_keras_model, keras_tf_model
 from schedlab.tf.model import TFModel, TFTensorSpec
 
-USAGE = "must return (loss_fn, params, example_inputs): params a dict of numpy float arrays, example_inputs numpy arrays"
+USAGE = ("must return (loss_fn, params, example_inputs): params a dict of numpy float arrays, example_inputs numpy "
+         "arrays; or (keras_model, example_inputs)")
 
 
 def is_tf_user_spec(spec: str) -> bool:
@@ -45,9 +48,10 @@ def load_tf_model(spec: str, size: str = "default") -> TFModel:
         raise SchedlabError(f"TensorFlow model factory {spec!r} raised {type(e).__name__}: {e}") from None
     if isinstance(out, TFModel):
         return out
-    if type(out).__module__.startswith(("keras", "tf_keras")) or hasattr(out, "trainable_weights"):
-        raise SchedlabError(f"TensorFlow model factory {spec!r} returned a Keras model; the TensorFlow executor runs "
-                            f"the step as a TF1 graph, which Keras 3 does not build: {USAGE} (see schedlab.tf.user)")
+    if is_keras_model(out) or hasattr(out, "trainable_weights"):
+        raise SchedlabError(f"TensorFlow model factory {spec!r} returned a Keras model alone; {KERAS_USAGE}")
+    if isinstance(out, (tuple, list)) and len(out) == 2 and is_keras_model(out[0]):
+        return keras_tf_model(spec, out[0], out[1], size)
     if not isinstance(out, (tuple, list)) or len(out) != 3:
         raise SchedlabError(f"TensorFlow model factory {spec!r} {USAGE}; got a {type(out).__name__}")
     loss_fn, params, inputs = out

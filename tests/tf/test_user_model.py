@@ -35,7 +35,8 @@ def test_each_held_out_tf_model_runs_and_matches_tf_eager(name: str) -> None:
     [
         ("not_a_triple", "must return (loss_fn, params, example_inputs)"),
         ("int_params", "must be a named float array"),
-        ("keras_model", "returned a Keras model"),
+        ("keras_model", "returned a Keras model alone"),
+        ("keras_alone", "returned a Keras model alone"),
         ("raises", "raised RuntimeError: my factory is broken"),
         ("missing", "has no function 'missing'"),
     ],
@@ -60,3 +61,43 @@ def test_trace_a_user_tf_model(capsys, tmp_path: Path) -> None:  # type: ignore[
     assert rc == 0 and out["numerics_ok"] is True
     assert out["torch_check"] is None and out["torch_max_abs_grad_diff"] is None  # no PyTorch twin to compare with
     assert len(out["step_times_s"]) == 2 and Path(out["trace"]).exists()
+
+
+def test_a_compiled_keras_model_runs_as_a_tf1_step_with_its_batch_norm_statistics() -> None:
+    """Keras 3 layers through stateless_call in the step's graph: the loss is the compiled
+    loss on the last input, the weights are named by their Keras path, the moving statistics
+    are buffers the step updates, and the step matches TF eager."""
+    import numpy as np
+
+    from schedlab.exec.tf_run import run_tensorflow
+    from schedlab.graph import InputRole, OutputRole
+
+    model = load_tf_model("tests.tf.user_models:keras_classifier")
+    assert [p.name for p in model.params] == ["fc1.kernel", "fc1.bias", "bn.gamma", "bn.beta", "out.kernel",
+                                              "out.bias"]
+    assert [b.name for b in model.buffers] == ["bn.moving_mean", "bn.moving_variance"]
+    run = run_tensorflow(model, IN_PROCESS, steps=1, warmup=0)
+    assert run.check.numerics_ok, run.check.describe()
+    g = run.graph
+    assert {i.name for i in g.inputs if i.role is InputRole.BUFFER} == {"bn.moving_mean", "bn.moving_variance"}
+    assert {o.name for o in g.outputs if o.role is OutputRole.BUFFER} == {"bn.moving_mean", "bn.moving_variance"}
+    assert {op.layer for op in g.ops if op.layer} >= {"fc1", "bn", "out"}
+    # the loss is Keras's own on the example, as the Keras model computes it itself
+    import keras
+
+    from schedlab.tf.step import eager_loss_and_grads
+    from tests.tf.user_models import keras_classifier
+
+    m, (x, y) = keras_classifier()
+    want = float(keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, m(x, training=True)))
+    got, grads = eager_loss_and_grads(model)
+    assert got == pytest.approx(want, rel=1e-5)
+    assert all(np.abs(grads[p.name]).max() > 0 for p in model.params)
+
+
+def test_an_uncompiled_keras_model_must_output_the_loss() -> None:
+    from schedlab.exec.tf_run import run_tensorflow
+
+    model = load_tf_model("tests.tf.user_models:keras_uncompiled_not_a_loss")
+    with pytest.raises(SchedlabError, match="not a scalar loss"):
+        run_tensorflow(model, IN_PROCESS, steps=1, warmup=0)

@@ -43,3 +43,29 @@ def keras_model() -> Any:
 
 def raises() -> Any:
     raise RuntimeError("my factory is broken")
+
+
+def keras_classifier() -> Any:
+    """A compiled Keras 3 model with a batch norm (its moving statistics are buffers)."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu", name="fc1"),
+                              keras.layers.BatchNormalization(name="bn"), keras.layers.Dense(4, name="out")],
+                             name="clf")
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    return model, (rng.standard_normal((8, 16)).astype(np.float32), rng.integers(0, 4, 8).astype(np.int32))
+
+
+def keras_uncompiled_not_a_loss() -> Any:
+    import keras
+
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(4)])
+    return model, (np.zeros((8, 16), np.float32),)
+
+
+def keras_alone() -> Any:
+    import keras
+
+    return keras.Sequential([keras.Input((16,)), keras.layers.Dense(4)])
