@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from schedlab.cli.common import capture_model, print_json
-from schedlab.cli.trace_tf import tf_placement_from_args, tf_threads_from_args
+from schedlab.cli.trace_tf import tf_plan_from_args, tf_threads_from_args
 from schedlab.errors import SchedlabError
 
 DEFAULT_ROUNDS = 2
@@ -43,7 +43,7 @@ def run_tf_bench(args: argparse.Namespace) -> int:
     for model in args.models:
         require_tf_model(model, args.optimizer)
     threads = tf_threads_from_args(args)
-    placement = tf_placement_from_args(args)
+    tf_plan = tf_plan_from_args(args)
     machine = detect_host()
     cores = machine.default_device.cores
     intra = threads.intra_op or cores
@@ -59,7 +59,7 @@ def run_tf_bench(args: argparse.Namespace) -> int:
         for r in range(args.rounds):
             print(f"bench {model}: round {r + 1}/{args.rounds}, TensorFlow ({threads.describe()}) ...", file=sys.stderr)
             req = TFRequest(workload=model, size=args.size, threads=threads, steps=args.repeats, warmup=2,
-                            optimizer=args.optimizer, placement=placement)
+                            optimizer=args.optimizer, plan=tf_plan)
             res = run_tf_worker(req, timeout_s=DEFAULT_TF_TIMEOUT_S + 2.0 * args.repeats)
             tf_s += res.step_times_s
             numerics_ok = numerics_ok and bool(res.check.get("numerics_ok")) and (
@@ -82,7 +82,7 @@ def run_tf_bench(args: argparse.Namespace) -> int:
         "repeats": args.repeats,
         "tf_threads": {"intra_op": threads.intra_op, "inter_op": threads.inter_op},
         "tf_devices": threads.cpu_devices,
-        "tf_placement": placement,
+        "tf_plan": tf_plan,  # the plan's placement and order, if it sets them
         "torch_plan": torch_plan.to_json(), "results": rows,
     }
     if args.json:

@@ -165,10 +165,10 @@ def run_tf_simulate(args: argparse.Namespace) -> int:
     plan = as_plan(threads, machine.default_device.cores)
     graph = Graph.load(RunPaths(run_dir).graph)
     resolve(graph, plan, machine)  # a setting this machine cannot have fails here, by name
-    if threads.cpu_devices > 1:  # a placement on TF's logical CPU devices (simulate_tf adds its transfers)
-        user = load_plan_arg(args.plan)
+    user = load_plan_arg(args.plan) if args.plan else None
+    if user is not None:  # its placement on TF's logical CPU devices (simulate_tf adds the transfers) and order
         plan = dataclasses.replace(plan, device=user.device, layer_devices=user.layer_devices,
-                                   op_devices=user.op_devices)
+                                   op_devices=user.op_devices, order=user.order)
     result, costs = simulate_tf(run_dir, config, graph, machine, plan)
     if threads.cpu_devices > 1:
         graph = place_for_tf(graph, plan)

@@ -52,12 +52,13 @@ def tf_threads_from_args(args: argparse.Namespace) -> TFThreads:
     )
 
 
-def tf_placement_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The `--plan` as a TFRequest's placement, if it places ops on several devices."""
+def tf_plan_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The `--plan` as a TFRequest's plan, if it places ops on several devices or orders them
+    (its threading travels as the request's TFThreads)."""
     if not args.plan:
         return None
     plan = load_plan_arg(args.plan)
-    return plan.to_json() if plan.multi_device else None
+    return plan.to_json() if plan.multi_device or plan.order != "topo" else None
 
 
 def run_tf_trace(args: argparse.Namespace) -> int:
@@ -78,7 +79,7 @@ def run_tf_trace(args: argparse.Namespace) -> int:
                             f"CPU devices ({threads.cpu_devices} here); drop --devices")
     timeout_s = DEFAULT_TF_TIMEOUT_S if args.timeout_s is None else args.timeout_s
     request = TFRequest(workload=args.model, size=args.size, threads=threads, steps=args.steps, warmup=args.warmup,
-                        optimizer=args.optimizer, seed=args.seed, placement=tf_placement_from_args(args))
+                        optimizer=args.optimizer, seed=args.seed, plan=tf_plan_from_args(args))
     print(f"trace {args.model} on TensorFlow ({threads.describe()}) ...", file=sys.stderr)
     result = run_tf_worker(request, timeout_s=timeout_s)
     tag = f"tf-i{threads.intra_op}-e{threads.inter_op}" + (f"-d{threads.cpu_devices}" if threads.cpu_devices > 1 else "")
@@ -98,6 +99,7 @@ def run_tf_trace(args: argparse.Namespace) -> int:
         "threads": {"intra_op": threads.intra_op, "inter_op": threads.inter_op},
         "devices": threads.cpu_devices,
         "placement_honoured": result.graph.meta.get("placement_honoured"),  # share of planned nodes on their device
+        "order_honoured": result.graph.meta.get("order_honoured"),  # share of planned consecutive pairs run in order
         "ops": len(result.graph),
         "step_time_s": result.step_time_s,
         "step_times_s": list(result.step_times_s),
@@ -120,6 +122,8 @@ def run_tf_trace(args: argparse.Namespace) -> int:
         print(f"{args.model}/{args.size} on TensorFlow {summary['tensorflow']} ({len(result.graph)} executed nodes), "
               f"{threads.describe()}")
         print(f"  step time   {result.step_time_s * 1e3:.2f} ms (median of {len(result.step_times_s)})")
+        if summary["order_honoured"] is not None:
+            print(f"  order       {summary['order_honoured']:.0%} of the plan's consecutive nodes ran in its order")
         if summary["placement_honoured"] is not None:
             comm = sum(1 for op in result.graph.ops if op.target in ("tf._Send", "tf._Recv"))
             print(f"  placement   {summary['placement_honoured']:.0%} of planned nodes on their device; "

@@ -20,7 +20,7 @@ RESULT_FILE = "tf_result.json"
 @dataclass(frozen=True)
 class TFRequest:
     """One TensorFlow run: a workload, its threading (fixed for the worker's life), steps,
-    and a placement on the threading's CPU devices if any."""
+    and the plan's placement on the threading's CPU devices and op order, if any."""
 
     workload: str
     size: str
@@ -30,12 +30,12 @@ class TFRequest:
     optimizer: str = "sgd"
     lr: float | None = None
     seed: int = 0
-    placement: dict[str, Any] | None = None  # a plan placing ops on the logical CPU devices (Plan.to_json)
+    plan: dict[str, Any] | None = None  # a plan placing or ordering ops (Plan.to_json); threading is `threads`
 
     def to_json(self) -> dict[str, Any]:
         return {
             "workload": self.workload, "size": self.size, "steps": self.steps, "warmup": self.warmup,
-            "optimizer": self.optimizer, "lr": self.lr, "seed": self.seed, "placement": self.placement,
+            "optimizer": self.optimizer, "lr": self.lr, "seed": self.seed, "plan": self.plan,
             "threads": {"intra_op": self.threads.intra_op, "inter_op": self.threads.inter_op,
                         "cpu_devices": self.threads.cpu_devices},
         }
@@ -48,7 +48,7 @@ class TFRequest:
                 workload=str(d["workload"]), size=str(d["size"]), steps=int(d["steps"]), warmup=int(d["warmup"]),
                 optimizer=str(d["optimizer"]), lr=None if d["lr"] is None else float(d["lr"]), seed=int(d["seed"]),
                 threads=TFThreads(int(t["intra_op"]), int(t["inter_op"]), int(t["cpu_devices"])),
-                placement=None if d.get("placement") is None else dict(d["placement"]),
+                plan=None if d.get("plan") is None else dict(d["plan"]),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise SchedlabError(f"corrupt TensorFlow request: {type(e).__name__}: {e}") from None

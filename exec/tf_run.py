@@ -32,6 +32,7 @@ from schedlab.graph import Graph, OutputRole
 from schedlab.plan import Plan
 from schedlab.tf.capture import graph_from_run, node_runs
 from schedlab.tf.model import TFModel
+from schedlab.tf.order import apply_order, order_honoured, order_sequence
 from schedlab.tf.placement import apply_placement, device_index, honoured, node_devices
 from schedlab.tf.runtime import TFThreads, import_tensorflow, session_config
 from schedlab.tf.step import TFStep, build_step, eager_loss_and_grads, expected_update
@@ -136,21 +137,28 @@ def run_tensorflow(
     warmup: int,
     optimizer: str = "sgd",
     lr: float | None = None,
-    placement: Plan | None = None,
+    plan: Plan | None = None,
     torch_reference: Callable[[], tuple[float, dict[str, np.ndarray]]] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> TFRun:
-    """Run `model`'s step in TensorFlow (see the module docstring). `placement`, a plan that
-    places ops on `threads.cpu_devices` logical CPU devices, is resolved on the unplaced
-    step first (`schedlab.tf.placement`). `torch_reference` gives eager PyTorch's loss and
-    gradients (torch layout) on the same weights."""
+    """Run `model`'s step in TensorFlow (see the module docstring). A `plan` that places ops
+    on `threads.cpu_devices` logical CPU devices, or orders them, is resolved on the step
+    as TF executes it unplaced first (`schedlab.tf.placement`, `schedlab.tf.order`).
+    `torch_reference` gives eager PyTorch's loss and gradients (torch layout) on the same
+    weights."""
     tf = import_tensorflow(threads)
     step = build_step(model, optimizer, lr)
     planned: dict[str, int] | None = None
-    if placement is not None and placement.multi_device:
-        planned = _resolve_placement(tf, step, threads, placement)
+    sequence: list[str] | None = None
+    if plan is not None and (plan.multi_device or plan.order != "topo"):
+        unplaced = _capture_unplaced(tf, step, threads)
         step = build_step(model, optimizer, lr)
-        apply_placement(step.graph, planned)
+        if plan.multi_device:
+            planned = node_devices(unplaced, plan, threads.cpu_devices)
+            apply_placement(step.graph, planned)
+        if plan.order != "topo":
+            sequence = order_sequence(unplaced, plan)
+            apply_order(step.graph, sequence)
     session = tf.compat.v1.Session(graph=step.graph, config=session_config(threads))
     try:
         step.initialize(session)
@@ -186,6 +194,9 @@ def run_tensorflow(
                                          r.start_ns - t_start, r.end_ns - t_start, step=len(times) - 1))
     finally:
         session.close()
+    if sequence is not None:
+        first = [graph.ops[e.op].name for e in sorted(events, key=lambda e: e.start_ns) if e.step == 0]
+        graph = dataclasses.replace(graph, meta={**graph.meta, "order_honoured": order_honoured(sequence, first)})
     meta = base_meta(
         "exec", backend="tensorflow", workload=model.name, size=model.size, graph_hash=graph.hash,
         tensorflow=tf.__version__, threads={"intra_op": threads.intra_op, "inter_op": threads.inter_op,
@@ -220,17 +231,15 @@ def _numerics(
     return check, torch_check
 
 
-def _resolve_placement(tf: Any, step: TFStep, threads: TFThreads, plan: Plan) -> dict[str, int]:
-    """The plan's device for each node TensorFlow executes, resolved on one unplaced step."""
-    if threads.cpu_devices < 2:
-        raise SchedlabError(f"a placed plan needs several TensorFlow CPU devices, got {threads.describe()}")
+def _capture_unplaced(tf: Any, step: TFStep, threads: TFThreads) -> Graph:
+    """The graph TF executes for `step` as built (no placement, no order): what a plan's
+    placement and order are resolved on. Its session is closed: the step runs in another."""
     session = tf.compat.v1.Session(graph=step.graph, config=session_config(threads))
     try:
         step.initialize(session)
-        unplaced = _capture(tf, session, step)
+        return _capture(tf, session, step)
     finally:
         session.close()
-    return node_devices(unplaced, plan, threads.cpu_devices)
 
 
 def _capture(tf: Any, session: Any, step: TFStep) -> Graph:

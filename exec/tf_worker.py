@@ -46,9 +46,9 @@ def run(job_dir: Path, progress: Progress) -> TFResult:
     model = load_tf_model(req.workload, req.size) if user else from_torch(
         load_workload(req.workload, req.size, seed=req.seed))
     progress.mark(START)
-    placement = None if req.placement is None else Plan.from_json(req.placement)
+    plan = None if req.plan is None else Plan.from_json(req.plan)
     run = run_tensorflow(
-        model, req.threads, steps=req.steps, warmup=req.warmup, optimizer=req.optimizer, lr=req.lr, placement=placement,
+        model, req.threads, steps=req.steps, warmup=req.warmup, optimizer=req.optimizer, lr=req.lr, plan=plan,
         torch_reference=None if user else lambda: torch_loss_and_grads(req.workload, req.size, req.seed),
         progress=lambda done, total: progress.mark(done - 1),
     )

@@ -223,11 +223,11 @@ def validate_tf(
     contenders = contenders_of(search, top)
     threads_of: dict[str, TFThreads] = {}
     # a baseline runs as TF names it (TF's default: 0, 0), a searched setting as its pair
-    placement_of: dict[str, dict[str, Any] | None] = {}
+    plan_of: dict[str, dict[str, Any] | None] = {}
     for row in [*search.get("baselines", {}).values(), *search.get("best", [])]:
         plan = Plan.from_json(row["plan"])
         threads_of.setdefault(plan.hash, threads_from_json(row["tf_threads"]))
-        placement_of.setdefault(plan.hash, plan.to_json() if plan.multi_device else None)
+        plan_of.setdefault(plan.hash, plan.to_json() if plan.multi_device else None)
     measured: dict[str, Measurement] = {}
     for c in contenders:
         measured.setdefault(c.plan.hash, Measurement(plan=c.plan, numeric_ok=True))
@@ -241,7 +241,7 @@ def validate_tf(
             try:
                 res: TFResult = run_tf_worker(
                     TFRequest(workload=config.model, size=config.size, threads=t, steps=steps, warmup=warmup,
-                              seed=config.seed, optimizer=config.optimizer, placement=placement_of[key]),
+                              seed=config.seed, optimizer=config.optimizer, plan=plan_of[key]),
                     timeout_s=timeout_s,
                 )
             except SchedlabError as err:

@@ -102,7 +102,7 @@ def test_a_placed_step_runs_on_its_devices_with_transfers_between_them() -> None
 
     plan = Plan(slots=2, threads=1, layer_devices={"body.0": "cpu1"})
     res = run_tf_worker(TFRequest("mlp", "tiny", tf_threads_for_plan(plan), steps=2, warmup=1,
-                                  placement=plan.to_json()), timeout_s=120)
+                                  plan=plan.to_json()), timeout_s=120)
     assert res.check["numerics_ok"] and res.torch_check is not None and res.torch_check["numerics_ok"]
     g = res.graph
     g.validate()
@@ -130,4 +130,29 @@ def test_a_placement_naming_an_unknown_layer_fails_in_the_worker_with_the_plan_e
     plan = Plan(layer_devices={"decoder": "cpu1"})
     with pytest.raises(SchedlabError, match=r"placement\.layers: names layer 'decoder'"):
         run_tf_worker(TFRequest("mlp", "tiny", tf_threads_for_plan(plan), steps=1, warmup=0,
-                                placement=plan.to_json()), timeout_s=120)
+                                plan=plan.to_json()), timeout_s=120)
+
+
+def test_an_order_runs_as_planned_through_control_dependencies() -> None:
+    """One inter-op thread and a random topological order: TF's own order differs from it,
+    the chained step runs it exactly, and the step's numerics do not change."""
+    from schedlab.exec.tf_run import run_tensorflow
+    from schedlab.tf.order import order_honoured, order_sequence
+    from tests.tf import IN_PROCESS, tiny_models
+
+    plan = Plan(order="random:3")
+    free = run_tensorflow(tiny_models.mlp(), IN_PROCESS, steps=1, warmup=0)
+    sequence = order_sequence(free.graph, plan)
+    natural = [free.graph.ops[e.op].name for e in sorted(free.trace.events, key=lambda e: e.start_ns)]
+    assert order_honoured(sequence, natural) < 0.9  # TF alone would not run it
+    ordered = run_tensorflow(tiny_models.mlp(), IN_PROCESS, steps=2, warmup=0, plan=plan)
+    assert ordered.graph.meta["order_honoured"] == 1.0
+    assert ordered.check.numerics_ok
+
+
+def test_order_honoured_counts_planned_pairs_that_ran_in_order() -> None:
+    from schedlab.tf.order import order_honoured
+
+    assert order_honoured(["a", "b", "c", "d"], ["a", "b", "c", "d"]) == 1.0
+    assert order_honoured(["a", "b", "c", "d"], ["b", "a", "c", "d"]) == pytest.approx(2 / 3)
+    assert order_honoured(["a", "x", "b"], ["a", "b"]) == 1.0  # a node that did not run is skipped

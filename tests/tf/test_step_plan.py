@@ -25,7 +25,7 @@ def test_slots_and_threads_become_inter_and_intra_op() -> None:
     [
         (Plan(op_threads={3: 2}), "per-op thread counts"),
         (Plan(class_threads={"mm": 2}), "per-op thread counts"),
-        (Plan(order="critical-path"), "op order"),
+        (Plan(order="critical-path", slots=2), "needs slots 1"),
         (Plan(replicas=2), "replicas"),
     ],
 )

@@ -1,0 +1,55 @@
+"""A schedlab Plan's op order as TensorFlow control dependencies.
+
+TensorFlow's executor runs ready nodes in its own order; the one way to make it run them
+in another is a control dependency. With one inter-op thread nodes run one at a time, so
+a chain of control edges along the plan's sequence runs exactly that sequence. With more
+inter-op threads the same chain would run everything one at a time, so an order is
+refused there (`schedlab.tf.plan_map`).
+
+As with placement (`schedlab.tf.placement`), the order is resolved on the graph TF
+executes (with `schedlab.plan.resolve`, as the torch backend resolves it) and set on a
+fresh step graph by node name. Nodes Grappler made or renamed are not in that graph and
+keep TF's order; `order_honoured` says how much of the sequence ran as planned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import pairwise
+from typing import Any
+
+from schedlab.graph import Graph
+from schedlab.plan import Plan, resolve
+from schedlab.tf.placement import plan_devices, tf_cpu_machine
+
+
+def order_sequence(graph: Graph, plan: Plan) -> list[str]:
+    """The node names of the executed `graph` in the order `plan` runs them (one worker)."""
+    machine = tf_cpu_machine(plan_devices(plan), cores=1)
+    one_at_a_time = Plan(order=plan.order, slots=1, threads=1, device=plan.device, layer_devices=plan.layer_devices,
+                         op_devices=plan.op_devices)
+    resolved = resolve(graph, one_at_a_time, machine)
+    ran = resolved.run_graph(graph)  # placed: with schedlab's transfers, which TF makes its own way
+    return [ran.ops[i].name for i in resolved.sequence]
+
+
+def apply_order(tf_graph: Any, sequence: Sequence[str]) -> int:
+    """Chain the nodes of `tf_graph` named in `sequence` with control edges, each after the
+    one before it; returns how many nodes the chain holds."""
+    by_name = {op.name: op for op in tf_graph.get_operations()}
+    chain = [by_name[name] for name in sequence if name in by_name]
+    for before, after in pairwise(chain):
+        if before not in after.control_inputs:
+            after._add_control_input(before)
+    return len(chain)
+
+
+def order_honoured(sequence: Sequence[str], ran: Sequence[str]) -> float:
+    """The share of consecutive pairs of the planned `sequence` (nodes that also `ran`) that
+    ran in that order; `ran` is the nodes in the order they started."""
+    at = {name: i for i, name in enumerate(ran)}
+    planned = [name for name in sequence if name in at]
+    pairs = list(pairwise(planned))
+    if not pairs:
+        return 1.0
+    return sum(1 for a, b in pairs if at[a] < at[b]) / len(pairs)
