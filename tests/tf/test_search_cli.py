@@ -50,13 +50,19 @@ def test_simulating_tf_needs_a_tf_search(capsys, tmp_path: Path) -> None:  # typ
     assert "are for --backend tensorflow" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_search_validate_report_in_tensorflow(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A short calibration: the machine's co-run contention and unseen kernels for the TF cost model."""
     from schedlab.calibrate import run_calibration
     from tests.calibrate.test_run import TINY
 
-    profile = tmp_path / "profile.json"
-    run_calibration(quick=True, out=profile, progress=False, config=TINY)
+    out = tmp_path_factory.mktemp("tf-search") / "profile.json"
+    run_calibration(quick=True, out=out, progress=False, config=TINY)
+    return out
+
+
+@pytest.mark.slow
+def test_search_validate_report_in_tensorflow(capsys, tmp_path: Path, profile: Path) -> None:  # type: ignore[no-untyped-def]
     run_dir = tmp_path / "run"
     assert main(["search", "mlp", "--size", "tiny", "--backend", "tensorflow", "--profile", str(profile),
                  "--run-dir", str(run_dir), "--no-progress", "--json"]) == 0
@@ -120,7 +126,7 @@ def test_layer_splits_cut_the_layer_groups_in_program_order() -> None:
 
 
 @pytest.mark.slow
-def test_a_tf_placement_search_predicts_and_validates_placed_plans(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_tf_placement_search_predicts_and_validates_placed_plans(capsys, tmp_path: Path, profile: Path) -> None:  # type: ignore[no-untyped-def]
     """--space placement: every threading setting also with each layer split on two CPU
     devices; `simulate --plan` repeats a placed row's prediction; validation runs a placed
     plan placed (search.json's best cut to that one row, so it is validated beside the baselines)."""
@@ -128,7 +134,7 @@ def test_a_tf_placement_search_predicts_and_validates_placed_plans(capsys, tmp_p
 
     run_dir = tmp_path / "run"
     assert main(["search", "mlp", "--size", "tiny", "--backend", "tensorflow", "--space", "placement",
-                 "--run-dir", str(run_dir), "--no-progress", "--json"]) == 0
+                 "--profile", str(profile), "--run-dir", str(run_dir), "--no-progress", "--json"]) == 0
     search = json.loads(capsys.readouterr().out)
     cores = detect_host().default_device.cores
     assert json.loads((run_dir / "run.json").read_text())["space"] == "tf-threading+placement"
