@@ -34,10 +34,37 @@ def order_sequence(graph: Graph, plan: Plan) -> list[str]:
 
 
 def apply_order(tf_graph: Any, sequence: Sequence[str]) -> int:
-    """Chain the nodes of `tf_graph` named in `sequence` with control edges, each after the
-    one before it; returns how many nodes the chain holds."""
-    by_name = {op.name: op for op in tf_graph.get_operations()}
-    chain = [by_name[name] for name in sequence if name in by_name]
+    """Chain the nodes of `tf_graph` named in `sequence` with control edges; returns how many
+    nodes the chain holds.
+
+    The sequence is a topological order of the graph Grappler made, not of `tf_graph`:
+    Grappler folds and rewrites, so a node may precede in it one it depends on here, and
+    chaining the sequence as it stands can close a cycle. So the chain follows a list
+    schedule of `tf_graph` itself that takes ready nodes by their place in `sequence`
+    (nodes it does not name first): a topological order of `tf_graph`, which the chain's
+    edges cannot break, and the sequence wherever the two graphs agree."""
+    import heapq
+
+    ops = list(tf_graph.get_operations())
+    rank = {name: i for i, name in enumerate(sequence)}
+    index = {op.name: i for i, op in enumerate(ops)}
+    preds = [{index[t.op.name] for t in op.inputs} | {index[c.name] for c in op.control_inputs} for op in ops]
+    succs: list[list[int]] = [[] for _ in ops]
+    for i, ps in enumerate(preds):
+        for p in ps:
+            succs[p].append(i)
+    waiting = [len(ps) for ps in preds]
+    ready = [(rank.get(op.name, -1), i) for i, op in enumerate(ops) if waiting[i] == 0]
+    heapq.heapify(ready)
+    chain = []
+    while ready:
+        r, i = heapq.heappop(ready)
+        if r >= 0:
+            chain.append(ops[i])
+        for j in succs[i]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(ready, (rank.get(ops[j].name, -1), j))
     for before, after in pairwise(chain):
         if before not in after.control_inputs:
             after._add_control_input(before)

@@ -156,3 +156,25 @@ def test_order_honoured_counts_planned_pairs_that_ran_in_order() -> None:
     assert order_honoured(["a", "b", "c", "d"], ["a", "b", "c", "d"]) == 1.0
     assert order_honoured(["a", "b", "c", "d"], ["b", "a", "c", "d"]) == pytest.approx(2 / 3)
     assert order_honoured(["a", "x", "b"], ["a", "b"]) == 1.0  # a node that did not run is skipped
+
+
+def test_an_order_against_the_graphs_own_edges_never_closes_a_cycle() -> None:
+    """Grappler may put a node before one it depends on in the graph as built: the chain
+    follows the built graph's edges there and the plan's order elsewhere."""
+    from schedlab.tf.order import apply_order
+    from schedlab.tf.runtime import import_tensorflow, session_config
+    from tests.tf import IN_PROCESS
+
+    tf = import_tensorflow()
+    g = tf.Graph()
+    with g.as_default():
+        a = tf.constant(1.0, name="a")
+        b = tf.identity(a, name="b")  # b reads a
+        c = tf.constant(2.0, name="c")
+        d = tf.constant(3.0, name="d")
+        tf.add_n([b, c, d], name="s")
+    assert apply_order(g, ["b", "a", "d", "c", "s"]) == 5
+    chained = {op.name: [x.name for x in op.control_inputs] for op in g.get_operations()}
+    assert chained["b"] == ["a"] and chained["d"] == ["b"] and chained["c"] == ["d"] and chained["s"] == ["c"]
+    with tf.compat.v1.Session(graph=g, config=session_config(IN_PROCESS)) as s:
+        assert s.run("s:0") == 6.0  # no cycle: it runs
