@@ -4,8 +4,9 @@ the TensorFlow cost model (`calibrate.tf_costs`) or the simulator's rules for TF
 Each is a user-style factory (`schedlab.tf.user`), so they run as any user's TF model does:
 ``schedlab fidelity --backend tensorflow --models schedlab.tf.heldout:gru_tagger,...``. They
 vary in kind and size from the built-ins: a recurrent tagger (GRU cell, unrolled), a
-depthwise-separable CNN, a bidirectional-attention encoder with mean pooling, and a wide
-tanh regressor with a mean-squared loss.
+depthwise-separable CNN, a bidirectional-attention encoder with mean pooling, a wide
+tanh regressor with a mean-squared loss, and a Keras 3 convnet (`schedlab.tf.keras_model`:
+Keras layers, batch norm with its moving statistics, the compiled loss).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from schedlab.tf.builtins.layers import scope, tf_module
 
 Factory = tuple[Any, dict[str, np.ndarray], list[np.ndarray]]
-TF_HELDOUT = ("gru_tagger", "depthwise_cnn", "attention_encoder", "wide_regressor")
+TF_HELDOUT = ("gru_tagger", "depthwise_cnn", "attention_encoder", "wide_regressor", "keras_convnet")
 SPEC_PREFIX = "schedlab.tf.heldout:"
 
 
@@ -169,3 +170,23 @@ def wide_regressor() -> Factory:
         return tf.reduce_mean(tf.square(pred - y))
 
     return loss_fn, params, [x_in, y_in]
+
+
+def keras_convnet() -> tuple[Any, tuple[np.ndarray, np.ndarray]]:
+    """A Keras 3 model: conv 3x3 (32) + batch norm + ReLU, max pool, separable conv (64) +
+    ReLU, global average pool, dense 10; 32 RGB images of 32x32, compiled sparse
+    cross-entropy on logits. Returned as a Keras user returns one: (model, (x, labels))."""
+    import keras
+
+    keras.utils.set_random_seed(15)
+    layers = keras.layers
+    inputs = keras.Input((32, 32, 3))
+    x = layers.Conv2D(32, 3, padding="same", use_bias=False, name="conv1")(inputs)
+    x = layers.ReLU(name="relu1")(layers.BatchNormalization(name="bn1")(x))
+    x = layers.MaxPooling2D(2, name="pool")(x)
+    x = layers.SeparableConv2D(64, 3, padding="same", activation="relu", name="sep2")(x)
+    x = layers.GlobalAveragePooling2D(name="gap")(x)
+    model = keras.Model(inputs, layers.Dense(10, name="head")(x), name="keras_convnet")
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(15)
+    return model, (rng.standard_normal((32, 32, 32, 3)).astype(np.float32), rng.integers(0, 10, 32).astype(np.int32))

@@ -21,7 +21,7 @@ def test_each_held_out_tf_model_runs_and_matches_tf_eager(name: str) -> None:
     from schedlab.exec.tf_run import run_tensorflow
 
     model = load_tf_model(SPEC_PREFIX + name)
-    assert model.params and not model.buffers
+    assert model.params and bool(model.buffers) == (name == "keras_convnet")  # Keras's batch norm statistics
     run = run_tensorflow(model, IN_PROCESS, steps=1, warmup=0)
     assert run.check.numerics_ok and run.torch_check is None
     g = run.graph
