@@ -71,11 +71,22 @@ def require_placement_run(run: RunData) -> None:
 
 
 def searched_machine(run: RunData) -> Machine:
-    """The machine the placement was searched on (run.json "machine")."""
+    """The machine the placement was searched on (run.json "machine"); for a TensorFlow run,
+    the logical CPU devices of one TF process on it that the best plans place onto."""
     try:
-        return Machine.from_json(run.run.get("machine"))
+        host = Machine.from_json(run.run.get("machine"))
     except SchedlabError as e:
         raise PlacementDataError(f"{RUN_JSON} holds no readable machine: {e}") from None
+    if not is_tf_run(run):
+        return host
+    from schedlab.tf.placement import plan_devices, tf_cpu_machine
+
+    n = max((plan_devices(e.plan) for e in best_entries(run)), default=1)
+    return tf_cpu_machine(n, host.default_device.cores)
+
+
+def is_tf_run(run: RunData) -> bool:
+    return run.run.get("backend") == "tensorflow"
 
 
 def machine_label(machine: Machine) -> str:

@@ -78,17 +78,16 @@ def threads_from_json(d: Any) -> TFThreads:
 
 
 def layer_groups(graph: Graph) -> list[str]:
-    """The graph's layers as contiguous groups in program order: a layer's first name, with
-    its index where the second is one ("blocks.2.attn.qkv" -> "blocks.2", "head" -> "head")."""
-    out: list[str] = []
-    for op in graph.ops:
-        if not op.layer:
-            continue
-        parts = op.layer.split(".")
-        group = ".".join(parts[:2]) if len(parts) > 1 and parts[1].isdigit() else parts[0]
-        if group not in out:
-            out.append(group)
-    return out
+    """The graph's layers grouped, in forward order (`schedlab.layer_split.layers_in_order`):
+    a layer's first name, with its index where the second is one ("blocks.2.attn.qkv" ->
+    "blocks.2", "head" -> "head")."""
+    from schedlab.layer_split import layers_in_order
+
+    out: dict[str, None] = {}
+    for layer in layers_in_order(graph):
+        parts = layer.split(".")
+        out.setdefault(".".join(parts[:2]) if len(parts) > 1 and parts[1].isdigit() else parts[0], None)
+    return list(out)
 
 
 def layer_splits(graph: Graph) -> list[dict[str, str]]:

@@ -13,6 +13,7 @@ Data: graph.json, search.json (best), run.json (machine).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from schedlab.reports.load_placement import (
     BestEntry,
     PlacementDataError,
     best_entries,
+    is_tf_run,
     machine_label,
     require_placement_run,
     searched_machine,
@@ -126,6 +128,9 @@ def draw(run: RunData, out_stem: Path) -> FigureRecord:
         raise FigureSkipped(run.problems.get(GRAPH_JSON, f"{GRAPH_JSON} missing") + " (written by `schedlab search`)")
     if not entries:
         raise FigureSkipped(f"{run.path / SEARCH_JSON} lists no best plans")
+    if is_tf_run(run):  # one strategy, settings with and without a placement: its fastest of each
+        entries = tuple(dataclasses.replace(e, strategy="placed" if e.plan.multi_device else "unplaced")
+                        for e in entries)
     rows, problems = strategy_rows(graph, machine, entries)
     if not rows:
         raise FigureSkipped("no best plan could be placed: " + "; ".join(problems))

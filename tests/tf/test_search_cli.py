@@ -157,3 +157,11 @@ def test_a_tf_placement_search_predicts_and_validates_placed_plans(capsys, tmp_p
     (cand,) = [c for c in results["candidates"] if c["baseline"] is None]
     assert Plan.from_json(cand["plan"]).layer_devices == Plan.from_json(row["plan"]).layer_devices
     assert cand["tf_threads"]["cpu_devices"] == 2 and cand["numeric_ok"] and cand["measured_step_time_s"] > 0
+
+    # the placement map draws TF's logical CPU devices: the fastest unplaced and placed settings
+    (run_dir / "search.json").write_text(json.dumps(s))  # the search's own best list again
+    assert main(["report", str(run_dir)]) == 0
+    figures = json.loads((run_dir / "report" / "figures.json").read_text())
+    pmap = next(f for f in figures["figures"] if f["name"] == "placement_map")["conditions"]
+    assert pmap["devices"] == ["cpu0", "cpu1"] and set(pmap["strategies"]) == {"placed", "unplaced"}
+    assert set(pmap["strategies"]["placed"]["ops_per_device"]) == {"cpu0", "cpu1"}
