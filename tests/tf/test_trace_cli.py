@@ -60,10 +60,11 @@ def test_trace_json_contract(capsys, tmp_path: Path) -> None:  # type: ignore[no
 
 def test_a_plan_tensorflow_cannot_honour_is_refused_before_anything_runs(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     plan = tmp_path / "p.json"
-    assert _run(capsys, "plan", "mlp", "--size", "tiny", "--order", "critical-path", "-o", str(plan))[0] == 0
+    assert _run(capsys, "plan", "mlp", "--size", "tiny", "--order", "critical-path", "--slots", "2",
+                "-o", str(plan))[0] == 0
     rc, _, err = _run(capsys, "trace", "mlp", "--size", "tiny", "--backend", "tensorflow", "--plan", str(plan))
-    assert rc == 2
-    assert "cannot run on the TensorFlow backend" in err and "op order" in err
+    assert rc == 2  # an order needs one slot on TF: its control dependencies run nodes one at a time
+    assert "cannot run on the TensorFlow backend" in err and "op order" in err and "needs slots 1" in err
 
 
 def test_tensorflow_flags_without_the_backend_are_refused(capsys) -> None:  # type: ignore[no-untyped-def]
