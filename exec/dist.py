@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +50,7 @@ import torch.distributed as dist
 
 from schedlab.distribute import ALL_REDUCE, RECV, SEND, input_homes, outputs_on
 from schedlab.errors import SchedlabError
-from schedlab.exec.program import compile_graph
+from schedlab.exec.program import Extern, Program, compile_graph
 from schedlab.exec.runner import OpFailed
 from schedlab.exec.workers import ReadyLoop, Span, freeing
 from schedlab.graph import Graph, OpKind
@@ -108,15 +108,14 @@ class _Transfers:
             self.works[i] = ex._pg.recv([buf], ex._peer[i], int(op.kwargs["tag"]))
             self.posted += 1
 
-    def send(self, i: int, V: list[Any]) -> None:
+    def send(self, i: int, value: torch.Tensor) -> None:
         ex = self.ex
-        op = ex.graph.ops[i]
-        t = V[op.inputs[0]].contiguous()
-        self.sends.append((t, ex._pg.send([t], ex._peer[i], int(op.kwargs["tag"])), i))
+        t = value.contiguous()
+        self.sends.append((t, ex._pg.send([t], ex._peer[i], int(ex.graph.ops[i].kwargs["tag"])), i))
 
-    def wait_recv(self, i: int, V: list[Any]) -> None:
-        """Wait for receive `i`, posting it first if need be, and while its data is not
-        there yet (the rank idles) the step's other receives too."""
+    def wait_recv(self, i: int) -> torch.Tensor:
+        """The value of receive `i`, once there: posted first if need be, and while its
+        data is not there yet (the rank idles) the step's other receives too."""
         ex = self.ex
         j = ex.recv_index[i]
         self.post_through(j)
@@ -128,7 +127,7 @@ class _Transfers:
             work.wait()
         except Exception as e:
             raise CommFailed(f"rank {ex.rank}: op {i} ({op.name}) failed waiting for rank {ex._peer[i]}: {e}") from e
-        V[op.outputs[0]] = self.bufs[i]
+        return self.bufs.pop(i)
 
 
 def rank_device(resolved: ResolvedPlan, machine: Machine, rank: int) -> str:
@@ -230,21 +229,14 @@ class RankExecutor:
         homes = input_homes(graph, devices)
         self.input_ids = tuple(i.value for i in graph.inputs if homes[i.value] == dev)
         self.keep = frozenset(o.value for o in outputs_on(graph, devices, dev))
-        last: dict[int, int] = {}  # value -> position of its last reader (one slot)
         self._uses: dict[int, int] = {}  # value -> how many ops read it (several slots)
         self._local_inputs: dict[int, tuple[int, ...]] = {}
-        for pos, i in enumerate(self.ops):
+        for i in self.ops:
             # A receive's input is the send's token, written on the peer: never on this rank.
             reads = () if self.kind[i] == RECV else ops[i].inputs
             self._local_inputs[i] = reads
             for v in reads:
-                last[v] = pos
                 self._uses[v] = self._uses.get(v, 0) + 1
-        self._free_after: list[tuple[int, ...]] = []
-        for pos, i in enumerate(self.ops):
-            dead = [v for v in ops[i].inputs if last.get(v) == pos and v not in self.keep]
-            dead += [v for v in ops[i].outputs if v not in last and v not in self.keep]
-            self._free_after.append(tuple(dead))
         # First use of each all-reduce's outputs: where the one-slot loop waits for it.
         first_use: dict[int, int] = {}
         for pos, i in enumerate(self.ops):
@@ -265,6 +257,12 @@ class RankExecutor:
         for i in self.ops:
             self._succs[i] = tuple(s for s in graph.succs[i] if s in local)
             self._indeg[i] = sum(1 for p in graph.preds[i] if p in local)
+        # One slot: the whole sequence as one compiled straight line.
+        self._tr: _Transfers | None = None  # the step's traffic, while a straight line runs
+        self._pending: dict[int, _Pending] = {}  # issued all-reduces not waited on yet
+        self._issued_ns: dict[int, int] = {}
+        if self.slots == 1:
+            self._compile_line(program, compute)
 
     # ---- one step --------------------------------------------------------------------------
 
@@ -303,23 +301,25 @@ class RankExecutor:
                 op = self.graph.ops[i]
                 raise CommFailed(f"rank {self.rank}: op {i} ({op.name}) failed sending to rank {self._peer[i]}: {e}") from e
 
-    def _issue_all_reduce(self, i: int, V: list[Any]) -> _Pending:
+    def _issue_all_reduce(self, i: int, values: Sequence[torch.Tensor]) -> _Pending:
         op = self.graph.ops[i]
         t0 = time.perf_counter_ns()
-        parts = [V[v].reshape(-1) for v in op.inputs]
+        parts = [t.reshape(-1) for t in values]
         flat = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
         if not flat.is_floating_point():
             raise SchedlabError(f"op {i} ({op.name}) averages a {flat.dtype} bucket; only floating-point values can be averaged")
         group = self._groups[self._group_of[i]]
         return _Pending(flat=flat, work=dist.all_reduce(flat, group=group, async_op=True), start_ns=t0)
 
-    def _finish_all_reduce(self, i: int, p: _Pending, V: list[Any]) -> None:
+    def _finish_all_reduce(self, i: int, p: _Pending) -> list[torch.Tensor]:
+        """The averaged values of all-reduce `i`, in its outputs' order, once it completed."""
         op = self.graph.ops[i]
         try:
             p.work.wait()
         except Exception as e:
             raise CommFailed(f"rank {self.rank}: op {i} ({op.name}) failed: {e}") from e
         p.flat.div_(len(self._group_of[i]))
+        out: list[torch.Tensor] = []
         offset = 0
         for v in op.outputs:
             meta = self.graph.values[v]
@@ -327,8 +327,9 @@ class RankExecutor:
             n = 1
             for d in meta.shape:
                 n *= d
-            V[v] = p.flat[offset:offset + n].view(meta.shape)
+            out.append(p.flat[offset:offset + n].view(meta.shape))
             offset += n
+        return out
 
     def _failed(self, i: int, e: BaseException) -> BaseException:
         if isinstance(e, SchedlabError):
@@ -337,48 +338,85 @@ class RankExecutor:
         return OpFailed(f"rank {self.rank}: op {op.id} ({op.name}, {op.target}) failed: {type(e).__name__}: {e}")
 
     def _step_one(self, V: list[Any], tr: _Transfers, start_ns: int) -> list[Span]:
-        ns = time.perf_counter_ns
-        spans: list[Span] = [(0, 0, 0)] * len(self.graph.ops)
-        kind = self.kind
-        fn = self._fn
-        threads = self.resolved.threads
-        pending: dict[int, _Pending] = {}
+        """One slot: the rank's sequence as one compiled straight line (`Program.straight_line`,
+        as the one-process executor runs it), its communication called in place."""
+        items = self._line_items
+        T = [0] * (len(items) + 1)
+        self._tr = tr
+        self._pending.clear()
         prev = torch.get_num_threads()
-        cur = -1
         try:
-            for pos, i in enumerate(self.ops):
-                for a in self._wait_before.get(pos, ()):
-                    self._finish_all_reduce(a, pending[a], V)
-                    spans[a] = (pending[a].start_ns - start_ns, ns() - start_ns, RECV_WORKER)
-                k = kind[i]
-                try:
-                    if k == "compute":
-                        if threads[i] != cur:
-                            cur = threads[i]
-                            torch.set_num_threads(cur)
-                        t0 = ns()
-                        fn[i](V)
-                        spans[i] = (t0 - start_ns, ns() - start_ns, 0)
-                    elif k == SEND:
-                        t0 = ns()
-                        tr.send(i, V)
-                        spans[i] = (t0 - start_ns, ns() - start_ns, SEND_WORKER)
-                    elif k == RECV:
-                        t0 = ns()
-                        tr.wait_recv(i, V)
-                        spans[i] = (t0 - start_ns, ns() - start_ns, RECV_WORKER)
-                    else:
-                        pending[i] = self._issue_all_reduce(i, V)
-                except BaseException as e:
-                    raise self._failed(i, e) from e
-                for v in self._free_after[pos]:
-                    V[v] = None
-            for a in self._wait_at_end:
-                self._finish_all_reduce(a, pending[a], V)
-                spans[a] = (pending[a].start_ns - start_ns, ns() - start_ns, RECV_WORKER)
+            self._line(V, T)
+        except BaseException as e:
+            k = max(idx for idx, t in enumerate(T) if t) if any(T) else 0
+            raise self._failed(self._line_ops[min(k, len(items) - 1)], e) from e
         finally:
             torch.set_num_threads(prev)
+            self._tr = None
+        spans: list[Span] = [(0, 0, 0)] * len(self.graph.ops)
+        for pos, i in enumerate(self._line_ops):
+            item = items[pos]
+            worker = 0
+            if isinstance(item, Extern):
+                if item.call == "ISSUE":
+                    continue
+                if item.call == "FIN":  # the all-reduce's span: from its issue to its wait's end
+                    spans[i] = (self._issued_ns.pop(i) - start_ns, T[pos + 1] - start_ns, RECV_WORKER)
+                    continue
+                worker = SEND_WORKER if item.call == "SEND" else RECV_WORKER
+            spans[i] = (T[pos] - start_ns, T[pos + 1] - start_ns, worker)
         return spans
+
+    def _compile_line(self, program: Program, compute: Sequence[int]) -> None:
+        """The one-slot step as one straight line: compute ops by their index in `program`,
+        sends, receives and all-reduces (issued at their place, waited on before the first
+        op that reads them, or at the end) as `Extern` calls into this executor."""
+        ops = self.graph.ops
+        index = {i: j for j, i in enumerate(compute)}
+        items: list[int | Extern] = []
+        line_ops: list[int] = []
+
+        def finish(a: int) -> None:
+            items.append(Extern("FIN", a, writes=ops[a].outputs))
+            line_ops.append(a)
+
+        for pos, i in enumerate(self.ops):
+            for a in self._wait_before.get(pos, ()):
+                finish(a)
+            k = self.kind[i]
+            if k == "compute":
+                items.append(index[i])
+            elif k == SEND:
+                items.append(Extern("SEND", i, reads=ops[i].inputs[:1]))
+            elif k == RECV:
+                items.append(Extern("RECV", i, writes=ops[i].outputs[:1]))
+            else:
+                items.append(Extern("ISSUE", i, reads=ops[i].inputs))
+            line_ops.append(i)
+        for a in self._wait_at_end:
+            finish(a)
+        threads = [self.resolved.threads[i] for i in compute]
+        env: dict[str, Callable[..., Any]] = {"SEND": self._line_send, "RECV": self._line_recv, "ISSUE": self._line_issue, "FIN": self._line_finish}
+        self._line_items: tuple[int | Extern, ...] = tuple(items)
+        self._line_ops: tuple[int, ...] = tuple(line_ops)
+        self._line = program.straight_line(items, threads, self.keep, inputs=self.input_ids, env=env)
+
+    def _line_send(self, i: int, value: torch.Tensor) -> None:
+        assert self._tr is not None
+        self._tr.send(i, value)
+
+    def _line_recv(self, i: int) -> torch.Tensor:
+        assert self._tr is not None
+        return self._tr.wait_recv(i)
+
+    def _line_issue(self, i: int, *values: torch.Tensor) -> None:
+        p = self._issue_all_reduce(i, values)
+        self._pending[i] = p
+        self._issued_ns[i] = p.start_ns
+
+    def _line_finish(self, i: int) -> torch.Tensor | list[torch.Tensor]:
+        out = self._finish_all_reduce(i, self._pending.pop(i))
+        return out[0] if len(out) == 1 else out
 
     def _step_corun(self, V: list[Any], tr: _Transfers, start_ns: int) -> list[Span]:
         uses = dict(self._uses)
@@ -391,7 +429,7 @@ class RankExecutor:
             if kind[i] == "compute":
                 fn[i](V)
             else:
-                tr.send(i, V)
+                tr.send(i, V[inputs_of[i][0]])
 
         release = freeing(inputs_of, uses, keep, V)
 
@@ -419,13 +457,15 @@ class RankExecutor:
                 for i in self.externals:
                     if kind[i] == RECV:
                         t0 = ns()
-                        tr.wait_recv(i, V)
+                        V[self.graph.ops[i].outputs[0]] = tr.wait_recv(i)
                     else:
                         if not loop.wait_ready(i):
                             return
-                        p = self._issue_all_reduce(i, V)
+                        op = self.graph.ops[i]
+                        p = self._issue_all_reduce(i, [V[v] for v in op.inputs])
                         t0 = p.start_ns
-                        self._finish_all_reduce(i, p, V)
+                        for v, t in zip(op.outputs, self._finish_all_reduce(i, p), strict=True):
+                            V[v] = t
                     loop.complete(i, t0, ns(), RECV_WORKER)
             except BaseException as e:
                 loop.error(self._failed(i, e))

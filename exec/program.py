@@ -4,9 +4,10 @@ Two forms are generated from the same per-op call expressions:
 
 - `Program.op_fns[i](V)`: one small function per op reading and writing the shared value
   list `V` (used by co-running workers, which pick ops dynamically);
-- `Program.straight_line(sequence, threads)`: one function running a fixed op sequence
-  with values in local variables, freeing each after its last use, and stamping
-  `perf_counter_ns()` between ops (used with one slot, where the order is static).
+- `Program.straight_line(sequence, threads, keep)`: one function running a fixed op
+  sequence with values in local variables, freeing each after its last use, and stamping
+  `perf_counter_ns()` between ops (used with one slot, where the order is static; a rank's
+  sequence also calls its communication, `Extern`).
 
 Arguments are decoded from the Graph's JSON encoding (see `schedlab/graph.py`) at compile
 time; aten ops are resolved from their names, so a Graph loaded from JSON runs too.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,22 @@ class _Emitter:
 
 
 @dataclass(frozen=True)
+class Extern:
+    """An item of a straight line that is not one of the program's ops: `call(key, *reads)`,
+    `call` a name in the line's namespace, returning the values `writes` (one value, a
+    tuple of several, or nothing)."""
+
+    call: str
+    key: int
+    reads: tuple[int, ...] = ()
+    writes: tuple[int, ...] = ()
+
+    def source(self, ref: Callable[[int], str]) -> str:
+        call = f"{self.call}({', '.join([str(self.key), *(ref(v) for v in self.reads)])})"
+        return " = ".join([", ".join(ref(v) for v in self.writes), call]) if self.writes else call
+
+
+@dataclass(frozen=True)
 class Program:
     graph: Graph
     fns: tuple[Callable[..., Any], ...]  # per op: the resolved aten callable
@@ -77,36 +94,52 @@ class Program:
     op_fns: tuple[Callable[[list[Any]], None], ...]
 
     def straight_line(
-        self, sequence: Sequence[int], threads: Sequence[int], keep: set[int]
+        self,
+        sequence: Sequence[int | Extern],
+        threads: Sequence[int],
+        keep: Set[int],
+        *,
+        inputs: Sequence[int] | None = None,
+        env: Mapping[str, Callable[..., Any]] | None = None,
     ) -> Callable[[list[Any], list[int]], None]:
         """A function `run(V, T)` that runs `sequence` in order.
 
-        `V` holds graph inputs on entry and the values in `keep` on return; `T[k]` gets
-        the `perf_counter_ns()` taken before the k-th op (and `T[n]` after the last).
+        An item is one of the program's ops (its index), or an `Extern` call into `env`
+        (a rank's communication). `V` holds the `inputs` (default: the graph's) on entry
+        and the values in `keep` on return; every other value lives in a local variable,
+        deleted after its last use. `T[k]` gets the `perf_counter_ns()` taken before the
+        k-th item (and `T[n]` after the last). `threads[i]`: op i's intra-op threads.
         """
         g = self.graph
+        reads_of = [item.reads if isinstance(item, Extern) else g.ops[item].inputs for item in sequence]
         last_use: dict[int, int] = {}
-        for pos, i in enumerate(sequence):
-            for v in g.ops[i].inputs:
+        for pos, reads in enumerate(reads_of):
+            for v in reads:
                 last_use[v] = pos
-        input_ids = [inp.value for inp in g.inputs]
+        input_ids = [inp.value for inp in g.inputs] if inputs is None else list(inputs)
+        held = set(input_ids)
         lines = ["def run(V, T):"]
         lines += [f"    v{v} = V[{v}]" for v in input_ids]
         cur = -1
-        for pos, i in enumerate(sequence):
-            op = g.ops[i]
-            if threads[i] != cur:
-                lines.append(f"    S({threads[i]})")
-                cur = threads[i]
+        for pos, item in enumerate(sequence):
             lines.append(f"    T[{pos}] = ns()")
-            lines.append("    " + self._assign(i, lambda v: f"v{v}"))
-            dead = [v for v in op.inputs if last_use.get(v) == pos and v not in keep and v not in input_ids]
-            dead += [v for v in op.outputs if v not in last_use and v not in keep]
+            if isinstance(item, Extern):
+                lines.append("    " + item.source(lambda v: f"v{v}"))
+                writes = item.writes
+            else:
+                if threads[item] != cur:
+                    lines.insert(len(lines) - 1, f"    S({threads[item]})")
+                    cur = threads[item]
+                lines.append("    " + self._assign(item, lambda v: f"v{v}"))
+                writes = g.ops[item].outputs
+            dead = [v for v in reads_of[pos] if last_use.get(v) == pos and v not in keep and v not in held]
+            dead += [v for v in writes if v not in last_use and v not in keep]
             if dead:
-                lines.append("    del " + ", ".join(f"v{v}" for v in dead))
+                lines.append("    del " + ", ".join(f"v{v}" for v in dict.fromkeys(dead)))
         lines.append(f"    T[{len(sequence)}] = ns()")
-        lines += [f"    V[{v}] = v{v}" for v in sorted(keep) if v not in input_ids]
-        namespace = {"F": self.fns, "K": self.consts, "S": torch.set_num_threads, "ns": time.perf_counter_ns}
+        lines += [f"    V[{v}] = v{v}" for v in sorted(keep) if v not in held]
+        namespace = {"F": self.fns, "K": self.consts, "S": torch.set_num_threads, "ns": time.perf_counter_ns,
+                     **(env or {})}
         exec(compile("\n".join(lines), f"<schedlab step {g.name}>", "exec"), namespace)
         run: Callable[[list[Any], list[int]], None] = namespace["run"]  # type: ignore[assignment]
         return run

@@ -76,6 +76,13 @@ def check_run(name: str, layer_devices: dict[str, str], n: int, tmp_path: Path, 
         assert e.device == resolved.device[e.op]
         assert (e.worker < 0) == (run_graph.ops[e.op].kind is OpKind.COMM)
         assert 0 <= e.start_ns <= e.end_ns
+    if slots == 1:  # one straight line per rank: its ops one after another, in sequence order
+        pos = {i: k for k, i in enumerate(resolved.sequence)}
+        for (rank, step) in {(e.rank, e.step) for e in res.trace.events}:
+            line = sorted((e for e in res.trace.events if e.rank == rank and e.step == step
+                           and run_graph.ops[e.op].target != ALL_REDUCE), key=lambda e: e.start_ns)
+            assert all(x.end_ns <= y.start_ns for x, y in zip(line, line[1:], strict=False))
+            assert [pos[e.op] for e in line] == sorted(pos[e.op] for e in line)
     assert len(res.step_times_s) == steps and all(t > 0 for t in res.step_times_s)
     assert len(res.rank_step_times_s) == n and all(len(t) == steps for t in res.rank_step_times_s)
     assert res.trace.meta["ranks"] == n and res.trace.ranks == tuple(range(n))
