@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -396,7 +397,20 @@ class RankExecutor:
         for a in self._wait_at_end:
             finish(a)
         threads = [self.resolved.threads[i] for i in compute]
-        env: dict[str, Callable[..., Any]] = {"SEND": self._line_send, "RECV": self._line_recv, "ISSUE": self._line_issue, "FIN": self._line_finish}
+        # Through a weak reference: the line is kept on this executor, and a cycle through it
+        # would keep the executor (and its process groups) alive past the rank's teardown,
+        # for the garbage collector to free at exit (an abort in gloo, now and then).
+        me = weakref.ref(self)
+
+        def call(name: str) -> Callable[..., Any]:
+            def through(*args: Any) -> Any:
+                ex = me()
+                assert ex is not None
+                return getattr(ex, name)(*args)
+            return through
+
+        env = {"SEND": call("_line_send"), "RECV": call("_line_recv"), "ISSUE": call("_line_issue"),
+               "FIN": call("_line_finish")}
         self._line_items: tuple[int | Extern, ...] = tuple(items)
         self._line_ops: tuple[int, ...] = tuple(line_ops)
         self._line = program.straight_line(items, threads, self.keep, inputs=self.input_ids, env=env)
