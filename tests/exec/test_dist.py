@@ -9,6 +9,7 @@ are few, the rest are marked slow.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import time
 from collections import Counter
@@ -81,7 +82,7 @@ def check_run(name: str, layer_devices: dict[str, str], n: int, tmp_path: Path, 
         for (rank, step) in {(e.rank, e.step) for e in res.trace.events}:
             line = sorted((e for e in res.trace.events if e.rank == rank and e.step == step
                            and run_graph.ops[e.op].target != ALL_REDUCE), key=lambda e: e.start_ns)
-            assert all(x.end_ns <= y.start_ns for x, y in zip(line, line[1:], strict=False))
+            assert all(x.end_ns <= y.start_ns for x, y in itertools.pairwise(line))
             assert [pos[e.op] for e in line] == sorted(pos[e.op] for e in line)
     assert len(res.step_times_s) == steps and all(t > 0 for t in res.step_times_s)
     assert len(res.rank_step_times_s) == n and all(len(t) == steps for t in res.rank_step_times_s)

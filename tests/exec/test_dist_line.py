@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,7 +41,7 @@ def test_a_rank_runs_the_step_the_one_process_executor_runs_and_is_freed_with_it
     for v, t in out.items():
         torch.testing.assert_close(t, want[v], rtol=0, atol=0)
     ends = [b for _, b, _ in rec.spans]
-    assert all(a <= b for a, b, _ in rec.spans) and all(x <= y for x, y in zip(ends, ends[1:], strict=False))
+    assert all(a <= b for a, b, _ in rec.spans) and all(x <= y for x, y in itertools.pairwise(ends))
     # No reference cycle through the compiled line: the executor (and the process groups it
     # holds) goes when its last reference does, not whenever the collector runs.
     gc.disable()

@@ -3,6 +3,7 @@ calls (a rank's communication) in place, values freed after their last use."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -60,7 +61,7 @@ def test_extern_calls_see_the_values_the_ops_made_and_give_theirs_back() -> None
         torch.testing.assert_close(sent[maker.id], plain[o.value], rtol=0, atol=0)
     torch.testing.assert_close(V[pair[0]], plain[first] + 1)
     torch.testing.assert_close(V[pair[1]], plain[first] * 2)
-    assert all(a <= b for a, b in zip(T, T[1:], strict=False)) and T[0] > 0
+    assert all(a <= b for a, b in itertools.pairwise(T)) and T[0] > 0
 
 
 def test_a_value_is_freed_after_its_last_reader_even_an_extern_one() -> None:
