@@ -57,9 +57,17 @@ BUCKET_TENSORS = (1, 16)  # gradients per all-reduce bucket the flatten and aver
 # The collective's own CPU (`collective_cpu_share`): an all-reduce alone, and what it adds to a
 # compute loop running beside it, at sizes where the bytes dominate.
 CPU_PARTS = ("allreduce_alone", "allreduce_cpu")
+# What a point-to-point transfer costs the cores at each end, per message (gloo writes and
+# reads the socket on its own thread, on the rank's cores): a burst of sends from rank 0 to
+# rank 1 in flight beside a compute loop on each, what it adds to the loop, per message.
+# Optional tables: a profile measured before them has none (the simulator then charges none).
+TRANSFER_CPU_PARTS = ("p2p_cpu_send", "p2p_cpu_recv")
 CPU_MIN_BYTES = 1 << 18
 MAX_CPU_SHARE = 1.0
 _PER_TENSOR_PARTS = ("allreduce_flatten", "allreduce_average")
+HOST_TAG = 1 << 20  # the first tag of the host-cost benchmark's transfers (2 a repetition)
+P2P_CPU_TAG = 1 << 27  # the first of the transfer-CPU bursts' (P2P_CPU_MSGS a repetition)
+P2P_CPU_MSGS = 64  # tags per burst: at most 32 messages, twice
 
 
 @dataclass(frozen=True)
@@ -186,7 +194,15 @@ class HostCosts:
         out: dict[str, Any] = {"model": "table", "parts": {p: self.tables[p].to_json() for p in PARTS}}
         if self.collective_cpu_share is not None:
             out["collective_cpu_share"] = round(self.collective_cpu_share, 4)
+        for p in TRANSFER_CPU_PARTS:
+            if p in self.tables:
+                out["parts"][p] = self.tables[p].to_json()
         return out
+
+    def transfer_cpu_us(self, nbytes: float) -> tuple[float, float]:
+        """(sender's, receiver's) core µs of one transfer of `nbytes`; (0, 0) when not measured."""
+        send, recv = (self.tables.get(p) for p in TRANSFER_CPU_PARTS)
+        return (send.us_at(nbytes) if send else 0.0, recv.us_at(nbytes) if recv else 0.0)
 
     @staticmethod
     def from_json(d: Any) -> HostCosts:
@@ -194,8 +210,10 @@ class HostCosts:
         if not isinstance(d, dict) or not isinstance(d.get("parts"), dict):
             raise TypeError("host_costs must be an object with 'parts'")
         tables: dict[str, CostTable] = {}
-        for p in PARTS:
+        for p in (*PARTS, *TRANSFER_CPU_PARTS):
             if p not in d["parts"]:
+                if p in TRANSFER_CPU_PARTS:
+                    continue
                 raise ValueError(f"host_costs.parts: no part {p!r}")
             try:
                 tables[p] = CostTable.from_json(d["parts"][p])
@@ -247,6 +265,7 @@ def host_costs_of(points: Mapping[str, Sequence[Point]]) -> HostCosts:
     if missing:
         raise SchedlabError(f"host costs: no measurements of {missing}")
     tables = {p: table_of(points[p], per_tensor=p in _PER_TENSOR_PARTS) for p in PARTS}
+    tables |= {p: table_of(points[p], per_tensor=False) for p in TRANSFER_CPU_PARTS if points.get(p)}
     return HostCosts(tables, cpu_share_of(points.get("allreduce_alone", ()), points.get("allreduce_cpu", ())))
 
 
@@ -285,7 +304,7 @@ def measure_host_costs(
     world = dist.get_world_size()
     cases = host_cases(sizes)
     rounds_us: dict[tuple[str, int, int], list[float]] = {}
-    tag = 1 << 20  # apart from other tags of the benchmark
+    tag = HOST_TAG  # apart from other tags of the benchmark
     for r in range(rounds):
         for nbytes, k in cases:
             samples: dict[str, list[float]] = {}
@@ -295,7 +314,8 @@ def measure_host_costs(
                 for part, us in got.items():
                     samples.setdefault(part, []).append(us)
             meds = {p: statistics.median(v) for p, v in samples.items()}
-            for p in ("allreduce_flatten", "allreduce_post", "allreduce_wait", "allreduce_average", *CPU_PARTS):
+            for p in ("allreduce_flatten", "allreduce_post", "allreduce_wait", "allreduce_average", *CPU_PARTS,
+                      *TRANSFER_CPU_PARTS):
                 if p not in meds:
                     continue
                 slowest = torch.tensor([meds[p]], dtype=torch.float64)
@@ -305,7 +325,7 @@ def measure_host_costs(
                 rounds_us.setdefault((p, nbytes, k), []).append(med)
             if on_progress is not None:
                 on_progress(f"host costs round {r + 1}/{rounds} {nbytes} B x{k}")
-    out: dict[str, list[Point]] = {p: [] for p in (*PARTS, *CPU_PARTS)}
+    out: dict[str, list[Point]] = {p: [] for p in (*PARTS, *CPU_PARTS, *TRANSFER_CPU_PARTS)}
     for (p, nbytes, k), per_round in sorted(rounds_us.items()):
         out[p].append((nbytes, k, max(min(per_round), 1e-3)))
     return out
@@ -320,6 +340,8 @@ def _one_rep(
     n = max(1, nbytes // 4)
     if k == 1 and nbytes >= CPU_MIN_BYTES:
         out.update(_collective_cpu(nbytes, torch, dist))
+    if k == 1:
+        out.update(_transfer_cpu(rank, pg, nbytes, P2P_CPU_TAG + (tag - HOST_TAG) * P2P_CPU_MSGS, torch, dist))
     if k == 1:  # send and receive: ranks 0 and 1; rank 0 times them
         value = torch.ones(n)
         if rank == 1:
@@ -378,23 +400,11 @@ def _collective_cpu(nbytes: int, torch: Any, dist: Any) -> dict[str, float]:
     """An all-reduce of `nbytes` alone, and what it adds to a compute loop (matrix products)
     that both ranks run while it is in flight, the loop long enough to outlast it (µs)."""
     buf = torch.zeros(max(1, nbytes // 4))
-    a = torch.randn(96, 96)
     dist.barrier()
     t0 = time.perf_counter()
     dist.all_reduce(buf)
     alone_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for _ in range(20):
-        torch.mm(a, a)
-    mm_s = max(1e-7, (time.perf_counter() - t0) / 20)
-    iters = math.ceil((3.0 * alone_s + 1e-3) / mm_s)
-
-    def loop() -> float:
-        t = time.perf_counter()
-        for _ in range(iters):
-            torch.mm(a, a)
-        return time.perf_counter() - t
-
+    loop = _loop_for(3.0 * alone_s + 1e-3, torch)
     dist.barrier()
     loop_alone_s = loop()
     dist.barrier()
@@ -402,3 +412,55 @@ def _collective_cpu(nbytes: int, torch: Any, dist: Any) -> dict[str, float]:
     loop_with_s = loop()
     work.wait()
     return {"allreduce_alone": alone_s * 1e6, "allreduce_cpu": max(1e-3, (loop_with_s - loop_alone_s) * 1e6)}
+
+def _loop_for(seconds: float, torch: Any) -> Callable[[], float]:
+    """A compute loop (matrix products on one core) that lasts about `seconds`; calling it
+    returns how long it took (s)."""
+    a = torch.randn(96, 96)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        torch.mm(a, a)
+    mm_s = max(1e-7, (time.perf_counter() - t0) / 20)
+    iters = math.ceil(seconds / mm_s)
+
+    def loop() -> float:
+        t = time.perf_counter()
+        for _ in range(iters):
+            torch.mm(a, a)
+        return time.perf_counter() - t
+
+    return loop
+
+
+def _transfer_cpu(rank: int, pg: Any, nbytes: int, tag: int, torch: Any, dist: Any) -> dict[str, float]:
+    """What a burst of sends of `nbytes` from rank 0 to rank 1 (receives posted first) adds
+    to a compute loop that each of the two runs while it is in flight, per message (µs).
+    Every rank returns both parts (0 for what it did not measure): the caller takes the
+    largest over ranks."""
+    n = max(1, nbytes // 4)
+    msgs = max(2, min(P2P_CPU_MSGS // 2, (8 << 20) // max(1, nbytes)))
+
+    def post(base: int) -> list[Any]:
+        works = [pg.recv([torch.empty(n)], 0, base + k) for k in range(msgs)] if rank == 1 else []
+        dist.barrier()  # the receives are posted first, as the executor's receivers post early
+        if rank == 0:
+            works = [pg.send([torch.ones(n)], 1, base + k) for k in range(msgs)]
+        return works
+
+    def finish(works: list[Any]) -> None:
+        for w in works:
+            w.wait()
+
+    dist.barrier()
+    t0 = time.perf_counter()
+    finish(post(tag))
+    alone_s = time.perf_counter() - t0
+    loop = _loop_for(3.0 * alone_s + 1e-3, torch)
+    dist.barrier()
+    loop_alone_s = loop()
+    dist.barrier()
+    works = post(tag + msgs)
+    loop_with_s = loop()
+    finish(works)
+    extra_us = max(1e-3, (loop_with_s - loop_alone_s) * 1e6 / msgs)
+    return {"p2p_cpu_send": extra_us if rank == 0 else 0.0, "p2p_cpu_recv": extra_us if rank == 1 else 0.0}

@@ -242,16 +242,19 @@ class Profile:
         the cores; once its collective ended, the wait's fixed part and the average's fixed
         and per-gradient part under the lock, the average's pass on the cores; and the share
         of its collective that keeps a core of its rank busy (`HostCosts.collective_cpu_share`).
+        A send's or a recv's transfer keeps a core at its end busy for a while too
+        (`HostCosts.transfer_cpu_us`).
         """
         host = None if self.links is None else self.links.host_costs
         if host is None or op.kind is not OpKind.COMM:
             return None
         t = host.tables
         nbytes = float(op.bytes_moved)
+        send_cpu_us, recv_cpu_us = host.transfer_cpu_us(nbytes)
         if op.target == SEND:
-            return CommOpCost(t["send"].fixed_us())
+            return CommOpCost(t["send"].fixed_us(), transfer_cpu_us=send_cpu_us)
         if op.target == RECV:
-            return CommOpCost(t["recv_post"].us_at(nbytes), 0.0, t["recv_wait"].fixed_us())
+            return CommOpCost(t["recv_post"].us_at(nbytes), 0.0, t["recv_wait"].fixed_us(), transfer_cpu_us=recv_cpu_us)
         if op.target != ALL_REDUCE:
             return None
         k = max(1, len(op.inputs))

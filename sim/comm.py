@@ -91,6 +91,9 @@ class CommOpCost:
     # An all-reduce on a CPU device: the share of its collective's bandwidth part that also
     # keeps one core of its device busy (processor-shared with the kernels there; 0: none).
     collective_cpu_share: float = 0.0
+    # A send or a recv on a CPU device: what its transfer, while in flight, takes of one core
+    # of its device (gloo's socket thread; µs of that core), processor-shared the same way.
+    transfer_cpu_us: float = 0.0
 
 
 @runtime_checkable

@@ -383,9 +383,16 @@ class _SimpyRun:
             if ev is None:
                 ev = self.when_posted[r] = self.env.event()
             yield ev
-        ids, dev = self.prep.device_ids, self.st.op_device
+        prep, ids, dev = self.prep, self.prep.device_ids, self.st.op_device
         nbytes = self.comm.send_bytes[o]
+        cpu_us = prep.transfer_cpu_us
+        cores = [  # its CPU at each end (`CommOpCost.transfer_cpu_us`), beside the link part
+            self.servers[dev[x]].run(x, 1, cpu_us[x]) for x in (o, r)
+            if cpu_us and cpu_us[x] > 0.0 and dev[o] != dev[r] and not prep.device_is_gpu[dev[x]]
+        ]
         rec = yield self.network.transfer(ids[dev[o]], ids[dev[r]], nbytes)
+        if cores:
+            yield self.env.all_of(cores)
         self.tl.sends.append((o, rec.link, nbytes, rec.start_us, rec.end_us))
         for s in self.st.release[o]:  # the send's input was in use until now
             self._release(s)

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from schedlab.calibrate.comm_host import (
+    CPU_PARTS,
     MAX_CPU_SHARE,
     PARTS,
+    TRANSFER_CPU_PARTS,
     CostTable,
     HostCosts,
     cpu_share_of,
@@ -105,11 +107,28 @@ def test_collective_cpu_share_is_the_median_clipped_ratio() -> None:
     assert ar is not None and ar.collective_cpu_share == pytest.approx(0.75)
 
 
+def test_transfer_cpu_per_end_over_sizes_and_into_the_send_and_recv_costs() -> None:
+    send = [(64, 1, 5.0), (1 << 18, 1, 20.0), (1 << 20, 1, 120.0)]
+    recv = [(64, 1, 20.0), (1 << 18, 1, 50.0), (1 << 20, 1, 200.0)]
+    costs = host_costs_of({**_points(), "p2p_cpu_send": send, "p2p_cpu_recv": recv})
+    assert costs.transfer_cpu_us(1 << 18) == pytest.approx((20.0, 50.0))
+    assert costs.transfer_cpu_us(64) == pytest.approx((5.0, 20.0))
+    again = HostCosts.from_json(json.loads(json.dumps(costs.to_json())))
+    assert again.transfer_cpu_us(1 << 20) == pytest.approx((120.0, 200.0), rel=1e-4)
+    older = host_costs_of(_points())  # a profile measured before: none, and none charged
+    assert older.transfer_cpu_us(1 << 20) == (0.0, 0.0)
+    assert HostCosts.from_json(json.loads(json.dumps(older.to_json()))).transfer_cpu_us(1 << 20) == (0.0, 0.0)
+    profile = dataclasses.replace(make_profile(), links=dataclasses.replace(synthetic_fits(), host_costs=costs))
+    s, r = profile.comm_host_us(comm_op(SEND, 1 << 18)), profile.comm_host_us(comm_op(RECV, 1 << 18))
+    assert s is not None and r is not None
+    assert (s.transfer_cpu_us, r.transfer_cpu_us) == pytest.approx((20.0, 50.0))
+
+
 def test_two_real_ranks_time_every_part() -> None:
     task = RankTask(sizes=(64, 1 << 18), p2p=False, allreduce=False, cores=rank_cores(2, [0, 1]), rounds=1,
                     host=True, host_reps=2, collective_timeout_s=60.0)
     result = run_world(2, task, timeout_s=120.0)
-    assert set(result.host_us) == {*PARTS, "allreduce_alone", "allreduce_cpu"}
+    assert set(result.host_us) == {*PARTS, *CPU_PARTS, *TRANSFER_CPU_PARTS}
     assert {(n, k) for n, k, _ in result.host_us["allreduce_flatten"]} == {(64, 1), (64, 16), (1 << 18, 1), (1 << 18, 16)}
     assert {(n, k) for n, k, _ in result.host_us["send"]} == {(64, 1), (1 << 18, 1)}
     assert {(n, k) for n, k, _ in result.host_us["allreduce_cpu"]} == {(1 << 18, 1)}  # from 256 KiB
@@ -117,6 +136,8 @@ def test_two_real_ranks_time_every_part() -> None:
     costs = host_costs_of(result.host_us)
     assert costs.us("recv_post", 1 << 18) > 0.0
     assert costs.collective_cpu_share is not None and 0.0 <= costs.collective_cpu_share <= MAX_CPU_SHARE
+    assert {(n, k) for n, k, _ in result.host_us["p2p_cpu_recv"]} == {(64, 1), (1 << 18, 1)}
+    assert all(x > 0.0 for x in costs.transfer_cpu_us(1 << 18))
 
 
 # ---- the piecewise all-reduce fit ----------------------------------------------------------------

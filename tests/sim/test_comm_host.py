@@ -9,6 +9,7 @@ import pytest
 
 from schedlab.distribute import ALL_REDUCE, RECV, SEND
 from schedlab.graph import Op, OpKind
+from schedlab.plan import resolve
 from schedlab.sim import simulate
 from schedlab.sim.comm import CommHostCost, CommOpCost
 from schedlab.sim.testing import GraphBuilder, TableCost
@@ -110,3 +111,52 @@ def test_a_collective_shares_its_ranks_cores_with_their_kernels(share: float, w_
     assert us(ev["arb"].end_ns) == pytest.approx(reduced)
     assert us(ev["ub"].start_ns) == pytest.approx(reduced)
     assert us(ev["ua"].start_ns) == pytest.approx(max(w_end, reduced))
+
+
+@dataclasses.dataclass
+class CpuTransferCost(HostCost):
+    """A send's and a recv's transfer takes `send_cpu_us` and `recv_cpu_us` of a core at its
+    end while in flight (gloo's socket thread on a CPU rank)."""
+
+    send_cpu_us: float = 0.0
+    recv_cpu_us: float = 0.0
+
+    def comm_host_us(self, op: Op) -> CommOpCost | None:
+        if op.target == SEND:
+            return CommOpCost(7.0, transfer_cpu_us=self.send_cpu_us)
+        if op.target == RECV:
+            return CommOpCost(4.0, 0.0, 6.0, transfer_cpu_us=self.recv_cpu_us)
+        return None
+
+
+def transfer_beside_a_kernel(send_cpu_us: float, recv_cpu_us: float) -> dict[str, tuple[float, float]]:
+    """p (a) sends 1 MB to q (b): 1000 us on the link, 5 latency; r (a, 2000 us) reads p too
+    and runs while the transfer is in flight."""
+    from tests.sim.test_ranks import producer_consumers
+
+    g, plan = producer_consumers({"q": "b", "r": "a"})
+    m = machine((0, 1))
+    cost = CpuTransferCost(default_kernel_us=10.0, kernel={"r": 2000.0}, dispatch=0.0,
+                           send_cpu_us=send_cpu_us, recv_cpu_us=recv_cpu_us)
+    ev = by_name(simulate(g, resolve(g, plan, m), m, cost))
+    return {n: (us(e.start_ns), us(e.end_ns)) for n, e in ev.items()}
+
+
+@pytest.mark.parametrize(("send_cpu_us", "recv_cpu_us", "r_end", "recv_end"), [
+    # None: a posts the send 10-17 and runs r 17-2017; the data is there at 17 + 1000 + 5,
+    # b's wait takes 6: 1028.
+    (0.0, 0.0, 2017, 1028),
+    # The send's 1000 us of a's core beside r: each at half speed until the send's part is
+    # done at 2017, r's last 1000 us alone; the data is b's only then: 2017 + 6.
+    (1000.0, 0.0, 3017, 2023),
+    # 500 us of core: done at 1017, before the link's 1022.
+    (500.0, 0.0, 2517, 1028),
+    # The receiver's core is idle while it waits: its part costs nothing more.
+    (0.0, 1000.0, 2017, 1028),
+])
+def test_a_transfer_takes_its_share_of_the_core_at_each_end(
+        send_cpu_us: float, recv_cpu_us: float, r_end: float, recv_end: float) -> None:
+    ev = transfer_beside_a_kernel(send_cpu_us, recv_cpu_us)
+    assert ev["r"] == pytest.approx((17, r_end))
+    assert ev["recv v1:a->b"] == pytest.approx((0, recv_end))
+    assert ev["q"] == pytest.approx((recv_end, recv_end + 10))
