@@ -46,6 +46,8 @@ class TraceFigures:
     n_events_used: int
     n_events_overlapping: int
     slots: int
+    # Ops (not views) whose every event overlapped another: the trace gives them no time.
+    ops_without_clean_event: frozenset[int] = frozenset()
 
 
 STALL_FACTOR = 3.0  # an event over this many times the op's fastest is a stall
@@ -124,10 +126,12 @@ def trace_figures(
     overlapping = _overlapping(events)
     durations: dict[tuple[str, int], list[float]] = defaultdict(list)
     used = 0
+    clean: set[int] = set()
     for i, e in enumerate(events):
         op = graph.ops[e.op]
         if op.is_view or i in overlapping:
             continue
+        clean.add(e.op)
         less_ns = less_us(op) * 1e3 if less_us is not None else 0.0
         durations[(signature(op), max(1, e.threads))].append(e.dur_ns - less_ns)
         used += 1
@@ -135,7 +139,8 @@ def trace_figures(
     for (sig, threads), durs in durations.items():
         table[sig][threads] = max(0.0, robust_low(durs) / 1e3 - floor_us)
     return TraceFigures(
-        signatures=dict(table), n_events_used=used, n_events_overlapping=len(overlapping), slots=trace_slots(trace)
+        signatures=dict(table), n_events_used=used, n_events_overlapping=len(overlapping), slots=trace_slots(trace),
+        ops_without_clean_event=frozenset(e.op for e in events if not graph.ops[e.op].is_view) - clean,
     )
 
 

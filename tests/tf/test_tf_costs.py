@@ -22,7 +22,7 @@ from tests.tf import IN_PROCESS, tiny_models
 def mlp_run():  # type: ignore[no-untyped-def]
     from schedlab.exec.tf_run import run_tensorflow
 
-    return run_tensorflow(tiny_models.mlp(), IN_PROCESS, steps=4, warmup=1)
+    return run_tensorflow(tiny_models.mlp(), IN_PROCESS, steps=6, warmup=1)
 
 
 def _as_calibration(run: Any, inter_op: int = 1) -> TFCalibrationRun:
@@ -31,12 +31,20 @@ def _as_calibration(run: Any, inter_op: int = 1) -> TFCalibrationRun:
 
 
 def test_every_timed_kernel_gets_its_trace_time(mlp_run) -> None:  # type: ignore[no-untyped-def]
-    assert trace_figures(mlp_run.trace, mlp_run.graph, floor_us=0.0).n_events_overlapping == 0  # one node at a time
-    costs = tf_costs([_as_calibration(mlp_run)], base=None)
+    # One inter-op thread, yet TF may run a cheap node inline on the caller's thread beside
+    # it (under CI's load 5 of 89 events overlapped): those are left out of the table, and
+    # an op gets its time from the steps where it ran alone. With TF's default inter-op
+    # pool they overlapped in every step and 7 ops got no time at all.
+    figs = trace_figures(mlp_run.trace, mlp_run.graph, floor_us=0.0)
     g = mlp_run.graph
-    assert costs.unseen(g) == {}
-    for op in g.ops:
-        if op.is_view:
+    kernels = [op for op in g.ops if not op.is_view]
+    assert figs.n_events_overlapping <= 0.2 * (figs.n_events_used + figs.n_events_overlapping)
+    assert len(figs.ops_without_clean_event) <= len(kernels) // 10
+    costs = tf_costs([_as_calibration(mlp_run)], base=None)
+    untimed = [g.ops[i] for i in figs.ops_without_clean_event]
+    assert sum(costs.unseen(g).values()) <= len(untimed)
+    for op in kernels:
+        if op.id in figs.ops_without_clean_event:
             continue
         timed = [e.dur_ns / 1e3 for e in mlp_run.trace.events if e.op == op.id]
         got = costs.kernel_us(op, 1)
