@@ -210,11 +210,10 @@ class HostCosts:
         if not isinstance(d, dict) or not isinstance(d.get("parts"), dict):
             raise TypeError("host_costs must be an object with 'parts'")
         tables: dict[str, CostTable] = {}
-        for p in (*PARTS, *TRANSFER_CPU_PARTS):
-            if p not in d["parts"]:
-                if p in TRANSFER_CPU_PARTS:
-                    continue
-                raise ValueError(f"host_costs.parts: no part {p!r}")
+        missing = [p for p in PARTS if p not in d["parts"]]
+        if missing:
+            raise ValueError(f"host_costs.parts: no part {missing[0]!r}")
+        for p in (*PARTS, *(p for p in TRANSFER_CPU_PARTS if p in d["parts"])):  # the transfer CPU is optional
             try:
                 tables[p] = CostTable.from_json(d["parts"][p])
             except (TypeError, ValueError) as e:
@@ -340,9 +339,8 @@ def _one_rep(
     n = max(1, nbytes // 4)
     if k == 1 and nbytes >= CPU_MIN_BYTES:
         out.update(_collective_cpu(nbytes, torch, dist))
-    if k == 1:
-        out.update(_transfer_cpu(rank, pg, nbytes, P2P_CPU_TAG + (tag - HOST_TAG) * P2P_CPU_MSGS, torch, dist))
     if k == 1:  # send and receive: ranks 0 and 1; rank 0 times them
+        out.update(_transfer_cpu(rank, pg, nbytes, P2P_CPU_TAG + (tag - HOST_TAG) * P2P_CPU_MSGS, torch, dist))
         value = torch.ones(n)
         if rank == 1:
             pre = torch.empty(n)
@@ -412,6 +410,7 @@ def _collective_cpu(nbytes: int, torch: Any, dist: Any) -> dict[str, float]:
     loop_with_s = loop()
     work.wait()
     return {"allreduce_alone": alone_s * 1e6, "allreduce_cpu": max(1e-3, (loop_with_s - loop_alone_s) * 1e6)}
+
 
 def _loop_for(seconds: float, torch: Any) -> Callable[[], float]:
     """A compute loop (matrix products on one core) that lasts about `seconds`; calling it

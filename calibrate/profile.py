@@ -250,11 +250,11 @@ class Profile:
             return None
         t = host.tables
         nbytes = float(op.bytes_moved)
-        send_cpu_us, recv_cpu_us = host.transfer_cpu_us(nbytes)
         if op.target == SEND:
-            return CommOpCost(t["send"].fixed_us(), transfer_cpu_us=send_cpu_us)
+            return CommOpCost(t["send"].fixed_us(), transfer_cpu_us=host.transfer_cpu_us(nbytes)[0])
         if op.target == RECV:
-            return CommOpCost(t["recv_post"].us_at(nbytes), 0.0, t["recv_wait"].fixed_us(), transfer_cpu_us=recv_cpu_us)
+            return CommOpCost(t["recv_post"].us_at(nbytes), 0.0, t["recv_wait"].fixed_us(),
+                              transfer_cpu_us=host.transfer_cpu_us(nbytes)[1])
         if op.target != ALL_REDUCE:
             return None
         k = max(1, len(op.inputs))

@@ -37,6 +37,7 @@ from schedlab.calibrate.fidelity import (
     Measurement,
     error_summary,
     fidelity_rows,
+    overall_summary,
     predict,
 )
 from schedlab.calibrate.host_load import CpuSnapshot, snapshot
@@ -342,13 +343,4 @@ def _key(method: str) -> str:
 
 
 def _pooled(rows: Sequence[FidelityRow], per_workload: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    import statistics
-
-    errs = [r.error for r in rows]
-    taus = [w["kendall_tau"] for w in per_workload if w.get("kendall_tau") is not None]
-    return {
-        "n_plans": len(errs),
-        "mape": statistics.fmean(abs(e) for e in errs) if errs else None,
-        "worst_error": max(errs, key=abs) if errs else None,
-        "median_kendall_tau": statistics.median(taus) if taus else None,
-    }
+    return overall_summary([r.error for r in rows], [w.get("kendall_tau") for w in per_workload])

@@ -104,17 +104,19 @@ def plan_ranks(plan: Any) -> int:
     """How many local ranks a plan needs: one more than the highest cpuK it names (1 if it
     names none), times its replicas (replica r runs on the r-th group of devices)."""
     from schedlab.errors import SchedlabError
+    from schedlab.machine import cpu_index
 
     named = {plan.device, *plan.layer_devices.values(), *plan.op_devices.values(), *plan.device_slots,
              *plan.device_threads, *plan.pipeline_devices} - {None}
     top = 0
     for dev in named:
-        if not (dev.startswith("cpu") and dev[3:].isdigit()):
+        k = cpu_index(dev)
+        if k is None:
             raise SchedlabError(
                 f"the plan places ops on device {dev!r}, which this host's local ranks (cpu0..cpu{{N-1}}) do not have; "
                 "name the machine that has it with --machine (simulate), or place it on cpuK"
             )
-        top = max(top, int(dev[3:]))
+        top = max(top, k)
     return (top + 1) * max(1, plan.replicas)
 
 

@@ -150,7 +150,6 @@ def run_tf_simulate(args: argparse.Namespace) -> int:
     from schedlab.plan import resolve
     from schedlab.search.run_dir import RunPaths, read_run
     from schedlab.search.tf_search import simulate_tf
-    from schedlab.tf.placement import place_for_tf
 
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args).with_name(default_run_dir(args).name + "-tf")
     config = read_run(run_dir) if (run_dir / "run.json").exists() else None
@@ -169,9 +168,7 @@ def run_tf_simulate(args: argparse.Namespace) -> int:
     if user is not None:  # its placement on TF's logical CPU devices (simulate_tf adds the transfers) and order
         plan = dataclasses.replace(plan, device=user.device, layer_devices=user.layer_devices,
                                    op_devices=user.op_devices, order=user.order)
-    result, costs = simulate_tf(run_dir, config, graph, machine, plan)
-    if threads.cpu_devices > 1:
-        graph = place_for_tf(graph, plan)
+    result, costs, graph = simulate_tf(run_dir, config, graph, machine, plan)
     step_s, session_us = costs.step_time_s(result.step_time_s), costs.session_us
     out = Path(args.out) if args.out else TRACES_DIR / (
         f"{slug(args.model)}-{args.size}-tf-i{threads.intra_op}-e{threads.inter_op}"

@@ -402,15 +402,13 @@ class RankExecutor:
         # for the garbage collector to free at exit (an abort in gloo, now and then).
         me = weakref.ref(self)
 
-        def call(name: str) -> Callable[..., Any]:
+        def call(method: Callable[..., Any]) -> Callable[..., Any]:
             def through(*args: Any) -> Any:
-                ex = me()
-                assert ex is not None
-                return getattr(ex, name)(*args)
+                return method(me(), *args)
             return through
 
-        env = {"SEND": call("_line_send"), "RECV": call("_line_recv"), "ISSUE": call("_line_issue"),
-               "FIN": call("_line_finish")}
+        env = {"SEND": call(RankExecutor._line_send), "RECV": call(RankExecutor._line_recv),
+               "ISSUE": call(RankExecutor._line_issue), "FIN": call(RankExecutor._line_finish)}
         self._line_items: tuple[int | Extern, ...] = tuple(items)
         self._line_ops: tuple[int, ...] = tuple(line_ops)
         self._line = program.straight_line(items, threads, self.keep, inputs=self.input_ids, env=env)

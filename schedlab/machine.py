@@ -307,6 +307,14 @@ def detect_host() -> Machine:
     )
 
 
+def cpu_index(device_id: str) -> int | None:
+    """K of a local CPU device id "cpuK" (as `host_ranks` and TensorFlow's logical CPU
+    devices are named); None for any other id."""
+    if device_id.startswith("cpu") and device_id[3:].isdigit():
+        return int(device_id[3:])
+    return None
+
+
 def host_ranks(n: int, host: Machine | None = None) -> Machine:
     """This host as `n` local ranks: CPU devices cpu0..cpu{n-1}, one process each, the
     usable cores split between them (at least one core each), and one shared loopback

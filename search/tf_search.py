@@ -21,7 +21,7 @@ With `--space placement`, every setting is also simulated with each contiguous s
 the layers over two logical CPU devices (`layer_splits`): the graph gets TF's `_Send` /
 `_Recv` pair on every edge between the devices (`schedlab.tf.placement.with_transfers`)
 and runs on the one physical CPU, the devices' pools sharing its cores. Validation runs a
-placed winner placed (`TFRequest.placement`).
+placed winner placed (`TFRequest.plan`).
 """
 
 from __future__ import annotations
@@ -160,8 +160,8 @@ def search_tf(
         placed = place_for_tf(graph, split_plan)
         placed_sim = Simulator(placed, machine, costs)
         for t in tf_settings(cores):
-            plan = dataclasses.replace(_tf_plan(t, cores), layer_devices=split,
-                                       name=f"{_tf_plan(t, cores).name}-split{k + 1}-{first}")
+            unplaced = _tf_plan(t, cores)
+            plan = dataclasses.replace(unplaced, layer_devices=split, name=f"{unplaced.name}-split{k + 1}-{first}")
             step_s = placed_sim.run(resolve(placed, as_plan(t, cores), machine), record=False).step_time_s
             rows.append({"trial": len(rows), "strategy": TF_STRATEGY, "plan": plan.to_json(),
                          "tf_threads": threads_json(dataclasses.replace(t, cpu_devices=2)),
@@ -286,9 +286,12 @@ def validate_tf(
     return results
 
 
-def simulate_tf(run_dir: Path, config: Any, graph: Graph, machine: Machine, plan: Plan) -> tuple[Any, TFCosts]:
-    """(the simulated step with its trace, the cost model) of `plan` on the cost model a TF
-    search learnt (its tf_costs.json and profile); `TFCosts.step_time_s` gives the step."""
+def simulate_tf(
+    run_dir: Path, config: Any, graph: Graph, machine: Machine, plan: Plan
+) -> tuple[Any, TFCosts, Graph]:
+    """(the simulated step with its trace, the cost model, the graph simulated: placed, with
+    TF's transfers, when `plan` places ops) of `plan` on the cost model a TF search learnt
+    (its tf_costs.json and profile); `TFCosts.step_time_s` gives the step."""
     from schedlab.calibrate.tf_costs import tf_costs_from_json
     from schedlab.io import read_json
     from schedlab.sim import simulate
@@ -298,7 +301,7 @@ def simulate_tf(run_dir: Path, config: Any, graph: Graph, machine: Machine, plan
     if plan.multi_device:  # TF's transfers between its logical CPU devices as ops, on the one physical CPU
         graph = place_for_tf(graph, plan)
         plan = dataclasses.replace(plan, layer_devices={}, op_devices={}, device=None)
-    return simulate(graph, resolve(graph, plan, machine), machine, costs, record=True), costs
+    return simulate(graph, resolve(graph, plan, machine), machine, costs, record=True), costs, graph
 
 
 def _simulated_tf_trace(run_dir: Path, config: Any, graph: Graph, machine: Machine, plan: Plan,

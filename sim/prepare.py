@@ -170,9 +170,9 @@ def prepare(
     done_us: tuple[float, ...] = ()
     done_kernel_us: tuple[float, ...] = ()
     cpu_share: tuple[float, ...] = ()
-    transfer_share: tuple[float, ...] = ()
+    transfer_cpu_us: tuple[float, ...] = ()
     if structure.comm is not None:
-        dispatch_us, kernel_us, done_us, done_kernel_us, cpu_share, transfer_share = comm_host_costs(
+        dispatch_us, kernel_us, done_us, done_kernel_us, cpu_share, transfer_cpu_us = comm_host_costs(
             graph, structure.comm, cost, dispatch_us, kernel_us)
     return Prepared(
         device_ids=tuple(d.id for d in machine.devices),
@@ -194,7 +194,7 @@ def prepare(
         done_us=done_us,
         done_kernel_us=done_kernel_us,
         collective_cpu_share=cpu_share,
-        transfer_cpu_us=transfer_share,
+        transfer_cpu_us=transfer_cpu_us,
         cost_sources=tuple(cost_source(cost, d) if i in used else "" for i, d in enumerate(machine.devices)),
     )
 
@@ -208,7 +208,7 @@ def comm_host_costs(
     and kernel, and an all-reduce pays them again when it finishes (done = dispatch, done
     kernel = kernel); a recv's done part is then 0. The lists given are not changed."""
     n = len(graph.ops)
-    done, done_kernel, share, transfer = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
+    done, done_kernel, share, transfer_us = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
     dispatch, kernel = list(dispatch_us), list(kernel_us)
     host = cost if isinstance(cost, CommHostCost) else None
     for o in comm.comm_ops:
@@ -216,10 +216,10 @@ def comm_host_costs(
         if c is not None:
             dispatch[o], kernel[o], done[o], done_kernel[o] = c.post_us, c.post_kernel_us, c.done_us, c.done_kernel_us
             share[o] = c.collective_cpu_share
-            transfer[o] = c.transfer_cpu_us
+            transfer_us[o] = c.transfer_cpu_us
         elif comm.role[o] is Role.ALL_REDUCE:
             done[o], done_kernel[o] = dispatch[o], kernel[o]
-    return dispatch, kernel, tuple(done), tuple(done_kernel), tuple(share), tuple(transfer)
+    return dispatch, kernel, tuple(done), tuple(done_kernel), tuple(share), tuple(transfer_us)
 
 
 def comm_kernel_us(op: Op, threads: int, cost: CostModel) -> float:

@@ -46,7 +46,7 @@ def keras_tf_model(spec: str, model: Any, example_inputs: Any, size: str = "defa
                             "tuple or list of arrays")
     arrays = [np.ascontiguousarray(np.asarray(x)) for x in example_inputs]
     if not model.built:
-        raise SchedlabError(f"TensorFlow model factory {spec!r}: the Keras model is not built; give it an "
+        raise SchedlabError(f"TensorFlow model factory {spec!r}: the Keras model is not built; give it a "
                             "keras.Input or call it once on an example before returning it")
     compiled_loss = getattr(model, "loss", None)
     if compiled_loss is not None and len(arrays) < 2:

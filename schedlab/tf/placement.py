@@ -30,11 +30,10 @@ from typing import Any
 
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, Op, TensorMeta
-from schedlab.machine import Device, Machine
+from schedlab.machine import Device, Machine, cpu_index
 from schedlab.plan import Plan, place
 
 _TF_CPU = re.compile(r"(?:^|/)device:CPU:(\d+)$")
-_SCHEDLAB_CPU = re.compile(r"^cpu(\d+)$")
 _UPDATE_TYPES = ("ResourceApply", "AssignVariableOp", "AssignSubVariableOp", "AssignAddVariableOp")
 
 
@@ -48,11 +47,11 @@ def plan_devices(plan: Plan) -> int:
         return 1
     top = 0
     for dev in sorted(named):
-        m = _SCHEDLAB_CPU.match(dev)
-        if m is None:
+        k = cpu_index(dev)
+        if k is None:
             raise SchedlabError(f"plan {plan.name or plan.describe()!r} places ops on {dev!r}: the TensorFlow backend "
                                 "places on logical CPU devices cpu0, cpu1, ... (TensorFlow's /device:CPU:K)")
-        top = max(top, int(m.group(1)))
+        top = max(top, k)
     return top + 1
 
 
@@ -80,7 +79,7 @@ def node_devices(unplaced: Graph, plan: Plan, n_devices: int) -> dict[str, int]:
     """The device index the plan gives each node of the unplaced executed graph, by name."""
     machine = tf_cpu_machine(n_devices, cores=1)
     devs = place(unplaced, plan, machine)
-    return {op.name: int(dev.removeprefix("cpu")) for op, dev in zip(unplaced.ops, devs)}
+    return {op.name: cpu_index(dev) or 0 for op, dev in zip(unplaced.ops, devs, strict=True)}
 
 
 def apply_placement(tf_graph: Any, devices: Mapping[str, int]) -> dict[str, int]:
