@@ -27,6 +27,14 @@ overlaps them through backward). Both ranks run a compute loop while an all-redu
 the size is in flight; what it adds to the loop over the all-reduce's time alone is the
 share of that time it keeps a core busy (the median over sizes from 256 KiB).
 
+And what a communication call costs the ops after it (`ColdCost`): a rank's first ops
+after a send, a receive or an all-reduce's wait run slower than the same ops back to
+back (measured here: a chain of eight small aten ops, 15-25 us more in all right after a
+receive, and more after a long blocking wait, ~100 us after 10 ms; their code and data are
+no longer in the core's caches, gloo's thread having run there, or the core having slept).
+Rank 0 times the chain right after the call and again at once (warm); the extra is the
+median of the differences, paired so that a drifting clock speed cancels.
+
 Each is the lowest of its round medians (interference only adds time); an all-reduce part
 is the slower rank's. The link and collective fits (`calibrate.links`) time the same
 calls end to end; the simulator charges a send's call, a receive's wait and an
@@ -68,6 +76,13 @@ _PER_TENSOR_PARTS = ("allreduce_flatten", "allreduce_average")
 HOST_TAG = 1 << 20  # the first tag of the host-cost benchmark's transfers (2 a repetition)
 P2P_CPU_TAG = 1 << 27  # the first of the transfer-CPU bursts' (P2P_CPU_MSGS a repetition)
 P2P_CPU_MSGS = 64  # tags per burst: at most 32 messages, twice
+# The cold cost after a communication call (`ColdCost`): after a send, and after a receive
+# that waited about each of these µs for its data (0: the data was there); the points are
+# ("cold_after_recv", (waited µs, 1, extra µs)) and ("cold_after_send", (0, 1, extra µs)).
+COLD_PARTS = ("cold_after_send", "cold_after_recv")
+COLD_WAITS_US = (0, 100, 1000, 3000, 10000)
+COLD_REPS = 40
+COLD_TAG = 1 << 26  # the first tag of the cold-cost benchmark's transfers
 
 
 @dataclass(frozen=True)
@@ -160,6 +175,60 @@ Point = tuple[int, int, float]  # (nbytes, tensors, us)
 
 
 @dataclass(frozen=True)
+class ColdCost:
+    """The extra µs a rank's next ops take, in all, right after a communication call
+    (module docstring): after a send, and after a receive or an all-reduce's wait that
+    blocked `wait_us` (linear between the measured waits, flat beyond them; 0: it did not block)."""
+
+    after_send_us: float
+    waits_us: tuple[float, ...]  # ascending, distinct
+    after_wait_us: tuple[float, ...]  # per wait
+
+    def __post_init__(self) -> None:
+        if not self.waits_us or len(self.waits_us) != len(self.after_wait_us) \
+                or list(self.waits_us) != sorted(set(self.waits_us)):
+            raise ValueError("cold cost: needs ascending distinct waits and one cost per wait")
+        if any(not (math.isfinite(v) and v >= 0) for v in (self.after_send_us, *self.waits_us, *self.after_wait_us)):
+            raise ValueError("cold cost: times must be finite numbers >= 0")
+
+    def after_recv_us(self, wait_us: float) -> float:
+        return float(np.interp(wait_us, self.waits_us, self.after_wait_us))
+
+    def points(self) -> tuple[tuple[float, float], ...]:
+        """(wait µs, extra µs) after a receive: what the simulator interpolates."""
+        return tuple(zip(self.waits_us, self.after_wait_us, strict=True))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"after_send_us": round(self.after_send_us, 2), "waits_us": [round(w, 1) for w in self.waits_us],
+                "after_wait_us": [round(v, 2) for v in self.after_wait_us]}
+
+    @staticmethod
+    def from_json(d: Any) -> ColdCost:
+        if not isinstance(d, dict):
+            raise TypeError(f"cold_after_comm must be an object, got {type(d).__name__}")
+        send = _number(d.get("after_send_us"), "after_send_us")
+        waits = tuple(_number(x, "waits_us") for x in d.get("waits_us") or [])
+        after = tuple(_number(x, "after_wait_us") for x in d.get("after_wait_us") or [])
+        return ColdCost(send, waits, after)
+
+
+def cold_cost_of(points: Mapping[str, Sequence[Point]]) -> ColdCost | None:
+    """The cold cost from its measured points (`COLD_PARTS`); None when not measured. The
+    receive's points are pooled by wait (the median of each nominal wait's repetitions
+    came in as one point each) and made non-decreasing in the wait (`isotonic`)."""
+    send, recv = (points.get(p) or () for p in COLD_PARTS)
+    if not send or not recv:
+        return None
+    by_wait: dict[int, list[float]] = {}
+    for w, _, us in recv:
+        by_wait.setdefault(int(w), []).append(float(us))
+    waits = sorted(by_wait)
+    after = isotonic([statistics.median(by_wait[w]) for w in waits])
+    return ColdCost(max(0.0, statistics.median(us for _, _, us in send)), tuple(float(w) for w in waits),
+                    tuple(max(0.0, a) for a in after))
+
+
+@dataclass(frozen=True)
 class HostCosts:
     """The measured cost of each part (`PARTS`) over message sizes."""
 
@@ -168,6 +237,7 @@ class HostCosts:
     # ranks copies and reduces the data on the ranks' own cores): a kernel beside it on a
     # one-core rank is slowed by that much, and so is the collective. None: not measured.
     collective_cpu_share: float | None = None
+    cold: ColdCost | None = None  # what a communication call costs the ops after it; None: not measured
 
     def __post_init__(self) -> None:
         missing = [p for p in PARTS if p not in self.tables]
@@ -197,6 +267,8 @@ class HostCosts:
         for p in TRANSFER_CPU_PARTS:
             if p in self.tables:
                 out["parts"][p] = self.tables[p].to_json()
+        if self.cold is not None:
+            out["cold_after_comm"] = self.cold.to_json()
         return out
 
     def transfer_cpu_us(self, nbytes: float) -> tuple[float, float]:
@@ -221,7 +293,13 @@ class HostCosts:
         share = d.get("collective_cpu_share")
         if share is not None:
             share = _number(share, "collective_cpu_share")
-        return HostCosts(tables, share)
+        cold = None
+        if d.get("cold_after_comm") is not None:
+            try:
+                cold = ColdCost.from_json(d["cold_after_comm"])
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"host_costs.cold_after_comm: {e}") from None
+        return HostCosts(tables, share, cold)
 
 
 def table_of(points: Sequence[Point], per_tensor: bool) -> CostTable:
@@ -265,7 +343,8 @@ def host_costs_of(points: Mapping[str, Sequence[Point]]) -> HostCosts:
         raise SchedlabError(f"host costs: no measurements of {missing}")
     tables = {p: table_of(points[p], per_tensor=p in _PER_TENSOR_PARTS) for p in PARTS}
     tables |= {p: table_of(points[p], per_tensor=False) for p in TRANSFER_CPU_PARTS if points.get(p)}
-    return HostCosts(tables, cpu_share_of(points.get("allreduce_alone", ()), points.get("allreduce_cpu", ())))
+    return HostCosts(tables, cpu_share_of(points.get("allreduce_alone", ()), points.get("allreduce_cpu", ())),
+                     cold_cost_of(points))
 
 
 def cpu_share_of(alone: Sequence[Point], extra: Sequence[Point]) -> float | None:
@@ -327,6 +406,9 @@ def measure_host_costs(
     out: dict[str, list[Point]] = {p: [] for p in (*PARTS, *CPU_PARTS, *TRANSFER_CPU_PARTS)}
     for (p, nbytes, k), per_round in sorted(rounds_us.items()):
         out[p].append((nbytes, k, max(min(per_round), 1e-3)))
+    out.update(_cold_after_comm(rank, pg, COLD_TAG, torch, dist))
+    if on_progress is not None:
+        on_progress("cold cost after communication")
     return out
 
 
@@ -463,3 +545,98 @@ def _transfer_cpu(rank: int, pg: Any, nbytes: int, tag: int, torch: Any, dist: A
     finish(works)
     extra_us = max(1e-3, (loop_with_s - loop_alone_s) * 1e6 / msgs)
     return {"p2p_cpu_send": extra_us if rank == 0 else 0.0, "p2p_cpu_recv": extra_us if rank == 1 else 0.0}
+
+
+def _spin_us(us: float) -> None:
+    end = time.perf_counter_ns() + int(us * 1e3)
+    while time.perf_counter_ns() < end:
+        pass
+
+
+def _cold_chain(torch: Any) -> Callable[[], int]:
+    """A chain of eight small aten ops of different kinds, called as the executor calls
+    them (`schedlab.aten.fast_callable`); calling it returns how long it took (ns)."""
+    from schedlab.aten import fast_callable
+
+    aten = torch.ops.aten
+    x, y, w = torch.randn(32, 64), torch.randn(32, 64), torch.randn(64, 64)
+    add, mm, relu, mul = (fast_callable(o) for o in (aten.add.Tensor, aten.mm.default, aten.relu.default,
+                                                       aten.mul.Tensor))
+    tr, view, cat, total = (fast_callable(o) for o in (aten.t.default, aten.view.default, aten.cat.default,
+                                                         aten.sum.dim_IntList))
+    ns = time.perf_counter_ns
+
+    def chain() -> int:
+        t0 = ns()
+        a = add(x, y)
+        b = mm(a, w)
+        c = relu(b)
+        d = mul(c, y)
+        e = view(d, [-1])
+        f = cat([e, e])
+        total(f, [0])
+        tr(d)
+        return ns() - t0
+
+    for _ in range(200):
+        chain()
+    return chain
+
+
+def _cold_after_comm(rank: int, pg: Any, tag: int, torch: Any, dist: Any) -> dict[str, list[Point]]:
+    """`COLD_PARTS`' points, on rank 0 (module docstring). Rank 0 runs the chain for a while
+    (warm, as a rank between its communication calls), then calls: a send to rank 1 (its
+    receive posted), or the wait of a receive from rank 1 whose data is there, or which
+    blocks about each of `COLD_WAITS_US` (rank 1 spins that long before it sends); then
+    times the chain, and again at once. Every rank of the group must call it; ranks
+    above 1 only join the barriers."""
+    chain = _cold_chain(torch)
+
+    def warm(us: float) -> None:
+        end = time.perf_counter_ns() + int(us * 1e3)
+        while time.perf_counter_ns() < end:
+            chain()
+
+    buf, one = torch.empty(16), torch.ones(16)
+    out: dict[str, list[Point]] = {p: [] for p in COLD_PARTS}
+    extra: list[float] = []
+    for _ in range(COLD_REPS):  # after a send
+        tag += 1
+        if rank == 1:
+            work = pg.recv([buf], 0, tag)
+        dist.barrier()
+        if rank == 0:
+            warm(200)
+            sent = pg.send([one], 1, tag)
+            cold = chain()
+            extra.append((cold - chain()) / 1e3)
+            sent.wait()
+        elif rank == 1:
+            work.wait()
+    if rank == 0:
+        out["cold_after_send"].append((0, 1, statistics.median(extra)))
+    for wait_us in COLD_WAITS_US:
+        waited, extra = [], []
+        for _ in range(COLD_REPS):
+            tag += 1
+            if rank == 0:
+                work = pg.recv([buf], 1, tag)
+            elif rank == 1 and wait_us == 0:  # the data is there before rank 0 waits for it
+                pg.send([one], 0, tag).wait()
+            dist.barrier()
+            if rank == 1 and wait_us > 0:
+                _spin_us(wait_us)
+                pg.send([one], 0, tag).wait()
+            elif rank == 0:
+                warm(200 if wait_us == 0 else 20)
+                t0 = time.perf_counter_ns()
+                work.wait()
+                cold_ns = chain()
+                t1 = time.perf_counter_ns()
+                extra.append((cold_ns - chain()) / 1e3)
+                waited.append((t1 - t0 - cold_ns) / 1e3)
+        if rank == 0:
+            w = 0 if wait_us == 0 else max(1, round(statistics.median(waited)))
+            out["cold_after_recv"].append((w, 1, statistics.median(extra)))
+    dist.barrier()
+    return out

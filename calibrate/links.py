@@ -82,9 +82,10 @@ class LinkConfig:
         return [(n, n == 2, n in self.allreduce_ranks) for n in ns]
 
     def steps(self) -> int:
-        """Progress steps the whole benchmark reports (a pilot pass and each round, per size)."""
+        """Progress steps the whole benchmark reports (a pilot pass and each round, per size;
+        the host costs' rounds per case, and their cold cost once)."""
         phases = sum(int(p) + int(a) for _, p, a in self.worlds())
-        host = self.rounds * len(host_cases(self.sizes)) if self.host_costs else 0
+        host = self.rounds * len(host_cases(self.sizes)) + 1 if self.host_costs else 0
         return phases * (self.rounds + 1) * len(self.sizes) + host
 
 

@@ -243,18 +243,26 @@ class Profile:
         and per-gradient part under the lock, the average's pass on the cores; and the share
         of its collective that keeps a core of its rank busy (`HostCosts.collective_cpu_share`).
         A send's or a recv's transfer keeps a core at its end busy for a while too
-        (`HostCosts.transfer_cpu_us`).
+        (`HostCosts.transfer_cpu_us`). And the ops after a send, a recv's wait or an
+        all-reduce's wait run cold (`HostCosts.cold`; an all-reduce's wait is costed as a
+        receive's, both block on gloo's work).
         """
         host = None if self.links is None else self.links.host_costs
         if host is None or op.kind is not OpKind.COMM:
             return None
         t = host.tables
         nbytes = float(op.bytes_moved)
+        cold = host.cold  # a wait on gloo's work leaves the next ops cold: a receive's or an all-reduce's
+        after_send = cold.after_send_us if cold else 0.0
+        after_wait = cold.points() if cold else ()
+        after_recv = cold.after_recv_us(0.0) if cold else 0.0
         if op.target == SEND:
-            return CommOpCost(t["send"].fixed_us(), transfer_cpu_us=host.transfer_cpu_us(nbytes)[0])
+            return CommOpCost(t["send"].fixed_us(), transfer_cpu_us=host.transfer_cpu_us(nbytes)[0],
+                              after_us=after_send)
         if op.target == RECV:
             return CommOpCost(t["recv_post"].us_at(nbytes), 0.0, t["recv_wait"].fixed_us(),
-                              transfer_cpu_us=host.transfer_cpu_us(nbytes)[1])
+                              transfer_cpu_us=host.transfer_cpu_us(nbytes)[1], after_us=after_recv,
+                              after_wait=after_wait)
         if op.target != ALL_REDUCE:
             return None
         k = max(1, len(op.inputs))
@@ -266,6 +274,8 @@ class Profile:
             done_us=t["allreduce_wait"].fixed_us() + avg_fixed,
             done_kernel_us=max(0.0, average.us_at(nbytes, k) - avg_fixed),
             collective_cpu_share=host.collective_cpu_share or 0.0,
+            after_us=after_recv,
+            after_wait=after_wait,
         )
 
     # ---- costs per device kind (sim.device_cost.KindCosts) ------------------------------

@@ -135,6 +135,13 @@ def layers_cut_at(graph: Graph, devices: Sequence[str], share: float, op_cost_us
     return {lay: devices[0] if i < cut else devices[1] for i, lay in enumerate(order)}
 
 
+# Untimed steps before a plan's timed ones. The first steps of a multi-rank run are slow and
+# vary (measured on the 2-core VM, 2026-11-25, 12 steps from the first: encoder-classifier's
+# layer split 57-60 ms in the first step, 40-50 from the sixth; its data parallel 36.7 ms,
+# then 28); 1 untimed step left the median of 3-5 timed ones 30-60% above the steady state.
+RANK_WARMUP = 4
+TRACE_WARMUP = 2  # the one-process calibration runs' (`trace_calibrated`)
+
 # The spread: adding a plan is adding one line.
 RANK_PLAN_SPREAD: tuple[RankPlanSpec, ...] = (
     RankPlanSpec(PLACED, "layers", placement="layers"),
@@ -240,7 +247,8 @@ def _foreign_frac(start: CpuSnapshot | None, end: CpuSnapshot | None, children_s
     return min(1.0, max(0.0, foreign / (end.total_s - start.total_s)))
 
 
-def trace_calibrated(profile: Profile, step_of: StepOf, replicas: Sequence[int], steps: int) -> Profile:
+def trace_calibrated(profile: Profile, step_of: StepOf, replicas: Sequence[int], steps: int,
+                     warmup: int = 1) -> Profile:
     """`profile` plus the op times of one-process, one-slot, one-thread, program-order runs
     of the model's step for each replica count (the full step; the per-replica one), this
     process pinned to one core as a rank of one core runs (`calibrate.trace_cal`). None of
@@ -257,7 +265,7 @@ def trace_calibrated(profile: Profile, step_of: StepOf, replicas: Sequence[int],
         for r in sorted(set(replicas)):
             step = step_of(r)
             captured = step.parts[0] if step.parts else step.full
-            res = run_steps(captured.graph, captured.input_values, Plan(threads=1), host, steps=steps, warmup=1)
+            res = run_steps(captured.graph, captured.input_values, Plan(threads=1), host, steps=steps, warmup=warmup)
             profile = profile.with_trace(res.trace, captured.graph)
     finally:
         if pin:
@@ -273,7 +281,7 @@ def rank_fidelity(
     devices: int,
     methods: Sequence[str] = (TRACE_CALIBRATED,),
     steps: int = 3,
-    warmup: int = 1,
+    warmup: int = RANK_WARMUP,
     progress: Callable[[], None] | None = None,
 ) -> RankFidelity:
     """Measure every spec on `devices` local ranks once; predict each with every method
@@ -290,7 +298,8 @@ def rank_fidelity(
     for method in methods:
         cost = profile
         if method == TRACE_CALIBRATED:
-            cost = trace_calibrated(profile, step_of, sorted({c.spec.n_replicas(devices) for c in cases}), steps)
+            cost = trace_calibrated(profile, step_of, sorted({c.spec.n_replicas(devices) for c in cases}), steps,
+                                    warmup=min(warmup, TRACE_WARMUP))
         rows: list[FidelityRow] = []
         for case, meas in zip(cases, measured, strict=True):
             (pred,) = predict(case.graph, [case.resolved], cost, machine)

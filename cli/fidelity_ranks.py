@@ -32,7 +32,7 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
 
     from schedlab.calibrate.fidelity import BUSY_FRAC, PROFILE_ONLY, TRACE_CALIBRATED, summarise
     from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
-    from schedlab.calibrate.rank_fidelity import rank_fidelity, rank_plan_spread, rank_summary
+    from schedlab.calibrate.rank_fidelity import RANK_WARMUP, rank_fidelity, rank_plan_spread, rank_summary
     from schedlab.cli.common import load_profile
     from schedlab.io import check_writable, write_json_atomic
     from schedlab.machine import detect_host, host_ranks
@@ -90,6 +90,7 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
         "methods": list(methods),
         "trace_calibration": TRACE_CALIBRATED in methods,
         "plans_per_model": len(specs),
+        "warmup_per_plan": RANK_WARMUP,
         "plan_specs": [{"name": s.name, "kind": s.kind, "placement": s.placement, "replicas": s.n_replicas(args.devices),
                         "bucket_mb": s.bucket_mb, "order": s.order, "threads": s.threads, "steps": s.steps}
                        for s in specs],
@@ -117,7 +118,8 @@ def print_ranks(result: dict[str, Any], cpu: Any, out: Path) -> None:
     methods = result["methods"]
     keys = [m.replace("-", "_") for m in methods]
     print(f"fidelity on {result['devices']} local ranks of {cpu} ({result['cores']} cores; rank cores "
-          f"{result['rank_cores']}), size {result['size']}, {result['steps_per_plan']} steps/plan, links: "
+          f"{result['rank_cores']}), size {result['size']}, {result['steps_per_plan']} steps/plan after "
+          f"{result.get('warmup_per_plan', 1)} untimed, links: "
           f"{'fitted' if result['link_model'] == 'fit' else 'machine defaults'}"
           f"{', host costs measured' if result['host_costs'] else ''}")
     head = "".join(f"{m + ' ms':>20}{'error':>8}" for m in methods)

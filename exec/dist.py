@@ -76,6 +76,16 @@ class RankStepRecord:
     spans: tuple[Span, ...]  # per op of `RankExecutor.ops`: (start, end, worker) from `start_ns`
 
 
+@dataclass(frozen=True)
+class StepStamps:
+    """One step's clock readings, before `RankExecutor.record` turns them into spans."""
+
+    start_ns: int
+    wall_ns: int
+    raw: list[int] | list[Span]  # one slot: the line's readings; several: the spans already
+    issued_ns: dict[int, int]  # one slot: when each all-reduce was issued
+
+
 @dataclass
 class _Pending:
     """An issued all-reduce: its flat buffer and handle."""
@@ -274,20 +284,37 @@ class RankExecutor:
         The sends of a step are waited on at the end of the next step (or by `finish`), so
         a rank whose last op sends starts its next step at once.
         """
+        out, stamps = self.run_step(inputs)
+        return out, self.record(stamps)
+
+    def run_step(self, inputs: dict[int, torch.Tensor]) -> tuple[dict[int, torch.Tensor], StepStamps]:
+        """`step` without turning the clock readings into spans: a loop of timed steps calls
+        this and `record` after the loop, so the step-to-step bookkeeping (a pass over every
+        op) stays out of the steps it times."""
         V: list[Any] = [None] * len(self.graph.values)
         for v in self.input_ids:
             V[v] = inputs[v]
         start_ns = time.perf_counter_ns()
         tr = _Transfers(self)
         if self.slots == 1:
-            spans = self._step_one(V, tr, start_ns)
+            raw: list[int] | list[Span] = self._step_one(V, tr)
+            issued, self._issued_ns = self._issued_ns, {}
         else:
-            spans = self._step_corun(V, tr, start_ns)
+            raw = self._step_corun(V, tr, start_ns)
+            issued = {}
         self._wait_sends(self._unsent)
         self._unsent = tr.sends
         end_ns = time.perf_counter_ns()
-        record = RankStepRecord(start_ns=start_ns, wall_ns=end_ns - start_ns, spans=tuple(spans[i] for i in self.ops))
-        return {v: V[v] for v in self.keep}, record
+        return {v: V[v] for v in self.keep}, StepStamps(start_ns, end_ns - start_ns, raw, issued)
+
+    def record(self, stamps: StepStamps) -> RankStepRecord:
+        """A step's record from `run_step`'s clock readings."""
+        if self.slots == 1:
+            spans = self._line_spans(stamps.raw, stamps.issued_ns, stamps.start_ns)  # type: ignore[arg-type]
+        else:
+            spans = stamps.raw  # type: ignore[assignment]
+        return RankStepRecord(start_ns=stamps.start_ns, wall_ns=stamps.wall_ns,
+                              spans=tuple(spans[i] for i in self.ops))
 
     def finish(self) -> None:
         """Wait for the sends of the last step."""
@@ -338,9 +365,10 @@ class RankExecutor:
         op = self.graph.ops[i]
         return OpFailed(f"rank {self.rank}: op {op.id} ({op.name}, {op.target}) failed: {type(e).__name__}: {e}")
 
-    def _step_one(self, V: list[Any], tr: _Transfers, start_ns: int) -> list[Span]:
+    def _step_one(self, V: list[Any], tr: _Transfers) -> list[int]:
         """One slot: the rank's sequence as one compiled straight line (`Program.straight_line`,
-        as the one-process executor runs it), its communication called in place."""
+        as the one-process executor runs it), its communication called in place; the clock
+        readings before each item and after the last (`_line_spans` reads them)."""
         items = self._line_items
         T = [0] * (len(items) + 1)
         self._tr = tr
@@ -354,6 +382,10 @@ class RankExecutor:
         finally:
             torch.set_num_threads(prev)
             self._tr = None
+        return T
+
+    def _line_spans(self, T: Sequence[int], issued_ns: dict[int, int], start_ns: int) -> list[Span]:
+        items = self._line_items
         spans: list[Span] = [(0, 0, 0)] * len(self.graph.ops)
         for pos, i in enumerate(self._line_ops):
             item = items[pos]
@@ -362,7 +394,7 @@ class RankExecutor:
                 if item.call == "ISSUE":
                     continue
                 if item.call == "FIN":  # the all-reduce's span: from its issue to its wait's end
-                    spans[i] = (self._issued_ns.pop(i) - start_ns, T[pos + 1] - start_ns, RECV_WORKER)
+                    spans[i] = (issued_ns[i] - start_ns, T[pos + 1] - start_ns, RECV_WORKER)
                     continue
                 worker = SEND_WORKER if item.call == "SEND" else RECV_WORKER
             spans[i] = (T[pos] - start_ns, T[pos + 1] - start_ns, worker)

@@ -155,7 +155,7 @@ def _run(job_dir: Path, env: RankEnv, state: dict[str, int | None], progress: Pr
                 dist.barrier()  # the timed steps start together
             except Exception as e:
                 raise CommFailed(f"rank {env.rank}: barrier before the timed steps failed: {e}") from e
-        out, rec = ex.step(inputs)
+        out, rec = ex.run_step(inputs)
         if s == 0 and job.want_outputs:
             outputs = {v: t.clone() for v, t in out.items()}
         inputs = next_inputs(job.graph, inputs, out)
@@ -174,7 +174,7 @@ def _run(job_dir: Path, env: RankEnv, state: dict[str, int | None], progress: Pr
         rank=env.rank,
         device=rank_device(job.resolved, job.machine, env.rank),
         ops=ex.ops,
-        steps=tuple(records),
+        steps=tuple(ex.record(r) for r in records),
         clock_offset_ns=offset_ns,
         clock_rtt_ns=rtt_ns,
         outputs=outputs,

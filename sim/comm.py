@@ -24,6 +24,7 @@ SchedlabError that says so.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -94,6 +95,26 @@ class CommOpCost:
     # A send or a recv on a CPU device: what its transfer, while in flight, takes of one core
     # of its device (gloo's socket thread; µs of that core), processor-shared the same way.
     transfer_cpu_us: float = 0.0
+    # What the call costs the ops after it on a one-slot rank (they run cold:
+    # `calibrate.comm_host.ColdCost`), charged once it ends: `after_us` when it did not block,
+    # else interpolated in the µs it blocked over `after_wait` ((wait µs, extra µs), ascending).
+    after_us: float = 0.0
+    after_wait: tuple[tuple[float, float], ...] = ()
+
+    def cold_us(self, waited_us: float) -> float:
+        return cold_after_us(self.after_us, self.after_wait, waited_us)
+
+
+def cold_after_us(after_us: float, after_wait: Sequence[tuple[float, float]], waited_us: float) -> float:
+    """`CommOpCost.cold_us` from its parts: linear between the points, flat beyond them."""
+    if waited_us <= 0.0 or not after_wait:
+        return after_us
+    if waited_us <= after_wait[0][0]:
+        return after_wait[0][1]
+    for (w0, c0), (w1, c1) in itertools.pairwise(after_wait):
+        if waited_us <= w1:
+            return c0 + (c1 - c0) * (waited_us - w0) / (w1 - w0)
+    return after_wait[-1][1]
 
 
 @runtime_checkable

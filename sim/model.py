@@ -261,18 +261,23 @@ class _SimpyRun:
             if r is Role.RECV:
                 self._begin(o, RECV_TRACK)
                 yield from self._post_through(d, self.recv_index[o], lock)
+                waited_us = 0.0
                 if not self.arrived[o]:  # it idles: post the step's other receives meanwhile
                     yield from self._post_through(d, len(self.recvs_of[d]) - 1, lock)
                     if not self.arrived[o]:
+                        t0 = self.env.now
                         yield self._arrival_event(o)
+                        waited_us = self.env.now - t0
                 if prep.done_us[o] > 0.0:  # its wait, once the data is there
                     yield from self._hold(lock, prep.done_us[o])
                 self._complete(o)
+                yield from self._cold(o, waited_us, lock)
                 continue
             for a in reads_reduced.get(o, ()):
                 if a in issued:
                     issued.remove(a)
-                    yield from self._finish_reduce(a, lock)
+                    waited_us = yield from self._finish_reduce(a, lock)
+                    yield from self._cold(a, waited_us, lock)
             if self.pending[o]:
                 yield self._ready_event(o)  # a GPU kernel it reads is still running
             if r is Role.ALL_REDUCE:
@@ -282,6 +287,7 @@ class _SimpyRun:
             yield from self._hold(lock, prep.dispatch_us[o], o, 0 if r is Role.COMPUTE else SEND_TRACK)
             if r is Role.SEND:
                 self._send(o)
+                yield from self._cold(o, 0.0, lock)
                 continue
             self.mem.alloc(d, st.alloc_bytes[o])
             done = server.run(o, prep.demand[o], prep.kernel_us[o])
@@ -291,7 +297,17 @@ class _SimpyRun:
                 yield done
                 self._complete(o)
         for a in issued:  # all-reduces whose results no op of this device reads
-            yield from self._finish_reduce(a, lock)
+            waited_us = yield from self._finish_reduce(a, lock)
+            yield from self._cold(a, waited_us, lock)  # the next step's first ops pay it
+
+    def _cold(self, o: int, waited_us: float, lock: simpy.Resource | None) -> Generator[simpy.Event, Any, None]:
+        """What COMM op `o`, which blocked `waited_us`, costs the ops after it on a one-slot
+        rank (`CommOpCost.cold_us`), held before the next one starts."""
+        c = self.prep.comm_costs[o] if self.prep.comm_costs else None
+        if c is not None and not self.prep.device_is_gpu[self.st.op_device[o]]:
+            cold_us = c.cold_us(waited_us)
+            if cold_us > 0.0:
+                yield from self._hold(lock, cold_us)
 
     def _comm_thread(self, d: int) -> Generator[simpy.Event, Any, None]:
         """The communication thread of a device with heap workers: its recvs and all-reduces
@@ -356,15 +372,20 @@ class _SimpyRun:
             self._release(s)
         self._issue(a)
 
-    def _finish_reduce(self, a: int, lock: simpy.Resource | None) -> Generator[simpy.Event, Any, None]:
-        """Wait for all-reduce `a`'s collective, then average (under the lock, then a kernel) and end."""
+    def _finish_reduce(self, a: int, lock: simpy.Resource | None) -> Generator[simpy.Event, Any, float]:
+        """Wait for all-reduce `a`'s collective, then average (under the lock, then a kernel) and
+        end; how long it blocked (µs)."""
         prep = self.prep
+        waited_us = 0.0
         if not self.arrived[a]:
+            t0 = self.env.now
             yield self._arrival_event(a)
+            waited_us = self.env.now - t0
         yield from self._hold(lock, prep.done_us[a])
         if prep.done_kernel_us[a] > 0.0:
             yield self.servers[self.st.op_device[a]].run(a, prep.demand[a], prep.done_kernel_us[a])
         self._complete(a)
+        return waited_us
 
     def _on_async_kernel_end(self, event: simpy.Event) -> None:
         self._complete(int(event.value or 0))

@@ -10,12 +10,16 @@ from pathlib import Path
 import pytest
 
 from schedlab.calibrate.comm_host import (
+    COLD_PARTS,
+    COLD_WAITS_US,
     CPU_PARTS,
     MAX_CPU_SHARE,
     PARTS,
     TRANSFER_CPU_PARTS,
+    ColdCost,
     CostTable,
     HostCosts,
+    cold_cost_of,
     cpu_share_of,
     host_costs_of,
     isotonic,
@@ -128,7 +132,7 @@ def test_two_real_ranks_time_every_part() -> None:
     task = RankTask(sizes=(64, 1 << 18), p2p=False, allreduce=False, cores=rank_cores(2, [0, 1]), rounds=1,
                     host=True, host_reps=2, collective_timeout_s=60.0)
     result = run_world(2, task, timeout_s=120.0)
-    assert set(result.host_us) == {*PARTS, *CPU_PARTS, *TRANSFER_CPU_PARTS}
+    assert set(result.host_us) == {*PARTS, *CPU_PARTS, *TRANSFER_CPU_PARTS, *COLD_PARTS}
     assert {(n, k) for n, k, _ in result.host_us["allreduce_flatten"]} == {(64, 1), (64, 16), (1 << 18, 1), (1 << 18, 16)}
     assert {(n, k) for n, k, _ in result.host_us["send"]} == {(64, 1), (1 << 18, 1)}
     assert {(n, k) for n, k, _ in result.host_us["allreduce_cpu"]} == {(1 << 18, 1)}  # from 256 KiB
@@ -138,6 +142,11 @@ def test_two_real_ranks_time_every_part() -> None:
     assert costs.collective_cpu_share is not None and 0.0 <= costs.collective_cpu_share <= MAX_CPU_SHARE
     assert {(n, k) for n, k, _ in result.host_us["p2p_cpu_recv"]} == {(64, 1), (1 << 18, 1)}
     assert all(x > 0.0 for x in costs.transfer_cpu_us(1 << 18))
+    # The cold cost: one point per nominal wait, each receive having blocked about that long.
+    assert costs.cold is not None and len(costs.cold.waits_us) == len(COLD_WAITS_US)
+    assert costs.cold.waits_us[0] == 0.0
+    for measured, nominal in zip(costs.cold.waits_us[1:], COLD_WAITS_US[1:], strict=True):
+        assert 0.5 * nominal <= measured < nominal + 5000
 
 
 # ---- the piecewise all-reduce fit ----------------------------------------------------------------
@@ -188,6 +197,39 @@ def fits_with_host_costs() -> LinkFits:
 def comm_op(target: str, nbytes: int, inputs: int = 1) -> Op:
     return Op(id=0, name=target, target=target, kind=OpKind.COMM, args=(), kwargs={}, inputs=tuple(range(inputs)),
               outputs=(99,), flops=0.0, bytes_moved=nbytes, layer=None)
+
+
+def test_cold_cost_pools_by_wait_and_reaches_the_send_recv_and_all_reduce() -> None:
+    recv = [(0, 1, 2.0), (110, 1, 40.0), (105, 1, 50.0), (1020, 1, 30.0), (10050, 1, 120.0)]
+    cold = cold_cost_of({"cold_after_send": [(0, 1, -1.5)], "cold_after_recv": recv})
+    assert cold is not None
+    assert cold.after_send_us == 0.0  # noise below zero: none
+    # 105 and 110 are two waits; 1020's 30 is lower than 110's 40: pooled (isotonic).
+    assert cold.waits_us == (0.0, 105.0, 110.0, 1020.0, 10050.0)
+    assert cold.after_wait_us == pytest.approx((2.0, 40.0, 40.0, 40.0, 120.0))
+    assert cold.after_recv_us(5000.0) == pytest.approx(40.0 + 80.0 * 3980.0 / 9030.0)
+    assert cold.after_recv_us(1e6) == pytest.approx(120.0)  # flat beyond the longest wait
+    assert cold_cost_of({"cold_after_recv": recv}) is None  # a part missing: not measured
+    costs = dataclasses.replace(host_costs_of(_points()), cold=cold)
+    again = HostCosts.from_json(json.loads(json.dumps(costs.to_json())))
+    assert again.cold == cold
+    bad = costs.to_json()
+    bad["cold_after_comm"]["after_wait_us"] = [1.0]
+    with pytest.raises(ValueError, match="cold_after_comm: cold cost"):
+        HostCosts.from_json(bad)
+    with pytest.raises(ValueError, match="ascending"):
+        ColdCost(0.0, (100.0, 0.0), (1.0, 2.0))
+    profile = dataclasses.replace(make_profile(), links=dataclasses.replace(synthetic_fits(), host_costs=costs))
+    s, r = profile.comm_host_us(comm_op(SEND, 64)), profile.comm_host_us(comm_op(RECV, 64))
+    ar = profile.comm_host_us(comm_op(ALL_REDUCE, 1 << 20))
+    assert s is not None and r is not None and ar is not None
+    assert (s.cold_us(0.0), s.cold_us(500.0)) == (0.0, 0.0)  # a send never blocks
+    assert (r.cold_us(0.0), r.cold_us(10050.0)) == pytest.approx((2.0, 120.0))
+    assert ar.cold_us(1020.0) == pytest.approx(40.0)  # an all-reduce's wait: as a receive's
+    no_cold = dataclasses.replace(make_profile(), links=dataclasses.replace(synthetic_fits(),
+                                                                           host_costs=host_costs_of(_points())))
+    r0 = no_cold.comm_host_us(comm_op(RECV, 64))
+    assert r0 is not None and r0.cold_us(10050.0) == 0.0  # a profile measured before: none charged
 
 
 def test_profile_charges_the_measured_parts() -> None:

@@ -160,3 +160,42 @@ def test_a_transfer_takes_its_share_of_the_core_at_each_end(
     assert ev["r"] == pytest.approx((17, r_end))
     assert ev["recv v1:a->b"] == pytest.approx((0, recv_end))
     assert ev["q"] == pytest.approx((recv_end, recv_end + 10))
+
+
+@dataclasses.dataclass
+class ColdCost(HostCost):
+    """The ops after a send run `after_send_us` slower in all; after a recv, by how long it
+    blocked: 1 µs when it did not, 20 after 100 µs, 40 after 2000 (linear between, flat after)."""
+
+    after_send_us: float = 0.0
+
+    def comm_host_us(self, op: Op) -> CommOpCost | None:
+        c = super().comm_host_us(op)
+        if c is None:
+            return None
+        if op.target == SEND:
+            return dataclasses.replace(c, after_us=self.after_send_us)
+        return dataclasses.replace(c, after_us=1.0, after_wait=((0.0, 1.0), (100.0, 20.0), (2000.0, 40.0)))
+
+
+@pytest.mark.parametrize(("waited_us", "cold_us"), [
+    (0.0, 1.0), (50.0, 10.5), (100.0, 20.0), (1050.0, 30.0), (2000.0, 40.0), (10_000.0, 40.0),
+])
+def test_the_cold_cost_grows_with_how_long_a_wait_blocked(waited_us: float, cold_us: float) -> None:
+    c = ColdCost().comm_host_us(Op(0, "r", RECV, OpKind.COMM, (), {}, (), (), 0.0, 0))
+    assert c is not None and c.cold_us(waited_us) == pytest.approx(cold_us)
+
+
+def test_the_ops_after_a_blocking_recv_and_a_send_start_later_by_their_cold_cost() -> None:
+    g, resolved, m, send, recv = one_transfer()
+    # As test_send_recv_costs_what_the_model_measured: b posts 0-4 and blocks from 4 until
+    # the data is there at 1022 (1018 us: 20 + 20 * 918 / 1900 cold), waits 6 (1028); q
+    # starts once the cold cost is paid. a's send ends at 17: a has no op after it.
+    cold = 20.0 + 20.0 * 918.0 / 1900.0
+    ev = by_name(simulate(g, resolved, m, ColdCost(default_kernel_us=10.0, dispatch=0.0, after_send_us=3.0)))
+    assert (us(ev[recv.name].end_ns), us(ev["q"].start_ns), us(ev["q"].end_ns)) == pytest.approx(
+        (1028, 1028 + cold, 1038 + cold))
+    assert us(ev[send.name].end_ns) == pytest.approx(17)
+    # A cost model that measured no cold cost: q starts when the recv ends.
+    warm = by_name(simulate(g, resolved, m, HostCost(default_kernel_us=10.0, dispatch=0.0)))
+    assert us(warm["q"].start_ns) == pytest.approx(1028)
