@@ -42,6 +42,12 @@ def test_a_rank_runs_the_step_the_one_process_executor_runs_and_is_freed_with_it
         torch.testing.assert_close(t, want[v], rtol=0, atol=0)
     ends = [b for _, b, _ in rec.spans]
     assert all(a <= b for a, b, _ in rec.spans) and all(x <= y for x, y in itertools.pairwise(ends))
+    # A timed loop takes the clock readings (`run_step`) and makes spans after it (`record`):
+    # the same record, the step's wall time not counting the pass over its ops.
+    _, stamps = ex.run_step(inputs)
+    later = ex.record(stamps)
+    assert later.wall_ns == stamps.wall_ns and len(later.spans) == len(rec.spans)
+    assert later.spans[-1][1] <= later.wall_ns and all(a <= b for a, b, _ in later.spans)
     # No reference cycle through the compiled line: the executor (and the process groups it
     # holds) goes when its last reference does, not whenever the collector runs.
     gc.disable()
