@@ -29,9 +29,10 @@ share of that time it keeps a core busy (the median over sizes from 256 KiB).
 
 And what a communication call costs the ops after it (`ColdCost`): a rank's first ops
 after a send, a receive or an all-reduce's wait run slower than the same ops back to
-back (measured here: a chain of eight small aten ops, 15-25 us more in all right after a
-receive, and more after a long blocking wait, ~100 us after 10 ms; their code and data are
-no longer in the core's caches, gloo's thread having run there, or the core having slept).
+back (measured here, 2026-11-25, a chain of eight small aten ops: under 1 us more in all
+after a receive whose data was there, 46-87 us after one that blocked ~100 us, 87-191 us
+after ~10 ms; their code and data are no longer in the core's caches, gloo's thread having
+run there, or the core having slept).
 Rank 0 times the chain right after the call and again at once (warm); the extra is the
 median of the differences, paired so that a drifting clock speed cancels.
 
@@ -57,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from schedlab.errors import SchedlabError
+from schedlab.sim.comm import interp_flat
 
 PARTS = (
     "send", "recv_post", "recv_wait", "allreduce_flatten", "allreduce_post", "allreduce_wait", "allreduce_average",
@@ -192,7 +194,7 @@ class ColdCost:
             raise ValueError("cold cost: times must be finite numbers >= 0")
 
     def after_recv_us(self, wait_us: float) -> float:
-        return float(np.interp(wait_us, self.waits_us, self.after_wait_us))
+        return interp_flat(self.points(), wait_us)
 
     def points(self) -> tuple[tuple[float, float], ...]:
         """(wait µs, extra µs) after a receive: what the simulator interpolates."""
@@ -547,10 +549,11 @@ def _transfer_cpu(rank: int, pg: Any, nbytes: int, tag: int, torch: Any, dist: A
     return {"p2p_cpu_send": extra_us if rank == 0 else 0.0, "p2p_cpu_recv": extra_us if rank == 1 else 0.0}
 
 
-def _spin_us(us: float) -> None:
+def _spin_us(us: float, work: Callable[[], object] = lambda: None) -> None:
+    """Call `work` over and over (nothing: busy-wait) for `us` microseconds."""
     end = time.perf_counter_ns() + int(us * 1e3)
     while time.perf_counter_ns() < end:
-        pass
+        work()
 
 
 def _cold_chain(torch: Any) -> Callable[[], int]:
@@ -591,12 +594,6 @@ def _cold_after_comm(rank: int, pg: Any, tag: int, torch: Any, dist: Any) -> dic
     times the chain, and again at once. Every rank of the group must call it; ranks
     above 1 only join the barriers."""
     chain = _cold_chain(torch)
-
-    def warm(us: float) -> None:
-        end = time.perf_counter_ns() + int(us * 1e3)
-        while time.perf_counter_ns() < end:
-            chain()
-
     buf, one = torch.empty(16), torch.ones(16)
     out: dict[str, list[Point]] = {p: [] for p in COLD_PARTS}
     extra: list[float] = []
@@ -606,7 +603,7 @@ def _cold_after_comm(rank: int, pg: Any, tag: int, torch: Any, dist: Any) -> dic
             work = pg.recv([buf], 0, tag)
         dist.barrier()
         if rank == 0:
-            warm(200)
+            _spin_us(200, chain)
             sent = pg.send([one], 1, tag)
             cold = chain()
             extra.append((cold - chain()) / 1e3)
@@ -614,7 +611,7 @@ def _cold_after_comm(rank: int, pg: Any, tag: int, torch: Any, dist: Any) -> dic
         elif rank == 1:
             work.wait()
     if rank == 0:
-        out["cold_after_send"].append((0, 1, statistics.median(extra)))
+        out["cold_after_send"].append((0, 1, max(statistics.median(extra), 1e-3)))  # µs > 0, as every part's
     for wait_us in COLD_WAITS_US:
         waited, extra = [], []
         for _ in range(COLD_REPS):
@@ -628,7 +625,7 @@ def _cold_after_comm(rank: int, pg: Any, tag: int, torch: Any, dist: Any) -> dic
                 _spin_us(wait_us)
                 pg.send([one], 0, tag).wait()
             elif rank == 0:
-                warm(200 if wait_us == 0 else 20)
+                _spin_us(200 if wait_us == 0 else 20, chain)
                 t0 = time.perf_counter_ns()
                 work.wait()
                 cold_ns = chain()
@@ -637,6 +634,6 @@ def _cold_after_comm(rank: int, pg: Any, tag: int, torch: Any, dist: Any) -> dic
                 waited.append((t1 - t0 - cold_ns) / 1e3)
         if rank == 0:
             w = 0 if wait_us == 0 else max(1, round(statistics.median(waited)))
-            out["cold_after_recv"].append((w, 1, statistics.median(extra)))
+            out["cold_after_recv"].append((w, 1, max(statistics.median(extra), 1e-3)))
     dist.barrier()
     return out

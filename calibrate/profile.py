@@ -255,14 +255,12 @@ class Profile:
         cold = host.cold  # a wait on gloo's work leaves the next ops cold: a receive's or an all-reduce's
         after_send = cold.after_send_us if cold else 0.0
         after_wait = cold.points() if cold else ()
-        after_recv = cold.after_recv_us(0.0) if cold else 0.0
         if op.target == SEND:
             return CommOpCost(t["send"].fixed_us(), transfer_cpu_us=host.transfer_cpu_us(nbytes)[0],
                               after_us=after_send)
         if op.target == RECV:
             return CommOpCost(t["recv_post"].us_at(nbytes), 0.0, t["recv_wait"].fixed_us(),
-                              transfer_cpu_us=host.transfer_cpu_us(nbytes)[1], after_us=after_recv,
-                              after_wait=after_wait)
+                              transfer_cpu_us=host.transfer_cpu_us(nbytes)[1], after_wait=after_wait)
         if op.target != ALL_REDUCE:
             return None
         k = max(1, len(op.inputs))
@@ -274,7 +272,6 @@ class Profile:
             done_us=t["allreduce_wait"].fixed_us() + avg_fixed,
             done_kernel_us=max(0.0, average.us_at(nbytes, k) - avg_fixed),
             collective_cpu_share=host.collective_cpu_share or 0.0,
-            after_us=after_recv,
             after_wait=after_wait,
         )
 

@@ -136,9 +136,10 @@ def layers_cut_at(graph: Graph, devices: Sequence[str], share: float, op_cost_us
 
 
 # Untimed steps before a plan's timed ones. The first steps of a multi-rank run are slow and
-# vary (measured on the 2-core VM, 2026-11-25, 12 steps from the first: encoder-classifier's
-# layer split 57-60 ms in the first step, 40-50 from the sixth; its data parallel 36.7 ms,
-# then 28); 1 untimed step left the median of 3-5 timed ones 30-60% above the steady state.
+# vary (measured on the 2-core VM, 2026-11-25, 12 steps from the first, `schedlab trace
+# --warmup 0`: encoder-classifier's layer split 57-60 ms in the first step, 40-55 from the
+# sixth; its data parallel 36.7 ms in the first, 23-28 from the third); with 1-2 untimed
+# steps, the median of 3-5 timed ones came out 33-60% above a later run's of 4 untimed.
 RANK_WARMUP = 4
 TRACE_WARMUP = 2  # the one-process calibration runs' (`trace_calibrated`)
 
@@ -248,7 +249,7 @@ def _foreign_frac(start: CpuSnapshot | None, end: CpuSnapshot | None, children_s
 
 
 def trace_calibrated(profile: Profile, step_of: StepOf, replicas: Sequence[int], steps: int,
-                     warmup: int = 1) -> Profile:
+                     warmup: int = TRACE_WARMUP) -> Profile:
     """`profile` plus the op times of one-process, one-slot, one-thread, program-order runs
     of the model's step for each replica count (the full step; the per-replica one), this
     process pinned to one core as a rank of one core runs (`calibrate.trace_cal`). None of
@@ -298,8 +299,7 @@ def rank_fidelity(
     for method in methods:
         cost = profile
         if method == TRACE_CALIBRATED:
-            cost = trace_calibrated(profile, step_of, sorted({c.spec.n_replicas(devices) for c in cases}), steps,
-                                    warmup=min(warmup, TRACE_WARMUP))
+            cost = trace_calibrated(profile, step_of, sorted({c.spec.n_replicas(devices) for c in cases}), steps)
         rows: list[FidelityRow] = []
         for case, meas in zip(cases, measured, strict=True):
             (pred,) = predict(case.graph, [case.resolved], cost, machine)

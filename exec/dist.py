@@ -82,8 +82,9 @@ class StepStamps:
 
     start_ns: int
     wall_ns: int
-    raw: list[int] | list[Span]  # one slot: the line's readings; several: the spans already
+    line_ns: list[int]  # one slot: the line's readings (`_step_one`)
     issued_ns: dict[int, int]  # one slot: when each all-reduce was issued
+    spans: list[Span] | None = None  # several slots: the spans, made as the step ran
 
 
 @dataclass
@@ -296,23 +297,24 @@ class RankExecutor:
             V[v] = inputs[v]
         start_ns = time.perf_counter_ns()
         tr = _Transfers(self)
+        line_ns: list[int] = []
+        issued: dict[int, int] = {}
+        spans = None
         if self.slots == 1:
-            raw: list[int] | list[Span] = self._step_one(V, tr)
+            line_ns = self._step_one(V, tr)
             issued, self._issued_ns = self._issued_ns, {}
         else:
-            raw = self._step_corun(V, tr, start_ns)
-            issued = {}
+            spans = self._step_corun(V, tr, start_ns)
         self._wait_sends(self._unsent)
         self._unsent = tr.sends
         end_ns = time.perf_counter_ns()
-        return {v: V[v] for v in self.keep}, StepStamps(start_ns, end_ns - start_ns, raw, issued)
+        return {v: V[v] for v in self.keep}, StepStamps(start_ns, end_ns - start_ns, line_ns, issued, spans)
 
     def record(self, stamps: StepStamps) -> RankStepRecord:
         """A step's record from `run_step`'s clock readings."""
-        if self.slots == 1:
-            spans = self._line_spans(stamps.raw, stamps.issued_ns, stamps.start_ns)  # type: ignore[arg-type]
-        else:
-            spans = stamps.raw  # type: ignore[assignment]
+        spans = stamps.spans
+        if spans is None:
+            spans = self._line_spans(stamps.line_ns, stamps.issued_ns, stamps.start_ns)
         return RankStepRecord(start_ns=stamps.start_ns, wall_ns=stamps.wall_ns,
                               spans=tuple(spans[i] for i in self.ops))
 

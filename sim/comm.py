@@ -96,25 +96,24 @@ class CommOpCost:
     # of its device (gloo's socket thread; µs of that core), processor-shared the same way.
     transfer_cpu_us: float = 0.0
     # What the call costs the ops after it on a one-slot rank (they run cold:
-    # `calibrate.comm_host.ColdCost`), charged once it ends: `after_us` when it did not block,
-    # else interpolated in the µs it blocked over `after_wait` ((wait µs, extra µs), ascending).
+    # `calibrate.comm_host.ColdCost`), charged once it ends: interpolated in the µs it
+    # blocked over `after_wait` ((wait µs, extra µs), ascending; a receive's or an
+    # all-reduce's wait), else `after_us` (a send, which never blocks).
     after_us: float = 0.0
     after_wait: tuple[tuple[float, float], ...] = ()
 
     def cold_us(self, waited_us: float) -> float:
-        return cold_after_us(self.after_us, self.after_wait, waited_us)
+        return interp_flat(self.after_wait, waited_us) if self.after_wait else self.after_us
 
 
-def cold_after_us(after_us: float, after_wait: Sequence[tuple[float, float]], waited_us: float) -> float:
-    """`CommOpCost.cold_us` from its parts: linear between the points, flat beyond them."""
-    if waited_us <= 0.0 or not after_wait:
-        return after_us
-    if waited_us <= after_wait[0][0]:
-        return after_wait[0][1]
-    for (w0, c0), (w1, c1) in itertools.pairwise(after_wait):
-        if waited_us <= w1:
-            return c0 + (c1 - c0) * (waited_us - w0) / (w1 - w0)
-    return after_wait[-1][1]
+def interp_flat(points: Sequence[tuple[float, float]], x: float) -> float:
+    """y at `x` over (x, y) `points` (ascending x): linear between them, flat beyond them."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1]
 
 
 @runtime_checkable

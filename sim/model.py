@@ -86,7 +86,7 @@ from simpy.resources.resource import Request
 
 from schedlab.errors import SchedlabError
 from schedlab.machine import Machine
-from schedlab.sim.comm import RECV_TRACK, SEND_TRACK, Role
+from schedlab.sim.comm import RECV_TRACK, SEND_TRACK, CommOpCost, Role
 from schedlab.sim.fluid import FluidShare
 from schedlab.sim.interconnect import Network
 from schedlab.sim.memory import MemoryTracker
@@ -303,11 +303,15 @@ class _SimpyRun:
     def _cold(self, o: int, waited_us: float, lock: simpy.Resource | None) -> Generator[simpy.Event, Any, None]:
         """What COMM op `o`, which blocked `waited_us`, costs the ops after it on a one-slot
         rank (`CommOpCost.cold_us`), held before the next one starts."""
-        c = self.prep.comm_costs[o] if self.prep.comm_costs else None
+        c = self._measured(o)
         if c is not None and not self.prep.device_is_gpu[self.st.op_device[o]]:
             cold_us = c.cold_us(waited_us)
             if cold_us > 0.0:
                 yield from self._hold(lock, cold_us)
+
+    def _measured(self, o: int) -> CommOpCost | None:
+        """COMM op `o`'s cost as the cost model measured it (`Prepared.comm_costs`), if it did."""
+        return self.prep.comm_costs[o] if self.prep.comm_costs else None
 
     def _comm_thread(self, d: int) -> Generator[simpy.Event, Any, None]:
         """The communication thread of a device with heap workers: its recvs and all-reduces
@@ -406,10 +410,10 @@ class _SimpyRun:
             yield ev
         prep, ids, dev = self.prep, self.prep.device_ids, self.st.op_device
         nbytes = self.comm.send_bytes[o]
-        cpu_us = prep.transfer_cpu_us
         cores = [  # its CPU at each end (`CommOpCost.transfer_cpu_us`), beside the link part
-            self.servers[dev[x]].run(x, 1, cpu_us[x]) for x in (o, r)
-            if cpu_us and cpu_us[x] > 0.0 and dev[o] != dev[r] and not prep.device_is_gpu[dev[x]]
+            self.servers[dev[x]].run(x, 1, c.transfer_cpu_us) for x in (o, r)
+            if (c := self._measured(x)) is not None and c.transfer_cpu_us > 0.0 and dev[o] != dev[r]
+            and not prep.device_is_gpu[dev[x]]
         ]
         rec = yield self.network.transfer(ids[dev[o]], ids[dev[r]], nbytes)
         if cores:
@@ -436,11 +440,11 @@ class _SimpyRun:
         assert self.comm is not None
         prep, timing = self.prep, self.prep.collective_time[c]
         link = self.network.collective(timing.links, timing.bw_us, timing.latency_us)
-        share = prep.collective_cpu_share
         cores = [  # its CPU on each CPU member (`CommOpCost.collective_cpu_share`), beside the link part
-            self.servers[d].run(m, 1, share[m] * timing.bw_us)
+            self.servers[d].run(m, 1, cost.collective_cpu_share * timing.bw_us)
             for m in self.comm.collectives[c].members
-            if share and share[m] > 0.0 and timing.bw_us > 0.0 and not prep.device_is_gpu[d := self.st.op_device[m]]
+            if (cost := self._measured(m)) is not None and cost.collective_cpu_share > 0.0 and timing.bw_us > 0.0
+            and not prep.device_is_gpu[d := self.st.op_device[m]]
         ]
         start, end = yield link
         if cores:

@@ -109,9 +109,9 @@ class Prepared:
     # the lock then on the cores (a recv's wait; an all-reduce's finish); `sim.comm.CommOpCost`
     done_us: tuple[float, ...] = ()
     done_kernel_us: tuple[float, ...] = ()
-    collective_cpu_share: tuple[float, ...] = ()  # per op: an all-reduce's `CommOpCost.collective_cpu_share`
-    transfer_cpu_us: tuple[float, ...] = ()  # per op: a send's or recv's `CommOpCost.transfer_cpu_us`
-    comm_costs: tuple[CommOpCost | None, ...] = ()  # per op: a COMM op's measured cost (cold_us), else None
+    # per op: a COMM op's cost as the cost model measured it (its collective's and transfer's
+    # CPU, its cold cost), else None
+    comm_costs: tuple[CommOpCost | None, ...] = ()
     cost_sources: tuple[str, ...] = ()  # per device that runs ops: which model costs its kernels (sim.device_cost)
 
     @property
@@ -170,11 +170,9 @@ def prepare(
     used = set(op_device)
     done_us: tuple[float, ...] = ()
     done_kernel_us: tuple[float, ...] = ()
-    cpu_share: tuple[float, ...] = ()
-    transfer_cpu_us: tuple[float, ...] = ()
     comm_costs: tuple[CommOpCost | None, ...] = ()
     if structure.comm is not None:
-        dispatch_us, kernel_us, done_us, done_kernel_us, cpu_share, transfer_cpu_us, comm_costs = comm_host_costs(
+        dispatch_us, kernel_us, done_us, done_kernel_us, comm_costs = comm_host_costs(
             graph, structure.comm, cost, dispatch_us, kernel_us)
     return Prepared(
         device_ids=tuple(d.id for d in machine.devices),
@@ -195,8 +193,6 @@ def prepare(
         collective_time=collective_times(structure, machine, cost),
         done_us=done_us,
         done_kernel_us=done_kernel_us,
-        collective_cpu_share=cpu_share,
-        transfer_cpu_us=transfer_cpu_us,
         comm_costs=comm_costs,
         cost_sources=tuple(cost_source(cost, d) if i in used else "" for i, d in enumerate(machine.devices)),
     )
@@ -204,16 +200,14 @@ def prepare(
 
 def comm_host_costs(
     graph: Graph, comm: CommStructure, cost: CostModel, dispatch_us: list[float], kernel_us: list[float]
-) -> tuple[list[float], list[float], tuple[float, ...], tuple[float, ...], tuple[float, ...], tuple[float, ...],
-           tuple[CommOpCost | None, ...]]:
-    """(dispatch, kernel, done, done kernel) µs of every op, each all-reduce's collective CPU
-    share, each send's and recv's transfer CPU µs and each COMM op's cost as measured (None
-    where it was not; `sim.comm.CommOpCost`), the COMM ops' from the cost model
+) -> tuple[list[float], list[float], tuple[float, ...], tuple[float, ...], tuple[CommOpCost | None, ...]]:
+    """(dispatch, kernel, done, done kernel) µs of every op and each COMM op's cost as
+    measured (None where it was not; `sim.comm.CommOpCost`), the COMM ops' from the cost model
     when it measured them (`sim.comm.CommHostCost`). Otherwise a COMM op keeps its dispatch
     and kernel, and an all-reduce pays them again when it finishes (done = dispatch, done
     kernel = kernel); a recv's done part is then 0. The lists given are not changed."""
     n = len(graph.ops)
-    done, done_kernel, share, transfer_us = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
+    done, done_kernel = [0.0] * n, [0.0] * n
     measured: list[CommOpCost | None] = [None] * n
     dispatch, kernel = list(dispatch_us), list(kernel_us)
     host = cost if isinstance(cost, CommHostCost) else None
@@ -221,12 +215,10 @@ def comm_host_costs(
         c = host.comm_host_us(graph.ops[o]) if host is not None else None
         if c is not None:
             dispatch[o], kernel[o], done[o], done_kernel[o] = c.post_us, c.post_kernel_us, c.done_us, c.done_kernel_us
-            share[o] = c.collective_cpu_share
-            transfer_us[o] = c.transfer_cpu_us
             measured[o] = c
         elif comm.role[o] is Role.ALL_REDUCE:
             done[o], done_kernel[o] = dispatch[o], kernel[o]
-    return dispatch, kernel, tuple(done), tuple(done_kernel), tuple(share), tuple(transfer_us), tuple(measured)
+    return dispatch, kernel, tuple(done), tuple(done_kernel), tuple(measured)
 
 
 def comm_kernel_us(op: Op, threads: int, cost: CostModel) -> float:

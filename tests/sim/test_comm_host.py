@@ -175,7 +175,7 @@ class ColdCost(HostCost):
             return None
         if op.target == SEND:
             return dataclasses.replace(c, after_us=self.after_send_us)
-        return dataclasses.replace(c, after_us=1.0, after_wait=((0.0, 1.0), (100.0, 20.0), (2000.0, 40.0)))
+        return dataclasses.replace(c, after_wait=((0.0, 1.0), (100.0, 20.0), (2000.0, 40.0)))
 
 
 @pytest.mark.parametrize(("waited_us", "cold_us"), [
