@@ -15,10 +15,14 @@ what each communication op costs its rank (`Profile.comm_host_us`). Every row ca
 - ``reverse-first-k``: data parallel under the `reverse-first-k:K` order (Oh et al.),
   run for several steps back to back in steady state (`schedlab.steps`; so is one plain
   data-parallel plan, to compare), a step's time being the sequence's over its steps.
+- ``pipeline``: the batch split into micro-batches and the layers into one stage per
+  rank (equal shares of layers), run under a schedule generator (gpipe, 1f1b, ...;
+  `schedlab.pipeline_plan.with_named_schedule`), activations and gradients of every
+  micro-batch sent between the ranks.
 
 Two ways to predict, as on one device (`calibrate.fidelity`): trace-calibrated (the
-Profile plus the op times of one-process, one-thread runs of the model's full step and of
-its per-replica step, none of them a scored plan), and profile-only (the Profile alone:
+Profile plus the op times of one-process, one-thread runs of the model's full step, of
+its per-replica step and of its micro-batch step, none of them a scored plan), and profile-only (the Profile alone:
 what the held-out protocol reports for models calibration never saw). The measured runs
 are shared by both.
 """
@@ -48,12 +52,14 @@ from schedlab.graph import Graph
 from schedlab.layer_split import layer_costs_us, layer_split, layers_in_order
 from schedlab.machine import Machine, host_ranks
 from schedlab.order import OpCostUs
+from schedlab.pipeline_plan import with_named_schedule
 from schedlab.plan import DEFAULT_STEADY_STEPS, Plan, ResolvedPlan, resolve
 
 PLACED = "placed"
 DATA_PARALLEL = "data-parallel"
 REVERSE_FIRST_K = "reverse-first-k"
-PLAN_KINDS = (PLACED, DATA_PARALLEL, REVERSE_FIRST_K)
+PIPELINE = "pipeline"
+PLAN_KINDS = (PLACED, DATA_PARALLEL, REVERSE_FIRST_K, PIPELINE)
 ONE_DEVICE = "one-device"  # the plan kind of the one-device spread's rows
 
 
@@ -65,7 +71,9 @@ class RankPlanSpec:
     balanced expert split, `schedlab.layer_split`), or "layers:F" (two blocks of layers
     cut where the first reaches share F of the step's calibrated cost). `replicas` 0 means
     one replica per device. `steps`: steps back to back in steady state (`resolve(...,
-    steps=S)`), 1 for one step at a time.
+    steps=S)`), 1 for one step at a time. `schedule`: a pipeline over a replica's
+    devices under that generator, with `micro_batches` (the placement is then the
+    schedule's stages).
     """
 
     kind: str
@@ -76,14 +84,19 @@ class RankPlanSpec:
     order: str = "topo"
     threads: int | None = 1
     steps: int = 1
+    schedule: str | None = None
+    micro_batches: int = 1
 
     def plan(self, graph: Graph, devices: Sequence[str], op_cost_us: OpCostUs | None) -> Plan:
         """The Plan of this spec for `graph` (the per-replica step when `replicas` > 1) on `devices`."""
         replicas = self.n_replicas(len(devices))
         group = list(devices[: max(1, len(devices) // replicas)])
-        # Batch norm over each replica's part of the batch changes the numbers, not the time.
+        # Batch norm over each replica's (micro-batch's) part of the batch changes the numbers, not the time.
         base = Plan(threads=self.threads, order=self.order, name=self.name, replicas=replicas,
-                    bucket_mb=self.bucket_mb, device=group[0], split_batch_stats=replicas > 1)
+                    bucket_mb=self.bucket_mb, device=group[0],
+                    split_batch_stats=replicas > 1 or self.micro_batches > 1)
+        if self.schedule is not None:
+            return with_named_schedule(base, tuple(group), self.schedule, self.micro_batches)
         if self.placement == "default":
             return base
         if self.placement == "layers":
@@ -105,6 +118,8 @@ class RankPlanSpec:
         per_replica = devices // replicas if replicas <= devices else 0
         if per_replica < 1 or devices % replicas:
             return False
+        if self.schedule is not None:
+            return per_replica >= 2
         if self.placement == "default":
             return per_replica == 1
         return per_replica == 2 if self.placement.startswith("layers:") else per_replica >= 2
@@ -158,6 +173,9 @@ RANK_PLAN_SPREAD: tuple[RankPlanSpec, ...] = (
                  steps=DEFAULT_STEADY_STEPS),
     RankPlanSpec(REVERSE_FIRST_K, "dp-b25-rfk1", replicas=0, bucket_mb=25.0, order="reverse-first-k:1",
                  steps=DEFAULT_STEADY_STEPS),
+    RankPlanSpec(PIPELINE, "pipe-1f1b-m2", schedule="1f1b", micro_batches=2),
+    RankPlanSpec(PIPELINE, "pipe-1f1b-m4", schedule="1f1b", micro_batches=4),
+    RankPlanSpec(PIPELINE, "pipe-gpipe-m4", schedule="gpipe", micro_batches=4),
 )
 
 
@@ -196,7 +214,7 @@ class RankFidelity:
     rows: dict[str, list[FidelityRow]] = field(default_factory=dict)  # method -> one row per plan
 
 
-StepOf = Callable[[int], Any]  # replicas -> `schedlab.data_parallel.PlanStep`
+StepOf = Callable[[int, int], Any]  # (replicas, micro-batches) -> `schedlab.data_parallel.PlanStep`
 
 
 def rank_cases(
@@ -206,7 +224,7 @@ def rank_cases(
     devices = [d.id for d in machine.devices]
     out: list[RankCase] = []
     for spec in specs:
-        step = step_of(spec.n_replicas(len(devices)))
+        step = step_of(spec.n_replicas(len(devices)), spec.micro_batches)
         graph = step.graph
         try:
             plan = spec.plan(graph, devices, op_cost_us)
@@ -248,10 +266,16 @@ def _foreign_frac(start: CpuSnapshot | None, end: CpuSnapshot | None, children_s
     return min(1.0, max(0.0, foreign / (end.total_s - start.total_s)))
 
 
-def trace_calibrated(profile: Profile, step_of: StepOf, replicas: Sequence[int], steps: int,
+def step_shapes(specs: Sequence[RankPlanSpec], devices: int) -> list[tuple[int, int]]:
+    """The (replicas, micro-batches) of the steps `specs` run on `devices` ranks, each once."""
+    return sorted({(s.n_replicas(devices), s.micro_batches) for s in specs})
+
+
+def trace_calibrated(profile: Profile, step_of: StepOf, shapes: Sequence[tuple[int, int]], steps: int,
                      warmup: int = TRACE_WARMUP) -> Profile:
     """`profile` plus the op times of one-process, one-slot, one-thread, program-order runs
-    of the model's step for each replica count (the full step; the per-replica one), this
+    of the model's step for each (replicas, micro-batches) shape (the full step; the
+    per-replica one; one micro-batch's), this
     process pinned to one core as a rank of one core runs (`calibrate.trace_cal`). None of
     them is a scored plan."""
     from schedlab.exec import run_steps
@@ -263,8 +287,8 @@ def trace_calibrated(profile: Profile, step_of: StepOf, replicas: Sequence[int],
     try:
         if pin:  # on one core, as a rank of `host_ranks` runs (its share of the cores: one here)
             os.sched_setaffinity(0, {min(before)})
-        for r in sorted(set(replicas)):
-            step = step_of(r)
+        for r, m in sorted(set(shapes)):
+            step = step_of(r, m)
             captured = step.parts[0] if step.parts else step.full
             res = run_steps(captured.graph, captured.input_values, Plan(threads=1), host, steps=steps, warmup=warmup)
             profile = profile.with_trace(res.trace, captured.graph)
@@ -299,7 +323,7 @@ def rank_fidelity(
     for method in methods:
         cost = profile
         if method == TRACE_CALIBRATED:
-            cost = trace_calibrated(profile, step_of, sorted({c.spec.n_replicas(devices) for c in cases}), steps)
+            cost = trace_calibrated(profile, step_of, step_shapes([c.spec for c in cases], devices), steps)
         rows: list[FidelityRow] = []
         for case, meas in zip(cases, measured, strict=True):
             (pred,) = predict(case.graph, [case.resolved], cost, machine)

@@ -57,12 +57,14 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
               disable=None) as bar:
         for model in models:
             bar.set_postfix_str(model)
-            steps_by_replicas: dict[int, Any] = {}
+            steps_by_shape: dict[tuple[int, int], Any] = {}
 
-            def step_of(replicas: int, model: str = model, memo: dict[int, Any] = steps_by_replicas) -> Any:
-                if replicas not in memo:
-                    memo[replicas] = plan_step_of(model, args.size, args.optimizer, 0, replicas=replicas, cache=True)
-                return memo[replicas]
+            def step_of(replicas: int, micro_batches: int, model: str = model,
+                        memo: dict[tuple[int, int], Any] = steps_by_shape) -> Any:
+                if (replicas, micro_batches) not in memo:
+                    memo[replicas, micro_batches] = plan_step_of(
+                        model, args.size, args.optimizer, 0, replicas=replicas, cache=True, micro_batches=micro_batches)
+                return memo[replicas, micro_batches]
 
             results.append(rank_fidelity(
                 model, step_of, specs, profile, args.devices, methods=methods, steps=args.steps,
@@ -92,7 +94,8 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
         "plans_per_model": len(specs),
         "warmup_per_plan": RANK_WARMUP,
         "plan_specs": [{"name": s.name, "kind": s.kind, "placement": s.placement, "replicas": s.n_replicas(args.devices),
-                        "bucket_mb": s.bucket_mb, "order": s.order, "threads": s.threads, "steps": s.steps}
+                        "bucket_mb": s.bucket_mb, "order": s.order, "threads": s.threads, "steps": s.steps,
+                        "schedule": s.schedule, "micro_batches": s.micro_batches}
                        for s in specs],
         "note": "errors are fractions (predicted / measured - 1); trace-calibrated: the profile plus the op times "
         "of one-process one-thread program-order runs of the model's full and per-replica steps (no scored plan); "

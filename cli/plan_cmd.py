@@ -163,29 +163,28 @@ def _with_pipeline(
     from dataclasses import replace
 
     from schedlab.pipeline import stage_devices
-    from schedlab.pipeline.generators import parse_name, stages_per_device
+    from schedlab.pipeline.generators import stages_per_device
+    from schedlab.pipeline_plan import with_named_schedule
 
     devices = tuple(d.id for d in machine.devices)
     P = len(devices)
-    if schedule is not None:
-        rows: Any = tuple(tuple(row) for row in schedule.to_rows())
-        n_stages = schedule.shape.n_stages
-        got = tuple(st.devices[0] for st in schedule.shape.stages)
-        stage_map = args.stage_map or next(
-            (m for m in ("loop", "v") if schedule.n_devices == P and got == stage_devices(n_stages, P, m)), "loop")
-        if args.stages is not None and args.stages != n_stages:
-            raise SchedlabError(f"--stages {args.stages}: schedule file {args.schedule} runs {n_stages} stages")
-    else:
-        rows = args.schedule or "1f1b"
+    if schedule is None:  # a generator: the library builds the plan
+        name = args.schedule or "1f1b"
         try:
-            kind, _ = parse_name(rows)
-            n_stages = args.stages if args.stages is not None else P * stages_per_device(rows, P)
+            n_stages = args.stages if args.stages is not None else P * stages_per_device(name, P)
         except SchedlabError as e:
-            raise SchedlabError(f"--schedule {rows}: {e}") from None
-        stage_map = args.stage_map or kind.stage_map
+            raise SchedlabError(f"--schedule {name}: {e}") from None
+        cuts = _stage_cuts(args, graph, n_stages) if args.stage_cuts != "equal" else None
+        return with_named_schedule(plan, devices, name, micro_batches, cuts or n_stages, args.stage_map)
+    n_stages = schedule.shape.n_stages
+    got = tuple(st.devices[0] for st in schedule.shape.stages)
+    stage_map = args.stage_map or next(
+        (m for m in ("loop", "v") if schedule.n_devices == P and got == stage_devices(n_stages, P, m)), "loop")
+    if args.stages is not None and args.stages != n_stages:
+        raise SchedlabError(f"--stages {args.stages}: schedule file {args.schedule} runs {n_stages} stages")
     stages: int | tuple[int, ...] = n_stages if args.stage_cuts == "equal" else _stage_cuts(args, graph, n_stages)
-    return replace(plan, micro_batches=micro_batches, stages=stages, stage_map=stage_map, schedule=rows,
-                   pipeline_devices=devices if P > 1 else ())
+    return replace(plan, micro_batches=micro_batches, stages=stages, stage_map=stage_map,
+                   schedule=tuple(tuple(row) for row in schedule.to_rows()), pipeline_devices=devices if P > 1 else ())
 
 
 def _stage_cuts(args: argparse.Namespace, graph: Any, n_stages: int) -> tuple[int, ...]:

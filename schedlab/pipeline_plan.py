@@ -52,6 +52,29 @@ def plan_devices(plan: Plan, machine: Machine) -> tuple[str, ...]:
     return plan.pipeline_devices
 
 
+def with_named_schedule(
+    plan: Plan, devices: tuple[str, ...], schedule: str, micro_batches: int,
+    stages: int | tuple[int, ...] | None = None, stage_map: str | None = None,
+) -> Plan:
+    """`plan` as a pipeline under generator `schedule` (gpipe, 1f1b, interleaved:V, ...) over
+    `devices`, one schedule row each: `micro_batches`, and `stages` as a count (equal
+    shares of layers) or the first layer of each later stage (then the count is one
+    more); by default the stage count the schedule runs on `devices`, and its stage map.
+    The plan is checked when it is resolved (`resolve_pipeline`)."""
+    from schedlab.pipeline.generators import parse_name, stages_per_device
+
+    try:
+        kind, _ = parse_name(schedule)
+        n_stages = len(stages) + 1 if isinstance(stages, tuple) else stages
+        if n_stages is None:
+            n_stages = len(devices) * stages_per_device(schedule, len(devices))
+    except SchedlabError as e:
+        raise PlanError("schedule", str(e)) from None
+    return replace(plan, micro_batches=micro_batches, stages=stages if isinstance(stages, tuple) else n_stages,
+                   stage_map=stage_map or kind.stage_map, schedule=schedule,
+                   pipeline_devices=devices if len(devices) > 1 else ())
+
+
 def plan_schedule(plan: Plan, n_devices: int) -> Schedule:
     """The plan's schedule on `n_devices` devices, checked against its stages, stage map
     and micro-batches (`pipeline.check_schedule`)."""

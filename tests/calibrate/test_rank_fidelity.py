@@ -13,18 +13,22 @@ from schedlab.calibrate.comm_host import host_costs_of
 from schedlab.calibrate.fidelity import PROFILE_ONLY, TRACE_CALIBRATED, FidelityRow
 from schedlab.calibrate.rank_fidelity import (
     DATA_PARALLEL,
+    PIPELINE,
     PLACED,
     RANK_PLAN_SPREAD,
     REVERSE_FIRST_K,
     RankFidelity,
     RankPlanSpec,
     layers_cut_at,
+    rank_cases,
     rank_plan_spread,
     rank_summary,
+    step_shapes,
 )
 from schedlab.cli import main
 from schedlab.errors import SchedlabError
-from schedlab.machine import detect_host
+from schedlab.machine import detect_host, host_ranks
+from schedlab.microbatch import PipelineStep
 from schedlab.plan import DEFAULT_STEADY_STEPS
 from tests.calibrate.factories import make_profile
 from tests.calibrate.test_comm_host import _points
@@ -34,7 +38,7 @@ from tests.conftest import captured_workload
 
 def test_the_spread_has_every_kind_and_fits_its_devices() -> None:
     kinds = {s.kind for s in RANK_PLAN_SPREAD}
-    assert kinds == {PLACED, DATA_PARALLEL, REVERSE_FIRST_K}
+    assert kinds == {PLACED, DATA_PARALLEL, REVERSE_FIRST_K, PIPELINE}
     assert len({s.name for s in RANK_PLAN_SPREAD}) == len(RANK_PLAN_SPREAD)
     assert all(s.steps == DEFAULT_STEADY_STEPS for s in RANK_PLAN_SPREAD if s.kind == REVERSE_FIRST_K)
     two = rank_plan_spread(2)
@@ -57,6 +61,34 @@ def test_specs_build_plans() -> None:
     assert placed.replicas == 1 and set(placed.layer_devices.values()) == {"cpu0", "cpu1"}
     with pytest.raises(SchedlabError, match="unknown placement"):
         RankPlanSpec(PLACED, "x", placement="rows").plan(c.graph, devices, None)
+
+
+def test_a_pipeline_spec_runs_its_schedule_over_a_replicas_devices() -> None:
+    spec = RankPlanSpec(PIPELINE, "p", schedule="gpipe", micro_batches=4)
+    assert spec.fits(2) and spec.fits(4) and not RankPlanSpec(PIPELINE, "p", schedule="1f1b", replicas=2).fits(2)
+    _, c = captured_workload("mlp")
+    plan = spec.plan(c.graph, ["cpu0", "cpu1"], None)
+    assert (plan.micro_batches, plan.n_stages, plan.schedule, plan.pipeline_devices) == (4, 2, "gpipe", ("cpu0", "cpu1"))
+    assert plan.split_batch_stats  # a micro-batch's batch norm sees its part only: accepted, it changes no time
+    shapes = step_shapes([spec, RankPlanSpec(DATA_PARALLEL, "d", replicas=0), RankPlanSpec(PLACED, "l")], 2)
+    assert shapes == [(1, 1), (1, 4), (2, 1)]  # the full step, one micro-batch's, one replica's: each calibrated once
+
+
+def test_pipeline_cases_take_the_micro_batch_step() -> None:
+    from schedlab.cli.common import plan_step_of
+
+    asked: list[tuple[int, int]] = []
+
+    def step_of(replicas: int, micro_batches: int):  # type: ignore[no-untyped-def]
+        asked.append((replicas, micro_batches))
+        return plan_step_of("mlp", "tiny", "sgd", 0, replicas=replicas, cache=True, micro_batches=micro_batches)
+
+    specs = rank_plan_spread(2, names=["pipe-1f1b-m2"])
+    (case,) = rank_cases("mlp", step_of, specs, host_ranks(2), None)
+    assert asked == [(1, 2)]
+    run = case.resolved.run_graph(case.graph)
+    assert set(case.resolved.device) == {"cpu0", "cpu1"} and any(o.kind.name == "COMM" for o in run.ops)
+    assert isinstance(step_of(1, 2), PipelineStep) and len(case.inputs) >= len(case.graph.inputs)
 
 
 def test_a_cut_puts_the_first_share_of_the_cost_on_the_first_device() -> None:
@@ -109,7 +141,7 @@ def links_profile(tmp_path: Path) -> Path:
 
 def test_two_rank_fidelity_command(capsys, tmp_path: Path, links_profile: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "ranks.json"
-    argv = ["fidelity", "mlp", "--size", "tiny", "--devices", "2", "--plans", "layers,dp-b25", "--steps", "2",
+    argv = ["fidelity", "mlp", "--size", "tiny", "--devices", "2", "--plans", "layers,dp-b25,pipe-1f1b-m2", "--steps", "2",
             "--no-trace-calibration", "--profile", str(links_profile), "--out", str(out)]
     assert main([*argv, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
@@ -117,13 +149,15 @@ def test_two_rank_fidelity_command(capsys, tmp_path: Path, links_profile: Path) 
     assert (d["set"], d["devices"], d["link_model"], d["host_costs"]) == ("built-in", 2, "fit", True)
     assert d["methods"] == [PROFILE_ONLY] and d["trace_calibration"] is False
     assert [(p["plan"], p["plan_kind"], p["method"]) for p in d["plans"]] == [
-        ("layers", PLACED, PROFILE_ONLY), ("dp-b25", DATA_PARALLEL, PROFILE_ONLY)]
+        ("layers", PLACED, PROFILE_ONLY), ("dp-b25", DATA_PARALLEL, PROFILE_ONLY),
+        ("pipe-1f1b-m2", PIPELINE, PROFILE_ONLY)]
     assert all(p["measured_s"] > 0 and p["predicted_s"] > 0 for p in d["plans"])
     assert d["plans"][0]["ops"] > len(captured_workload("mlp")[1].graph.ops)  # the expanded graph's ops
     (w,) = d["workloads"]
-    assert w["workload"] == "mlp" and set(w["kinds"]) == {PLACED, DATA_PARALLEL}
-    assert d["mape"] == pytest.approx(sum(abs(p["error"]) for p in d["plans"]) / 2)
-    assert set(d["overall"]["profile_only"]["kinds"]) == {PLACED, DATA_PARALLEL}
+    assert w["workload"] == "mlp" and set(w["kinds"]) == {PLACED, DATA_PARALLEL, PIPELINE}
+    assert d["mape"] == pytest.approx(sum(abs(p["error"]) for p in d["plans"]) / 3)
+    assert set(d["overall"]["profile_only"]["kinds"]) == {PLACED, DATA_PARALLEL, PIPELINE}
+    assert d["plan_specs"][2]["schedule"] == "1f1b" and d["plan_specs"][2]["micro_batches"] == 2
 
 
 def test_two_rank_fidelity_command_errors(capsys, links_profile: Path) -> None:  # type: ignore[no-untyped-def]
