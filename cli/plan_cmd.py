@@ -190,16 +190,14 @@ def _with_pipeline(
 def _stage_cuts(args: argparse.Namespace, graph: Any, n_stages: int) -> tuple[int, ...]:
     """--stage-cuts balanced (layers balanced by cost into `n_stages` blocks) or I,J,...:
     the index of each later stage's first layer."""
-    from schedlab.layer_split import balanced_blocks, layer_costs_us, layers_in_order
-
     spec = args.stage_cuts
     if spec == "balanced":
-        order = layers_in_order(graph)
-        if n_stages > len(order):
-            raise SchedlabError(f"--stages {n_stages}: {args.model} has {len(order)} layers; use {len(order)} or fewer")
-        cost = layer_costs_us(graph, _cost(args), threads=1)
-        blocks = balanced_blocks([cost.get(lay, 0.0) for lay in order], n_stages)
-        return tuple(k for k in range(1, len(order)) if blocks[k] != blocks[k - 1])
+        from schedlab.layer_split import balanced_stage_cuts
+
+        try:
+            return balanced_stage_cuts(graph, n_stages, _cost(args))
+        except SchedlabError as e:
+            raise SchedlabError(f"--stages {n_stages}: {args.model}: {e}; use fewer") from None
     try:
         cuts = tuple(int(x) for x in spec.split(","))
     except ValueError:

@@ -5,6 +5,7 @@
     schedlab search mlp --size tiny --trials 500 --workers 2 --memory --json
     schedlab search transformer --space placement --devices 2 --strategy m-etf   # this host's 2 ranks
     schedlab search nmt --space placement --machine dgx-8gpu --devices 4 --strategy rl --json
+    schedlab search transformer --space schedule --devices 2 --trials 40   # pipeline schedules
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "paper's model-guided scheduler (paper-concurrency) or out-of-order backprop's reordering "
         "(ooo). --space placement searches which device runs each layer's ops, on --devices N local ranks "
         "of this host or a --machine preset: the placement paper's RL grouper-placer (rl), Baechi's "
-        "heuristics (m-topo, m-etf, m-sct), the expert layer split (layers) or Optuna. PyTorch's default and TensorFlow's recommended threading are always evaluated. The "
+        "heuristics (m-topo, m-etf, m-sct), the expert layer split (layers) or Optuna. --space schedule "
+        "pipelines the model over the devices and searches the schedule (gpipe, 1f1b, interleaved:2, "
+        "looped-bfs, zb-h1, zb-h2, zbv, ooo), the micro-batch count and the stage cuts. PyTorch's default and TensorFlow's recommended threading are always evaluated. The "
         "study resumes where it stopped; run again with another --strategy into the same --run-dir to "
         "compare strategies. Writes run.json, graph.json, study.db and search.json into the run directory.",
     )
@@ -156,6 +159,10 @@ def run(args: argparse.Namespace) -> int:
             )
     host = detect_host()
     machine, baseline_machine = search_machine(args.machine, args.devices, profile, host)
+    if args.space == "schedule":  # before anything is captured or written
+        from schedlab.search.runner import check_schedule_search
+
+        check_schedule_search(machine, args.strategy, args.workers)
     run_profile = paths.profile
     if old is not None and paths.graph.exists():
         graph = Graph.load(paths.graph)  # resuming: the captured graph is already there
@@ -173,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
 
             print(f"schedlab search: timing a few steps of {args.model} to calibrate the simulator", file=sys.stderr)
             profile = calibrate_with_traces(profile, graph, captured.input_values, host, steps=3)
+            if args.space == "schedule":
+                profile = _calibrate_micro_batches(args, profile, graph)
             profile_path = profile.save(run_profile)
     storage = args.storage or (storage_url(run_dir, old) if old else default_storage(run_dir))
     study = args.study or (old.study if old else slug(f"{args.model}-{args.size}-{args.optimizer}"))
@@ -197,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     rl = rl_options(args, config, machine, profile)
     summary = run_search(
         run_dir, config, graph, machine, profile, workers=args.workers, progress=not args.no_progress,
-        baseline_machine=baseline_machine, rl=rl,
+        baseline_machine=baseline_machine, rl=rl, graph_of=micro_graphs(args),
     )
     summary["run_dir"] = str(run_dir)
     summary["paths"] = {
@@ -208,6 +217,39 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_summary(args, summary, len(graph))
     return 0
+
+
+def _calibrate_micro_batches(args: argparse.Namespace, profile: Any, graph: Any) -> Any:
+    """`profile` plus the op times of one micro-batch's step for each micro-batch count the
+    schedule space holds, run in one process pinned to one core as a rank runs it
+    (`calibrate.rank_fidelity.trace_calibrated`): a pipeline plan's ops are these."""
+    from schedlab.calibrate.rank_fidelity import trace_calibrated
+    from schedlab.cli.common import plan_step_of
+    from schedlab.search.schedule_space import batch_size, micro_batch_choices
+
+    counts = [m for m in micro_batch_choices(batch_size(graph)) if m > 1]
+    if not counts:
+        return profile
+    print(f"schedlab search: timing one micro-batch's step of {args.model} for {', '.join(map(str, counts))} "
+          "micro-batches", file=sys.stderr)
+
+    def step_of(replicas: int, micro_batches: int) -> Any:
+        return plan_step_of(args.model, args.size, args.optimizer, args.seed, replicas=replicas,
+                            cache=not args.no_cache, micro_batches=micro_batches)
+
+    return trace_calibrated(profile, step_of, [(1, m) for m in counts], steps=3)
+
+
+def micro_graphs(args: argparse.Namespace) -> Any:
+    """M -> the graph a plan of M micro-batches of the model resolves against (one
+    micro-batch's step, through the graph cache unless --no-cache)."""
+    from schedlab.cli.common import plan_step_of
+
+    def graph_of(micro_batches: int) -> Any:
+        return plan_step_of(args.model, args.size, args.optimizer, args.seed, replicas=1, cache=not args.no_cache,
+                            micro_batches=micro_batches).graph
+
+    return graph_of
 
 
 def search_machine(spec: str, devices: int | None, profile: Any, host: Any) -> tuple[Any, Any]:

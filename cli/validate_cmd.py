@@ -118,7 +118,8 @@ def _placement_run_dir(args: argparse.Namespace, run_dir: Path) -> int:
     from schedlab.search.run_dir import RunPaths
 
     r = validate_placement_run(run_dir, repeats=args.repeats, steps=args.steps, warmup=args.warmup,
-                               timeout_s=DEFAULT_TIMEOUT_S, progress=not args.no_progress)
+                               timeout_s=DEFAULT_TIMEOUT_S, progress=not args.no_progress,
+                               top=3 if args.top is None else args.top)
     r["paths"] = {"results": str(RunPaths(run_dir).results)}
     if args.json:
         print_json(r)

@@ -66,6 +66,17 @@ def balanced_blocks(costs: Sequence[float], k: int) -> list[int]:
     return blocks
 
 
+def balanced_stage_cuts(graph: Graph, n_stages: int, op_cost_us: OpCostUs | None = None) -> tuple[int, ...]:
+    """The index (in `layers_in_order`) of each later stage's first layer when the layers are
+    cut into `n_stages` contiguous stages balanced by cost (a pipeline plan's `stages`)."""
+    order = layers_in_order(graph)
+    if n_stages > len(order):
+        raise SchedlabError(f"{n_stages} stages need as many layers; graph {graph.name!r} has {len(order)}")
+    cost = layer_costs_us(graph, op_cost_us, threads=1)
+    blocks = balanced_blocks([cost.get(lay, 0.0) for lay in order], n_stages)
+    return tuple(k for k in range(1, len(order)) if blocks[k] != blocks[k - 1])
+
+
 def layer_split(
     graph: Graph, devices: Sequence[str], op_cost_us: OpCostUs | None = None, threads: int = 1
 ) -> dict[str, str]:

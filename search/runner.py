@@ -28,6 +28,7 @@ from schedlab.search.baselines import baseline_plans
 from schedlab.search.objective import Evaluator
 from schedlab.search.placement.strategies import PLACEMENT_STRATEGIES
 from schedlab.search.run_dir import RunConfig, RunPaths, write_run, write_search
+from schedlab.search.schedule_space import SCHEDULE_SPACE, MicroBatchEvaluator
 from schedlab.search.space import make_space
 from schedlab.search.strategies import OPTUNA, strategy_plans
 from schedlab.search.study import (
@@ -106,25 +107,34 @@ def run_search(
     progress: bool = True,
     baseline_machine: Machine | None = None,
     rl: RLOptions | None = None,
+    graph_of: Callable[[int], Graph] | None = None,
 ) -> dict[str, Any]:
     """Run the search `config` asks for (resuming whatever the study already has).
 
     `machine` is what the plans are simulated on; `baseline_machine` (default `machine`)
     what the baselines are: a placement over this host's local ranks is measured against
-    the one-process baselines on the whole host. `rl` configures the ``rl`` strategy."""
+    the one-process baselines on the whole host. `rl` configures the ``rl`` strategy.
+    `graph_of(M)`: the graph a plan of M micro-batches resolves against (``--space
+    schedule``; M = 1 is `graph`)."""
     from tqdm import tqdm
 
     if workers < 1:
         raise SchedlabError("--workers must be >= 1")
     if config.trials < 1:
         raise SchedlabError("--trials must be >= 1")
+    if config.space == SCHEDULE_SPACE:  # before anything is written
+        check_schedule_search(machine, config.strategy, workers)
     t0 = time.perf_counter()
     run_dir.mkdir(parents=True, exist_ok=True)
     storage = open_storage(config.storage)
     study = prepare_run_dir(run_dir, config, graph, storage)
     fail_stale_trials(study, storage)
-    evaluator = Evaluator(graph, machine, cost)
+    evaluator: Any = Evaluator(graph, machine, cost)
     base_eval = evaluator if baseline_machine is None else Evaluator(graph, baseline_machine, cost)
+    if config.space == SCHEDULE_SPACE:
+        whole = graph
+        evaluator = MicroBatchEvaluator(
+            lambda m: whole if m == 1 else _micro_graph(graph_of, m), machine, cost)
     baselines = evaluate_baselines(base_eval)
     study.set_user_attr("baselines", baselines)
 
@@ -192,6 +202,25 @@ def run_search(
     )
     write_search(run_dir, summary)
     return summary
+
+
+def check_schedule_search(machine: Machine, strategy: str, workers: int) -> None:
+    """One clear error for a schedule search that cannot run."""
+    if len(machine.devices) < 2:
+        raise SchedlabError(
+            f"--space schedule pipelines a model over several devices; machine {machine.name!r} has one: "
+            "give --devices N (N local ranks of this host) or a --machine with several devices")
+    if workers > 1:
+        raise SchedlabError("--space schedule runs in one process for now; leave out --workers")
+    if strategy != OPTUNA:
+        raise SchedlabError(f"--space schedule is searched by optuna; strategy {strategy} is not a schedule search")
+
+
+def _micro_graph(graph_of: Callable[[int], Graph] | None, micro_batches: int) -> Graph:
+    if graph_of is None:
+        raise SchedlabError(f"a plan of {micro_batches} micro-batches needs its micro-batch step's graph; "
+                            "the caller gave no graph_of")
+    return graph_of(micro_batches)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ Three spaces (``--space``):
 - ``all``: both together.
 - ``placement``: which device runs each group of ops (`search.placement.space`); on a
   machine of several devices, ``all`` searches placement, concurrency and order together.
+- ``schedule``: a pipeline over the machine's devices: schedule family, micro-batches and
+  stage cuts (`search.schedule_space`).
 
 Sampling is separate from building: `SearchSpace.suggest(trial)` samples a flat dict of
 parameters and `SearchSpace.plan(params)` builds the Plan, so a stored trial's params
@@ -41,7 +43,7 @@ from schedlab.order import ranks, upward_rank_us
 from schedlab.plan import Plan, list_schedule
 from schedlab.sim.cost import CostModel, op_cost_us
 
-SPACES = ("concurrency", "order", "all", "placement")
+SPACES = ("concurrency", "order", "all", "placement", "schedule")
 ONE_DEVICE_SPACES = ("concurrency", "order", "all")
 ORDER_CHOICES = ("topo", "critical-path", "w-last", "mixed")
 CONCURRENCY_ORDER = "critical-path"  # the order of the concurrency space
@@ -180,6 +182,10 @@ def make_space(name: str, graph: Graph, machine: Machine, cost: CostModel, *, sp
     """The space `name` on `machine`: `SearchSpace` on one device; on several, ``placement``
     and ``all`` are `search.placement.space.PlacementSpace` (the same interface)."""
     multi = len(machine.devices) > 1
+    if name == "schedule":
+        from schedlab.search.schedule_space import ScheduleSpace
+
+        return ScheduleSpace(graph, machine, cost)
     if name == "placement" or (name == "all" and multi):
         if not multi:
             raise SchedlabError(

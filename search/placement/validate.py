@@ -8,6 +8,10 @@ round-robin). results.json keeps the run directory's format (search/RUN_DIR.md):
 candidate names its strategy (``strategies``: every strategy whose best it is) with its
 prediction, measurement and spread, and ``error_pct`` = (predicted - measured) / measured.
 
+A pipeline-schedule search (``--space schedule``, one strategy) is validated the same way,
+with its `top` distinct fastest plans instead of one per strategy; each plan runs on the
+step its micro-batch count needs (`plan_step`).
+
 `measured_reward(...)`: the RL strategy's ``--reward measured``: a plan's median step time
 on the real ranks (no numerics check: the validation checks the winners).
 
@@ -70,20 +74,41 @@ def strategy_winners(study: optuna.Study) -> list[tuple[Plan, float, int, list[s
     return list(by_plan.values())
 
 
-def plan_step(config: RunConfig) -> Any:
-    """The run's model captured as one step (`data_parallel.PlanStep`, one replica)."""
+def top_plans(study: optuna.Study, top: int) -> list[tuple[Plan, float, int, list[str]]]:
+    """(plan, predicted step s, trial, [strategy]) of the `top` fastest distinct plans among
+    the study's complete trials, fastest first."""
+    trials = sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                     if t.values and t.user_attrs.get("plan")), key=lambda t: (t.values[0], t.number))
+    out: dict[str, tuple[Plan, float, int, list[str]]] = {}
+    for t in trials:
+        plan = Plan.from_json(t.user_attrs["plan"])
+        if plan.hash not in out:
+            out[plan.hash] = (plan, float(t.values[0]), t.number, [str(t.user_attrs.get("strategy", ""))])
+        if len(out) == top:
+            break
+    return list(out.values())
+
+
+def plan_step(config: RunConfig, micro_batches: int = 1) -> Any:
+    """The run's model captured as one step (`data_parallel.PlanStep`, one replica), or with
+    `micro_batches` > 1 the full step and one micro-batch's (`microbatch.pipeline_step`)."""
     from schedlab.capture import capture
     from schedlab.data_parallel import plan_step as make_step
+    from schedlab.microbatch import pipeline_step
     from schedlab.workloads import load_workload
 
     workload = load_workload(config.model, config.size, seed=config.seed)
+    if micro_batches != 1:
+        return pipeline_step(workload, micro_batches, lambda w: capture(w, config.optimizer))
     return make_step(workload, 1, lambda w: capture(w, config.optimizer))
 
 
 def validate_placement_run(
     run_dir: Path, *, repeats: int, steps: int, warmup: int, timeout_s: float, progress: bool = True,
+    top: int = 3,
 ) -> dict[str, Any]:
-    """Run every strategy's winner and the baselines on this host; writes results.json."""
+    """Run every strategy's winner (a schedule search: its `top` plans) and the baselines on
+    this host; writes results.json."""
     from schedlab.calibrate.profile import Profile
     from schedlab.search.baselines import baseline_plans
     from schedlab.search.study import open_storage
@@ -94,16 +119,24 @@ def validate_placement_run(
     profile = Profile.load(config.profile, check_machine=False)
     machine = rank_machine(config, profile)
     study = optuna.load_study(storage=open_storage(storage_url(run_dir, config)), study_name=config.study)
-    winners = strategy_winners(study)
+    winners = top_plans(study, top) if config.space == "schedule" else strategy_winners(study)
     if not winners:
-        raise SchedlabError(f"{run_dir}: the study holds no complete placement trial to validate")
-    step = plan_step(config)
+        raise SchedlabError(f"{run_dir}: the study holds no complete trial to validate")
+    steps_by_m: dict[int, Any] = {}
+
+    def step_for(micro_batches: int) -> Any:
+        if micro_batches not in steps_by_m:
+            steps_by_m[micro_batches] = plan_step(config, micro_batches)
+        return steps_by_m[micro_batches]
+
     weights = op_cost_us(profile)
     cases: list[PlanCase] = []
     for plan, _, trial, names in winners:
         label = f"trial {trial} ({', '.join(names)})"
-        cases.append(PlanCase(label, plan, machine, step, resolve(step.graph, plan, machine, op_cost_us=weights)))
+        s = step_for(plan.micro_batches)
+        cases.append(PlanCase(label, plan, machine, s, resolve(s.graph, plan, machine, op_cost_us=weights)))
     host = detect_host()
+    step = step_for(1)
     for name, plan in baseline_plans(host).items():
         cases.append(PlanCase(name, plan, host, step, resolve(step.graph, plan, host, op_cost_us=weights), baseline=name))
     raw = validate_plans(cases, profile=profile, repeats=repeats, steps=steps, warmup=warmup, timeout_s=timeout_s,

@@ -1,0 +1,113 @@
+"""The pipeline-schedule search space (``--space schedule``): which schedule, how many
+micro-batches, where the stages are cut.
+
+A trial picks a schedule family (`FAMILIES`: gpipe, 1f1b, interleaved:2, looped-bfs,
+zb-h1, zb-h2, zbv, ooo; those whose stage count the model's layers cannot fill are left
+out), a micro-batch count (the divisors of the batch up to `MAX_MICRO_BATCHES`) and the
+stage cuts: ``equal`` shares of layers, or ``balanced`` by the cost model's layer times
+(`schedlab.layer_split.balanced_stage_cuts`). Each stage count is the family's own on the
+machine's devices (one stage per device for 1F1B, two for ZBV, ...), one schedule row per
+device. The plan is built by `schedlab.pipeline_plan.with_named_schedule`, so it is the
+plan `schedlab plan --schedule ... --micro-batches ... --stage-cuts ...` writes.
+
+The micro-batch count changes the graph a plan resolves against (one micro-batch's step,
+`schedlab.microbatch.pipeline_step`), so `MicroBatchEvaluator` keeps one `Evaluator` per
+count, each built on first use from the caller's `graph_of(M)`.
+
+Not searched yet: Tessel's repetends on a model (its non-chain placements do not map onto
+a model's stages yet), V of interleaved beyond 2, and composition with placement and
+concurrency (``--space all``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from schedlab.errors import SchedlabError
+from schedlab.graph import Graph, InputRole
+from schedlab.layer_split import balanced_stage_cuts, layers_in_order
+from schedlab.machine import Machine
+from schedlab.pipeline.generators import stages_per_device
+from schedlab.pipeline_plan import with_named_schedule
+from schedlab.plan import Plan
+from schedlab.search.objective import Evaluation, Evaluator
+from schedlab.sim.cost import CostModel, op_cost_us
+
+SCHEDULE_SPACE = "schedule"
+FAMILIES = ("gpipe", "1f1b", "interleaved:2", "looped-bfs", "zb-h1", "zb-h2", "zbv", "ooo")
+STAGE_CUTS = ("equal", "balanced")
+MAX_MICRO_BATCHES = 16
+
+
+def batch_size(graph: Graph) -> int:
+    """The batch of `graph`: the leading dimension of its first user input."""
+    for i in graph.inputs:
+        meta = graph.values[i.value]
+        if i.role is InputRole.USER and meta is not None and meta.shape:
+            return int(meta.shape[0])
+    raise SchedlabError(f"graph {graph.name!r} has no user input with a batch dimension to split into micro-batches")
+
+
+def micro_batch_choices(batch: int, limit: int = MAX_MICRO_BATCHES) -> tuple[int, ...]:
+    """Micro-batch counts that split `batch` evenly, up to `limit`."""
+    return tuple(m for m in range(1, min(batch, limit) + 1) if batch % m == 0)
+
+
+class ScheduleSpace:
+    """Pipeline plans over every device of `machine` (see the module docstring)."""
+
+    name = SCHEDULE_SPACE
+
+    def __init__(self, graph: Graph, machine: Machine, cost: CostModel,
+                 families: Sequence[str] = FAMILIES, micro_batches: Sequence[int] | None = None) -> None:
+        self.devices = tuple(d.id for d in machine.devices)
+        if len(self.devices) < 2:
+            raise SchedlabError(
+                f"--space schedule pipelines a model over several devices; machine {machine.name!r} has one: "
+                "give --devices N (N local ranks of this host) or a --machine with several devices")
+        n_layers = len(layers_in_order(graph))
+        P = len(self.devices)
+        self.stages = {f: P * stages_per_device(f, P) for f in families}
+        self.families = tuple(f for f in families if self.stages[f] <= n_layers)
+        if not self.families:
+            raise SchedlabError(f"{graph.name!r} has {n_layers} layer(s): too few for a stage on each of {P} devices")
+        self.micro_batches = tuple(micro_batches) if micro_batches else micro_batch_choices(batch_size(graph))
+        self._cuts: dict[int, tuple[int, ...]] = {}
+        self._graph, self._op_cost_us = graph, op_cost_us(cost)
+
+    def suggest(self, trial: Any) -> Plan:
+        family = trial.suggest_categorical("schedule", self.families)
+        m = trial.suggest_categorical("micro_batches", self.micro_batches)
+        cuts = trial.suggest_categorical("stage_cuts", STAGE_CUTS)
+        return self.plan(family, m, cuts)
+
+    def plan(self, family: str, micro_batches: int, cuts: str) -> Plan:
+        """The pipeline plan of one point of the space."""
+        n = self.stages[family]
+        if cuts == "equal":
+            stages: int | tuple[int, ...] = n
+        elif cuts == "balanced":
+            if n not in self._cuts:  # layer costs of the full step: the same shares as a micro-batch's
+                self._cuts[n] = balanced_stage_cuts(self._graph, n, self._op_cost_us)
+            stages = self._cuts[n]
+        else:
+            raise SchedlabError(f"unknown stage cuts {cuts!r}; use one of: {', '.join(STAGE_CUTS)}")
+        return with_named_schedule(Plan(), self.devices, family, micro_batches, stages)
+
+
+class MicroBatchEvaluator:
+    """An `Evaluator` per micro-batch count: a plan is simulated on the graph its
+    `micro_batches` resolves against (`graph_of(M)`, asked once per M)."""
+
+    def __init__(self, graph_of: Callable[[int], Graph], machine: Machine, cost: CostModel) -> None:
+        self.graph_of, self.machine, self.cost = graph_of, machine, cost
+        self._evaluators: dict[int, Evaluator] = {}
+
+    def evaluator(self, micro_batches: int) -> Evaluator:
+        if micro_batches not in self._evaluators:
+            self._evaluators[micro_batches] = Evaluator(self.graph_of(micro_batches), self.machine, self.cost)
+        return self._evaluators[micro_batches]
+
+    def evaluate(self, plan: Plan, record: bool = False) -> Evaluation:
+        return self.evaluator(plan.micro_batches).evaluate(plan, record=record)

@@ -1,0 +1,119 @@
+"""`--space schedule` (`search.schedule_space`): pipeline plans searched over schedule
+family, micro-batches and stage cuts, simulated on each micro-batch count's graph, and
+validated on real ranks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+
+from schedlab.cli import main
+from schedlab.cli.common import plan_step_of
+from schedlab.errors import SchedlabError
+from schedlab.graph import Graph
+from schedlab.machine import detect_host, host_ranks
+from schedlab.plan import resolve
+from schedlab.search.schedule_space import (
+    FAMILIES,
+    MicroBatchEvaluator,
+    ScheduleSpace,
+    batch_size,
+    micro_batch_choices,
+)
+from tests.search.conftest import fake_profile
+
+TWO = host_ranks(2)
+
+
+def graph_of(micro_batches: int, model: str = "mlp") -> Graph:
+    return plan_step_of(model, "tiny", "sgd", 0, replicas=1, cache=True, micro_batches=micro_batches).graph
+
+
+def test_micro_batch_counts_split_the_batch_evenly() -> None:
+    assert micro_batch_choices(32) == (1, 2, 4, 8, 16)
+    assert micro_batch_choices(12, limit=6) == (1, 2, 3, 4, 6)
+    assert micro_batch_choices(1) == (1,)
+    full = graph_of(1)
+    assert batch_size(full) in (4, 8, 16, 32, 64)  # mlp/tiny's batch, read from its user input
+
+
+def test_every_point_of_the_space_is_a_pipeline_plan_that_resolves() -> None:
+    full = graph_of(1)
+    space = ScheduleSpace(full, TWO, fake_profile())  # type: ignore[arg-type]
+    assert space.families and set(space.families) <= set(FAMILIES)
+    assert all(space.stages[f] <= 3 for f in space.families)  # mlp/tiny has 3 layers: zbv's 4 stages do not fit
+    assert "zbv" not in space.families and "1f1b" in space.families
+    m = max(space.micro_batches)
+    graph = graph_of(m)
+    for family in space.families:
+        for cuts in ("equal", "balanced"):
+            plan = space.plan(family, m, cuts)
+            assert (plan.schedule, plan.micro_batches, plan.pipeline_devices) == (family, m, ("cpu0", "cpu1"))
+            resolved = resolve(graph, plan, TWO)
+            assert set(resolved.device) == {"cpu0", "cpu1"}
+    with pytest.raises(SchedlabError, match="unknown stage cuts"):
+        space.plan("1f1b", m, "random")
+
+
+def test_optuna_samples_the_three_choices() -> None:
+    space = ScheduleSpace(graph_of(1), TWO, fake_profile())  # type: ignore[arg-type]
+    trial = optuna.trial.FixedTrial({"schedule": "gpipe", "micro_batches": 2, "stage_cuts": "balanced"})
+    plan = space.suggest(trial)
+    assert (plan.schedule, plan.micro_batches, plan.n_stages) == ("gpipe", 2, 2)
+    assert isinstance(plan.stages, tuple)  # balanced: the first layer of the second stage
+
+
+def test_one_device_has_no_pipeline() -> None:
+    with pytest.raises(SchedlabError, match="several devices"):
+        ScheduleSpace(graph_of(1), detect_host(), fake_profile())  # type: ignore[arg-type]
+
+
+def test_each_micro_batch_count_is_simulated_on_its_own_graph() -> None:
+    asked: list[int] = []
+
+    def graphs(m: int) -> Graph:
+        asked.append(m)
+        return graph_of(m)
+
+    space = ScheduleSpace(graph_of(1), TWO, fake_profile())  # type: ignore[arg-type]
+    ev = MicroBatchEvaluator(graphs, TWO, fake_profile())  # type: ignore[arg-type]
+    two, four = ev.evaluate(space.plan("1f1b", 2, "equal")), ev.evaluate(space.plan("1f1b", 4, "equal"))
+    ev.evaluate(space.plan("gpipe", 2, "equal"))
+    assert asked == [2, 4]  # one graph per count, asked once
+    assert two.ok and four.ok, (two.error, four.error)
+    assert two.step_time_s != four.step_time_s  # other graphs, other steps
+
+
+def test_search_and_validate_a_schedule_space_on_two_ranks(capsys, tmp_path: Path, profile_path: Path) -> None:  # type: ignore[no-untyped-def]
+    d = tmp_path / "sched"
+    argv = ["search", "mlp", "--size", "tiny", "--run-dir", str(d), "--profile", str(profile_path), "--no-progress",
+            "--no-trace-calibration", "--space", "schedule", "--devices", "2", "--trials", "6", "--json"]
+    assert main(argv) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["space"] == "schedule" and s["new_trials"] == 6
+    assert all(b["plan"]["schedule"] in FAMILIES and b["plan"]["micro_batches"] >= 1 for b in s["best"])
+    rc = main(["validate", str(d), "--top", "2", "--repeats", "1", "--steps", "1", "--no-progress", "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    searched = [c for c in r["candidates"] if c["baseline"] is None]
+    assert 1 <= len(searched) <= 2
+    for c in r["candidates"]:
+        assert c["error"] is None and c["numeric_ok"], c  # each pipeline checked against eager PyTorch
+        assert c["measured_step_time_s"] > 0 and c["predicted_step_time_s"] > 0
+    assert all(c["ranks"] == 2 for c in searched)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (("--devices", "1"), "several devices"),
+    (("--devices", "2", "--workers", "2"), "one process"),
+    (("--devices", "2", "--strategy", "m-etf"), "searched by optuna"),
+])
+def test_bad_schedule_searches_get_one_clear_error(capsys, tmp_path: Path, profile_path: Path, extra: tuple[str, ...],  # type: ignore[no-untyped-def]
+                                                    message: str) -> None:
+    rc = main(["search", "mlp", "--size", "tiny", "--run-dir", str(tmp_path / "r"), "--profile", str(profile_path),
+               "--no-progress", "--no-trace-calibration", "--space", "schedule", "--trials", "2", *extra])
+    assert rc != 0 and message in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()  # refused before anything was written
