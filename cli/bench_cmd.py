@@ -148,7 +148,7 @@ def run_ddp(args: argparse.Namespace) -> int:
 def run_pipelining(args: argparse.Namespace) -> int:
     from schedlab.cli.common import capture_for_plan, plan_ranks
     from schedlab.exec.bench import compare_with_pipelining
-    from schedlab.exec.pipelining import check_workload, torch_schedule_name
+    from schedlab.exec.pipelining import torch_schedule_name
     from schedlab.machine import host_ranks
 
     plan = load_plan_arg(args.plan)
@@ -161,8 +161,6 @@ def run_pipelining(args: argparse.Namespace) -> int:
     if args.steps is not None:
         raise SchedlabError("--pipelining times one step at a time; drop --steps")
     torch_schedule_name(plan.schedule)  # refuse an unsupported schedule before capturing anything
-    for model in args.models:
-        check_workload(model)
     machine = host_ranks(plan_ranks(plan))
     results = {}
     for model in args.models:
@@ -177,11 +175,12 @@ def run_pipelining(args: argparse.Namespace) -> int:
         print_json({"plan": plan.to_json(), "size": args.size, "results": {m: r.to_json() for m, r in results.items()}})
         return 0
     print(f"plan {plan.describe()}; {len(machine.processes)} ranks; step time: first rank's start to last rank's end")
-    print(f"{'model':<14}{'torch schedule':<26}{'schedlab ms':>12}{'torch ms':>10}{'ratio':>8}  {'IQR':<14}")
+    w = max(14, *(len(m) + 2 for m in results))
+    print(f"{'model':<{w}}{'torch schedule':<26}{'schedlab ms':>12}{'torch ms':>10}{'ratio':>8}  {'IQR':<14}")
     for model, r in results.items():
         lo, hi = r.ratio_spread
         print(
-            f"{model:<14}{r.torch_schedule:<26}{r.schedlab_step_s * 1e3:>12.2f}{r.pipelining_step_s * 1e3:>10.2f}"
+            f"{model:<{w}}{r.torch_schedule:<26}{r.schedlab_step_s * 1e3:>12.2f}{r.pipelining_step_s * 1e3:>10.2f}"
             f"{r.ratio_vs_pipelining:>8.3f}  {lo:.3f}-{hi:.3f}"
         )
     return 0

@@ -12,7 +12,12 @@ written out for the built-in workloads whose layer sequence is explicit (`SEGMEN
 mlp's Linear+ReLU pairs and head; transformer's embedding, each block's attention half
 and MLP half, and the final norm with the head). A stage must be a run of whole pieces:
 a cut inside one (e.g. between a transformer block's two MLP linears) is refused with
-the cut points that would work. Other workloads are refused.
+the cut points that would work. Every other model (held-out ones, users' own) is cut by
+torch's own tracer frontend (`torch.distributed.pipelining.pipeline`, `traced_stages`):
+a split point at the first layer of each later plan stage; the model's forward returns
+its loss, which is then the schedule's loss (ops outside any layer, such as a residual
+add, may fall on the other side of a cut than in schedlab's stages). A cut the tracer
+cannot make (a layer that is not called as a module) is one clear error on the ranks.
 
 Everything else matches the plan: the same full batch split into the same micro-batches
 (`torch.chunk` along dim 0), the same initial values (the workload's seed), the same loss
@@ -25,7 +30,7 @@ same point, as DDP's is), so they can never be matched against a schedlab transf
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -162,13 +167,46 @@ SEGMENTS: dict[str, tuple[Callable[[nn.Module], list[Segment]], Callable[[Tensor
 }
 
 
-def check_workload(spec: str) -> None:
-    """Refuse a workload whose model this module cannot cut into pipeline stages."""
-    if spec not in SEGMENTS:
+class _InputsAtTheFront(nn.Module):
+    """`model` whose inputs are first copied, so that the tracer's first stage takes every
+    model input and later stages get the ones they read (labels, say) from the stage before:
+    torch's stages take only activations from their predecessor. Its loss comes out as a
+    1-element tensor."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs: Tensor) -> Tensor:
+        loss: Tensor = self.model(*(x.clone() for x in inputs))
+        return loss.reshape(1)  # the schedule concatenates micro-batches' outputs: not 0-d
+
+
+def _own_loss(out: Tensor, target: Tensor) -> Tensor:
+    """A traced model's last stage returns the model's loss: the schedule's loss is that."""
+    return out.sum()
+
+
+def traced_stages(model: nn.Module, inputs: Sequence[Tensor], stage_layers: list[list[str]], micro_batches: int) -> Any:
+    """torch's split of `model` (a `torch.distributed.pipelining.Pipe`) into the plan's
+    stages: its tracer, with a split point at the first layer of each later stage, on one
+    micro-batch of `inputs`. A SchedlabError when the tracer cannot cut there."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    split = {f"model.{st[0]}": SplitPoint.BEGINNING for st in stage_layers[1:] if st}
+    example = tuple(x.chunk(micro_batches)[0] for x in inputs)
+    try:
+        pipe = pipeline(_InputsAtTheFront(model), mb_args=example, split_spec=split)
+    except Exception as e:
+        raise SchedlabError(f"torch's pipeline tracer could not split the model before layers {list(split)}: "
+                            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+    if pipe.num_stages != len(stage_layers):
         raise SchedlabError(
-            f"--pipelining builds torch pipeline stages for the workloads {', '.join(SEGMENTS)} (their layer "
-            f"sequence is explicit); {spec!r} is not one of them"
-        )
+            f"torch's pipeline tracer made {pipe.num_stages} stage(s) of the plan's {len(stage_layers)}: a stage "
+            f"begins at a layer it does not call as a module ({', '.join(st[0] for st in stage_layers[1:] if st)}); "
+            "cut the plan's stages "
+            "elsewhere (--stage-cuts)")
+    return pipe
 
 
 def torch_schedule_name(schedule: object) -> str:
@@ -188,9 +226,11 @@ def torch_schedule_name(schedule: object) -> str:
 
 
 def stage_modules(model: nn.Module, spec: str, stage_layers: list[list[str]]) -> list[nn.Module]:
-    """Each plan stage of `model` (workload `spec`) as one module, built from the model's
-    own submodules (shared, not copied), or a SchedlabError naming cut points that work."""
-    check_workload(spec)
+    """Each plan stage of `model` (workload `spec`, one of `SEGMENTS`) as one module, built
+    from the model's own submodules (shared, not copied), or a SchedlabError naming cut
+    points that work."""
+    if spec not in SEGMENTS:
+        raise SchedlabError(f"{spec!r} has no pieces written out ({', '.join(SEGMENTS)} do); use traced_stages")
     segments = SEGMENTS[spec][0](model)
     flat = [lay for s in segments for lay in s.layers]
     wanted = [lay for st in stage_layers for lay in st]
@@ -241,12 +281,25 @@ class PipeliningStepper:
         workload = load_workload(str(spec["spec"]), str(spec["size"]), seed=int(spec["seed"]))
         model = workload.module
         mine = [s for s, r in enumerate(ranks) if r == rank]
-        modules = stage_modules(model, str(spec["spec"]), [list(x) for x in spec["stage_layers"]])
-        n = len(modules)
-        cpu = torch.device("cpu")
-        stages = [pipelining.PipelineStage(modules[s], s, n, cpu, group=group) for s in mine]
-        loss = SEGMENTS[str(spec["spec"])][1]
+        layers = [list(x) for x in spec["stage_layers"]]
         M = int(spec["micro_batches"])
+        cpu = torch.device("cpu")
+        modules: dict[int, nn.Module] = {}
+        if str(spec["spec"]) in SEGMENTS:  # pieces written out: the model's own modules, then its loss
+            pieces = stage_modules(model, str(spec["spec"]), layers)
+            modules = {s: pieces[s] for s in mine}
+            stages = [pipelining.PipelineStage(pieces[s], s, len(pieces), cpu, group=group) for s in mine]
+            loss = SEGMENTS[str(spec["spec"])][1]
+            x, target = workload.inputs
+            inputs: tuple[Tensor, ...] = (x,)
+        else:  # torch's tracer cuts the model, whose forward returns its loss
+            pipe = traced_stages(model, workload.inputs, layers, M)
+            modules = {s: pipe.get_stage_module(s) for s in mine}
+            stages = [pipe.build_stage(s, cpu, group=group) for s in mine]
+            loss = _own_loss
+            inputs = tuple(workload.inputs)
+            target = torch.zeros(inputs[0].shape[0])  # a stand-in, split as the batch is
+        n = len(layers)
         cls = getattr(pipelining, cls_name)
         base = name.partition(":")[0]
         if base in SINGLE_STAGE_SCHEDULES:
@@ -255,18 +308,17 @@ class PipeliningStepper:
             self.schedule = cls(stages[0], M, loss_fn=loss)
         else:
             self.schedule = cls(stages, M, loss_fn=loss)
-        params = [p for m in (modules[s] for s in mine) for p in m.parameters()]
-        self.params = {f"stage{s}.{k}": p for s in mine for k, p in modules[s].named_parameters()}
+        params = [p for m in modules.values() for p in m.parameters()]
+        self.params = {f"stage{s}.{k}": p for s, m in modules.items() for k, p in m.named_parameters()}
         self.optimizer = OPTIMIZERS[str(spec["optimizer"])].make_torch(params, float(spec["lr"]))
-        x, target = workload.inputs
         self.first = 0 in mine
         self.last = n - 1 in mine
-        self.x, self.target = x, target
+        self.inputs, self.target = inputs, target
         self.threads = int(spec["threads"])
 
     def _step(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        args = (self.x,) if self.first else ()
+        args = self.inputs if self.first else ()
         kwargs = {"target": self.target, "losses": []} if self.last else {}
         self.schedule.step(*args, **kwargs)
         self.optimizer.step()

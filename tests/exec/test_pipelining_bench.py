@@ -11,7 +11,7 @@ import torch
 from schedlab.capture import capture
 from schedlab.errors import SchedlabError
 from schedlab.exec.bench import compare_with_pipelining
-from schedlab.exec.pipelining import SEGMENTS, stage_modules, torch_schedule_name
+from schedlab.exec.pipelining import SEGMENTS, stage_modules, torch_schedule_name, traced_stages
 from schedlab.machine import host_ranks
 from schedlab.microbatch import pipeline_step
 from schedlab.pipeline_stages import stage_layers
@@ -38,6 +38,44 @@ def test_stage_modules_chain_to_the_models_loss(model: str, stages: int) -> None
     # every parameter of the model is in exactly one stage
     held = [id(p) for m in mods for p in m.parameters()]
     assert sorted(held) == sorted(id(p) for p in w.module.parameters())
+
+
+@pytest.mark.parametrize(("model", "stages"), [
+    ("heldout:encoder-classifier", 2), ("heldout:gru-tagger", 2), ("heldout:conv1d-two-branch", 2),
+    ("heldout:mixer", 3), ("cnn", 2),
+])
+def test_torch_traces_any_model_into_the_plans_stages(model: str, stages: int) -> None:
+    w = load_workload(model, "tiny", seed=0)
+    layers = [list(st) for st in stage_layers(capture(w).graph, stages)]
+    pipe = traced_stages(w.module, w.inputs, layers, 2)
+    assert pipe.num_stages == stages
+    first = tuple(x.chunk(2)[0] for x in w.inputs)
+    (out,) = pipe(*first)  # the stages wired as torch runs them give the model's loss
+    torch.testing.assert_close(out.reshape(()), w.module(*first))
+    names = {n.removeprefix("model.") for s in range(stages) for n, _ in pipe.get_stage_module(s).named_parameters()}
+    assert names == {n for n, _ in w.module.named_parameters()}  # every parameter in some stage
+    starts = {n.removeprefix("model.").rsplit(".", 1)[0] for n, _ in pipe.get_stage_module(1).named_parameters()}
+    assert any(lay in starts or any(x.startswith(lay + ".") for x in starts) for lay in layers[1])
+
+
+def test_a_cut_torch_cannot_trace_is_one_clear_error() -> None:
+    w = load_workload("heldout:encoder-classifier", "tiny", seed=0)
+    order = [lay for st in stage_layers(capture(w).graph, 1) for lay in st]
+    cut = order.index("encoder.layers.0.self_attn.out_proj")  # used as weights, never called as a module
+    with pytest.raises(SchedlabError, match="does not call as a module"):
+        traced_stages(w.module, w.inputs, [order[:cut], order[cut:]], 2)
+
+
+def test_bench_a_held_out_model_against_torch_pipelining() -> None:
+    plan = Plan(micro_batches=2, stages=2, schedule="gpipe", pipeline_devices=("cpu0", "cpu1"))
+    machine = host_ranks(2)
+    w = load_workload("heldout:gru-tagger", "tiny", seed=0)
+    step = pipeline_step(w, 2, capture)
+    resolved = resolve(step.graph, plan, machine)
+    res, _ = compare_with_pipelining(step, resolved, machine, spec="heldout:gru-tagger", size="tiny", seed=0,
+                                     repeats=2, warmup=1)
+    assert res.torch_schedule == "ScheduleGPipe" and len(res.pipelining_step_times_s) == 2
+    assert res.pipelining_step_s > 0 and math.isfinite(res.ratio_vs_pipelining)
 
 
 def test_a_cut_inside_a_piece_is_refused() -> None:
