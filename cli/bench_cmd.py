@@ -168,8 +168,11 @@ def run_pipelining(args: argparse.Namespace) -> int:
         step = capture_for_plan(ns, plan.replicas, micro_batches=plan.micro_batches)
         resolved = resolve_plan_arg(step.graph, plan, machine, args.plan)
         print(f"bench {model}: {len(machine.processes)} ranks, {args.repeats} step pairs ...", file=sys.stderr)
-        res, _ = compare_with_pipelining(step, resolved, machine, spec=model, size=args.size, seed=0,
-                                         repeats=args.repeats)
+        try:
+            res, _ = compare_with_pipelining(step, resolved, machine, spec=model, size=args.size, seed=0,
+                                             repeats=args.repeats)
+        except SchedlabError as e:
+            raise SchedlabError(f"{model}: {e}") from None
         results[model] = res
     if args.json:
         print_json({"plan": plan.to_json(), "size": args.size, "results": {m: r.to_json() for m, r in results.items()}})

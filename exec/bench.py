@@ -263,6 +263,7 @@ def compare_with_pipelining(
     repeats: int = 10,
     warmup: int = 2,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    want_params: bool = False,
 ) -> tuple[PipeliningResult, DistResult]:
     """Run `repeats` (+ `warmup`) steps of the pipeline plan on its ranks, each rank
     following each step with a torch.distributed.pipelining step of the same stages,
@@ -287,7 +288,7 @@ def compare_with_pipelining(
         "optimizer": str(graph.meta["optimizer"]), "lr": float(graph.meta["lr"]), "threads": threads,
         "schedule": str(plan.schedule), "micro_batches": plan.micro_batches,
         "stage_layers": [list(st) for st in stage_layers(graph, plan.stages)],
-        "stage_ranks": list(stage_ranks(plan, machine)),
+        "stage_ranks": list(stage_ranks(plan, machine)), "want_params": want_params,
     }
     dist, ours, theirs, ratio, spread = _side_by_side(
         step, resolved, machine, spec, side, repeats=repeats, warmup=warmup, timeout_s=timeout_s

@@ -88,7 +88,9 @@ class DistResult:
     # DDP step between two schedlab steps).
     span_step_times_s: tuple[float, ...] = ()  # schedlab's steps
     ddp_step_times_s: tuple[float, ...] = ()  # DDP's steps
-    ddp_params: dict[str, torch.Tensor] | None = None  # rank 0's DDP parameters after step 0 (want_params)
+    # the framework side's parameters after step 0 (want_params): DDP's replicas hold the same
+    # names, rank 0's kept; torch pipelining's ranks hold their own stages' (`stage{S}.` names)
+    ddp_params: dict[str, torch.Tensor] | None = None
 
     @property
     def step_time_s(self) -> float:
@@ -221,6 +223,17 @@ def kill_ranks(procs: list[subprocess.Popen[bytes]]) -> None:
     for p in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=10)
+
+
+def _framework_params(results: list[RankResult]) -> dict[str, torch.Tensor] | None:
+    """Every rank's framework-side parameters in one map, the lowest rank's where names repeat."""
+    if all(r.ddp_params is None for r in results):
+        return None
+    out: dict[str, torch.Tensor] = {}
+    for r in results:
+        for name, t in (r.ddp_params or {}).items():
+            out.setdefault(name, t)
+    return out
 
 
 def wait_ranks(procs: list[subprocess.Popen[bytes]], job_dir: Path, timeout_s: float) -> None:
@@ -429,5 +442,5 @@ def merge(
         clock_offsets_ns=tuple(offsets),
         span_step_times_s=span_times,
         ddp_step_times_s=ddp_times,
-        ddp_params=results[0].ddp_params,
+        ddp_params=_framework_params(results),
     )

@@ -345,4 +345,5 @@ def check_pipelining_spec(spec: dict[str, Any]) -> dict[str, Any]:
     missing = [k for k in PIPELINING_KEYS if k not in spec]
     if missing:
         raise SchedlabError(f"the job's pipelining spec lacks {', '.join(missing)}")
-    return {"kind": PIPELINING_KIND, **{k: spec[k] for k in PIPELINING_KEYS}, "want_params": False}
+    return {"kind": PIPELINING_KIND, **{k: spec[k] for k in PIPELINING_KEYS},
+            "want_params": bool(spec.get("want_params", False))}

@@ -4,6 +4,7 @@ on the same ranks, and the stage modules torch runs being the plan's layer split
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import torch
 from schedlab.capture import capture
 from schedlab.errors import SchedlabError
 from schedlab.exec.bench import compare_with_pipelining
+from schedlab.exec.check import TOLERANCES, eager_reference, eager_step
 from schedlab.exec.pipelining import SEGMENTS, stage_modules, torch_schedule_name, traced_stages
 from schedlab.machine import host_ranks
 from schedlab.microbatch import pipeline_step
@@ -66,16 +68,27 @@ def test_a_cut_torch_cannot_trace_is_one_clear_error() -> None:
         traced_stages(w.module, w.inputs, [order[:cut], order[cut:]], 2)
 
 
-def test_bench_a_held_out_model_against_torch_pipelining() -> None:
+def test_torch_pipelines_a_held_out_model_to_eagers_full_batch_step() -> None:
     plan = Plan(micro_batches=2, stages=2, schedule="gpipe", pipeline_devices=("cpu0", "cpu1"))
     machine = host_ranks(2)
     w = load_workload("heldout:gru-tagger", "tiny", seed=0)
     step = pipeline_step(w, 2, capture)
     resolved = resolve(step.graph, plan, machine)
-    res, _ = compare_with_pipelining(step, resolved, machine, spec="heldout:gru-tagger", size="tiny", seed=0,
-                                     repeats=2, warmup=1)
+    res, dist = compare_with_pipelining(step, resolved, machine, spec="heldout:gru-tagger", size="tiny", seed=0,
+                                        repeats=2, warmup=1, want_params=True)
     assert res.torch_schedule == "ScheduleGPipe" and len(res.pipelining_step_times_s) == 2
     assert res.pipelining_step_s > 0 and math.isfinite(res.ratio_vs_pipelining)
+    # torch's stages after one step on 2 micro-batches = eager's parameters after one full-batch step
+    assert dist.ddp_params is not None
+    got = {re.sub(r"^stage\d+\.(model\.)?", "", n): t for n, t in dist.ddp_params.items()}
+    full = step.full
+    ref, user, opt = eager_reference(w.module, full.graph, full.input_values)
+    eager_step(ref, user, opt)
+    expected = {n: p.detach() for n, p in ref.named_parameters()}
+    assert set(got) == set(expected)
+    for name, p in expected.items():
+        tol = TOLERANCES[p.dtype]
+        torch.testing.assert_close(got[name], p, atol=tol.atol, rtol=tol.rtol, msg=name)
 
 
 def test_a_cut_inside_a_piece_is_refused() -> None:
