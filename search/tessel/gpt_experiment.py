@@ -9,7 +9,7 @@ devices two ways (Lin et al., HPCA 2024, the large-vocabulary GPT runs of its Fi
   each sharded over all P devices (blocks spanning every device, `tessel_shapes.mshape`
   with `sharded_head`), scheduled by Tessel's repetend search (HiGHS) under twice 1F1B's
   activation memory per device (2P stages' worth; at 1F1B's own P the search found a
-  repetend above its bound at 4 devices and none within 60 s at 8).
+  repetend 21% above its bound at 4 devices and none at 8 within its 60 s limit).
 
 Block times come from FLOP counts on one GPU of a machine preset at its peak (`GPTConfig`;
 a transformer layer: 24 T h^2 + 4 T^2 h forward FLOPs for T tokens of width h, the head:
