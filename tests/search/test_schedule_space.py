@@ -4,6 +4,7 @@ validated on real ranks."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -85,6 +86,9 @@ def test_each_micro_batch_count_is_simulated_on_its_own_graph() -> None:
     assert asked == [2, 4]  # one graph per count, asked once
     assert two.ok and four.ok, (two.error, four.error)
     assert two.step_time_s != four.step_time_s  # other graphs, other steps
+    again = ev.evaluate(dataclasses.replace(space.plan("1f1b", 2, "equal"), name="later"))
+    assert again.step_time_s == two.step_time_s and again.plan.name == "later"  # simulated once, named anew
+    assert again.sim_wall_s == two.sim_wall_s
 
 
 def test_search_and_validate_a_schedule_space_on_two_ranks(capsys, tmp_path: Path, profile_path: Path) -> None:  # type: ignore[no-untyped-def]
