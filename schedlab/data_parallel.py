@@ -162,8 +162,8 @@ def replicate(
         name=graph.name, inputs=tuple(inputs), outputs=tuple(outputs), ops=tuple(ops), values=tuple(values),
         meta={**graph.meta, "expanded_from": graph.hash, "base_ops": n, "replicas": R},
     )
-    ex = expand(joined, device)
-    out = replace(ex.graph, meta={**ex.graph.meta, "expanded_from": graph.hash, "base_ops": n, "replicas": R})
+    ex = expand(joined, device, expanded_from=graph.hash)
+    out = replace(ex.graph, meta={**ex.graph.meta, "base_ops": n, "replicas": R})
     return Expanded(graph=out, device=ex.device, base_ops=n)
 
 

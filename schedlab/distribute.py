@@ -68,8 +68,10 @@ def input_homes(graph: Graph, op_device: Sequence[str]) -> dict[int, str]:
     return homes
 
 
-def expand(graph: Graph, op_device: Sequence[str]) -> Expanded:
-    """`graph` with a send/recv pair for each value read on a device other than its home."""
+def expand(graph: Graph, op_device: Sequence[str], expanded_from: str | None = None) -> Expanded:
+    """`graph` with a send/recv pair for each value read on a device other than its home.
+    `expanded_from`: the hash its meta names as the origin (default `graph.hash`); a caller
+    that built `graph` from another names that one, and the large built graph is not hashed."""
     n = len(graph.ops)
     if len(op_device) != n:
         raise SchedlabError(f"placement covers {len(op_device)} ops but graph {graph.name!r} has {n}")
@@ -125,7 +127,7 @@ def expand(graph: Graph, op_device: Sequence[str]) -> Expanded:
         outputs=graph.outputs,
         ops=tuple(ops) + tuple(comm),
         values=tuple(values),
-        meta={**graph.meta, "expanded_from": graph.hash, "base_ops": n},
+        meta={**graph.meta, "expanded_from": expanded_from or graph.hash, "base_ops": n},
     )
     return Expanded(graph=out, device=tuple(op_device) + tuple(comm_device), base_ops=n)
 

@@ -264,7 +264,7 @@ def resolve_pipeline(graph: Graph, plan: Plan, machine: Machine, steps: int = 1)
     base = op_threads(graph, plan, machine, pipe.device[:n], default_threads)
     threads = tuple(base[c] if c >= 0 else default_threads[pipe.device[i]] for i, c in enumerate(pipe.copy_of))
     check_memory(pipe.graph, pipe.device, machine)
-    ex = expand(pipe.graph, pipe.device)
+    ex = expand(pipe.graph, pipe.device, expanded_from=graph.hash)
     comm = len(ex.graph.ops) - len(pipe.graph.ops)
     g = replace(
         ex.graph,
