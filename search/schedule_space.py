@@ -10,6 +10,11 @@ machine's devices (one stage per device for 1F1B, two for ZBV, ...), one schedul
 device. The plan is built by `schedlab.pipeline_plan.with_named_schedule`, so it is the
 plan `schedlab plan --schedule ... --micro-batches ... --stage-cuts ...` writes.
 
+A model that normalises over the batch (batch norm in training) is searched at one
+micro-batch only: more would give each micro-batch its own statistics and change the
+results, which the numerics guard refuses (`schedlab plan --split-batch-stats` writes
+such a plan by hand, accepting it).
+
 The micro-batch count changes the graph a plan resolves against (one micro-batch's step,
 `schedlab.microbatch.pipeline_step`), so `MicroBatchEvaluator` keeps one `Evaluator` per
 count, each built on first use from the caller's `graph_of(M)`.
@@ -25,6 +30,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from schedlab.data_parallel import uses_batch_stats
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, InputRole
 from schedlab.layer_split import balanced_stage_cuts, layers_in_order
@@ -74,6 +80,8 @@ class ScheduleSpace:
         if not self.families:
             raise SchedlabError(f"{graph.name!r} has {n_layers} layer(s): too few for a stage on each of {P} devices")
         self.micro_batches = tuple(micro_batches) if micro_batches else micro_batch_choices(batch_size(graph))
+        if uses_batch_stats(graph):  # more micro-batches would change the batch statistics
+            self.micro_batches = (1,)
         self._cuts: dict[int, tuple[int, ...]] = {}
         self._graph, self._op_cost_us = graph, op_cost_us(cost)
 

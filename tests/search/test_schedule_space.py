@@ -67,6 +67,14 @@ def test_optuna_samples_the_three_choices() -> None:
     assert isinstance(plan.stages, tuple)  # balanced: the first layer of the second stage
 
 
+def test_a_batch_norm_model_is_searched_at_one_micro_batch() -> None:
+    bn = plan_step_of("heldout:conv1d-two-branch", "tiny", "sgd", 0, replicas=1, cache=True).graph
+    space = ScheduleSpace(bn, TWO, fake_profile())  # type: ignore[arg-type]
+    assert space.micro_batches == (1,)
+    plan = space.plan("1f1b", 1, "balanced")
+    assert set(resolve(bn, plan, TWO).device) == {"cpu0", "cpu1"}
+
+
 def test_one_device_has_no_pipeline() -> None:
     with pytest.raises(SchedlabError, match="several devices"):
         ScheduleSpace(graph_of(1), detect_host(), fake_profile())  # type: ignore[arg-type]
