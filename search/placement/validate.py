@@ -50,7 +50,7 @@ def rank_machine(config: RunConfig, profile: Any) -> Machine:
 
     if config.machine_spec != "host" or not config.devices:
         raise SchedlabError(
-            f"this placement was searched on machine {config.machine_spec!r} (simulated): it cannot run on this host. "
+            f"this search ran on machine {config.machine_spec!r} (simulated): its plans cannot run on this host. "
             "Search with --devices N (this host's local ranks) to validate on real ranks"
         )
     return apply_link_fit(host_ranks(config.devices), profile)
