@@ -58,7 +58,6 @@ from typing import Any
 import numpy as np
 
 from schedlab.errors import SchedlabError
-from schedlab.sim.comm import interp_flat
 
 PARTS = (
     "send", "recv_post", "recv_wait", "allreduce_flatten", "allreduce_post", "allreduce_wait", "allreduce_average",
@@ -192,9 +191,6 @@ class ColdCost:
             raise ValueError("cold cost: needs ascending distinct waits and one cost per wait")
         if any(not (math.isfinite(v) and v >= 0) for v in (self.after_send_us, *self.waits_us, *self.after_wait_us)):
             raise ValueError("cold cost: times must be finite numbers >= 0")
-
-    def after_recv_us(self, wait_us: float) -> float:
-        return interp_flat(self.points(), wait_us)
 
     def points(self) -> tuple[tuple[float, float], ...]:
         """(wait µs, extra µs) after a receive: what the simulator interpolates."""

@@ -221,35 +221,36 @@ def run(args: argparse.Namespace) -> int:
 
 def _calibrate_micro_batches(args: argparse.Namespace, profile: Any, graph: Any) -> Any:
     """`profile` plus the op times of one micro-batch's step for each micro-batch count the
-    schedule space holds, run in one process pinned to one core as a rank runs it
+    schedule space searches, run in one process pinned to one core as a rank runs it
     (`calibrate.rank_fidelity.trace_calibrated`): a pipeline plan's ops are these."""
     from schedlab.calibrate.rank_fidelity import trace_calibrated
-    from schedlab.cli.common import plan_step_of
-    from schedlab.search.schedule_space import batch_size, micro_batch_choices
+    from schedlab.search.schedule_space import micro_batch_counts
 
-    counts = [m for m in micro_batch_choices(batch_size(graph)) if m > 1]
+    counts = [m for m in micro_batch_counts(graph) if m > 1]
     if not counts:
         return profile
     print(f"schedlab search: timing one micro-batch's step of {args.model} for {', '.join(map(str, counts))} "
           "micro-batches", file=sys.stderr)
+    return trace_calibrated(profile, _steps(args), [(1, m) for m in counts], steps=3)
+
+
+def _steps(args: argparse.Namespace) -> Any:
+    """(replicas, micro-batches) -> the model's step for a plan of those (`plan_step_of`,
+    through the graph cache unless --no-cache)."""
+    from schedlab.cli.common import plan_step_of
 
     def step_of(replicas: int, micro_batches: int) -> Any:
         return plan_step_of(args.model, args.size, args.optimizer, args.seed, replicas=replicas,
                             cache=not args.no_cache, micro_batches=micro_batches)
 
-    return trace_calibrated(profile, step_of, [(1, m) for m in counts], steps=3)
+    return step_of
 
 
 def micro_graphs(args: argparse.Namespace) -> Any:
     """M -> the graph a plan of M micro-batches of the model resolves against (one
-    micro-batch's step, through the graph cache unless --no-cache)."""
-    from schedlab.cli.common import plan_step_of
-
-    def graph_of(micro_batches: int) -> Any:
-        return plan_step_of(args.model, args.size, args.optimizer, args.seed, replicas=1, cache=not args.no_cache,
-                            micro_batches=micro_batches).graph
-
-    return graph_of
+    micro-batch's step)."""
+    step_of = _steps(args)
+    return lambda micro_batches: step_of(1, micro_batches).graph
 
 
 def search_machine(spec: str, devices: int | None, profile: Any, host: Any) -> tuple[Any, Any]:

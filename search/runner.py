@@ -28,7 +28,7 @@ from schedlab.search.baselines import baseline_plans
 from schedlab.search.objective import Evaluator
 from schedlab.search.placement.strategies import PLACEMENT_STRATEGIES
 from schedlab.search.run_dir import RunConfig, RunPaths, write_run, write_search
-from schedlab.search.schedule_space import SCHEDULE_SPACE, MicroBatchEvaluator
+from schedlab.search.schedule_space import SCHEDULE_SPACE, MicroBatchEvaluator, need_several_devices
 from schedlab.search.space import make_space
 from schedlab.search.strategies import OPTUNA, strategy_plans
 from schedlab.search.study import (
@@ -206,10 +206,7 @@ def run_search(
 
 def check_schedule_search(machine: Machine, strategy: str, workers: int) -> None:
     """One clear error for a schedule search that cannot run."""
-    if len(machine.devices) < 2:
-        raise SchedlabError(
-            f"--space schedule pipelines a model over several devices; machine {machine.name!r} has one: "
-            "give --devices N (N local ranks of this host) or a --machine with several devices")
+    need_several_devices(machine)
     if workers > 1:
         raise SchedlabError("--space schedule runs in one process for now; leave out --workers")
     if strategy != OPTUNA:

@@ -42,6 +42,7 @@ from schedlab.graph import Op, OpKind
 from schedlab.machine import Device, Machine, host_ranks
 from schedlab.plan import Plan, resolve
 from schedlab.sim import simulate
+from schedlab.sim.comm import interp_flat
 from tests.calibrate.factories import make_profile
 from tests.calibrate.test_links import SIZES, _wobble, synthetic_fits
 from tests.conftest import captured_workload
@@ -207,8 +208,8 @@ def test_cold_cost_pools_by_wait_and_reaches_the_send_recv_and_all_reduce() -> N
     # 105 and 110 are two waits; 1020's 30 is lower than 110's 40: pooled (isotonic).
     assert cold.waits_us == (0.0, 105.0, 110.0, 1020.0, 10050.0)
     assert cold.after_wait_us == pytest.approx((2.0, 40.0, 40.0, 40.0, 120.0))
-    assert cold.after_recv_us(5000.0) == pytest.approx(40.0 + 80.0 * 3980.0 / 9030.0)
-    assert cold.after_recv_us(1e6) == pytest.approx(120.0)  # flat beyond the longest wait
+    assert interp_flat(cold.points(), 5000.0) == pytest.approx(40.0 + 80.0 * 3980.0 / 9030.0)
+    assert interp_flat(cold.points(), 1e6) == pytest.approx(120.0)  # flat beyond the longest wait
     assert cold_cost_of({"cold_after_recv": recv}) is None  # a part missing: not measured
     costs = dataclasses.replace(host_costs_of(_points()), cold=cold)
     again = HostCosts.from_json(json.loads(json.dumps(costs.to_json())))

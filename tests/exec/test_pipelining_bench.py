@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -68,14 +69,21 @@ def test_a_cut_torch_cannot_trace_is_one_clear_error() -> None:
         traced_stages(w.module, w.inputs, [order[:cut], order[cut:]], 2)
 
 
-def test_torch_pipelines_a_held_out_model_to_eagers_full_batch_step() -> None:
-    plan = Plan(micro_batches=2, stages=2, schedule="gpipe", pipeline_devices=("cpu0", "cpu1"))
+def _bench_tiny(model: str, schedule: str, repeats: int, want_params: bool = False) -> tuple[Any, Any, Any, Any]:
+    """(result, the ranks' run, the workload, its pipelined step) of `bench --pipelining` on
+    `model` at tiny size: 2 stages on 2 ranks, 2 micro-batches, under `schedule`."""
+    plan = Plan(micro_batches=2, stages=2, schedule=schedule, pipeline_devices=("cpu0", "cpu1"))
     machine = host_ranks(2)
-    w = load_workload("heldout:gru-tagger", "tiny", seed=0)
+    w = load_workload(model, "tiny", seed=0)
     step = pipeline_step(w, 2, capture)
     resolved = resolve(step.graph, plan, machine)
-    res, dist = compare_with_pipelining(step, resolved, machine, spec="heldout:gru-tagger", size="tiny", seed=0,
-                                        repeats=2, warmup=1, want_params=True)
+    res, dist = compare_with_pipelining(step, resolved, machine, spec=model, size="tiny", seed=0, repeats=repeats,
+                                        warmup=1, want_params=want_params)
+    return res, dist, w, step
+
+
+def test_torch_pipelines_a_held_out_model_to_eagers_full_batch_step() -> None:
+    res, dist, w, step = _bench_tiny("heldout:gru-tagger", "gpipe", repeats=2, want_params=True)
     assert res.torch_schedule == "ScheduleGPipe" and len(res.pipelining_step_times_s) == 2
     assert res.pipelining_step_s > 0 and math.isfinite(res.ratio_vs_pipelining)
     # torch's stages after one step on 2 micro-batches = eager's parameters after one full-batch step
@@ -108,12 +116,7 @@ def test_schedules_without_a_torch_counterpart_are_refused() -> None:
 
 
 def test_bench_tiny_mlp_1f1b_against_torch_pipelining() -> None:
-    plan = Plan(micro_batches=2, stages=2, schedule="1f1b", pipeline_devices=("cpu0", "cpu1"))
-    machine = host_ranks(2)
-    w = load_workload("mlp", "tiny", seed=0)
-    step = pipeline_step(w, 2, capture)
-    resolved = resolve(step.graph, plan, machine)
-    res, _ = compare_with_pipelining(step, resolved, machine, spec="mlp", size="tiny", seed=0, repeats=3, warmup=1)
+    res, _, _, _ = _bench_tiny("mlp", "1f1b", repeats=3)
     assert res.torch_schedule == "Schedule1F1B"
     assert res.ranks == 2 and res.stages == 2 and res.micro_batches == 2
     assert len(res.schedlab_step_times_s) == len(res.pipelining_step_times_s) == 3

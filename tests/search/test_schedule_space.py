@@ -24,6 +24,7 @@ from schedlab.search.schedule_space import (
     batch_size,
     micro_batch_choices,
 )
+from schedlab.workloads import load_workload
 from tests.search.conftest import fake_profile
 
 TWO = host_ranks(2)
@@ -38,7 +39,7 @@ def test_micro_batch_counts_split_the_batch_evenly() -> None:
     assert micro_batch_choices(12, limit=6) == (1, 2, 3, 4, 6)
     assert micro_batch_choices(1) == (1,)
     full = graph_of(1)
-    assert batch_size(full) in (4, 8, 16, 32, 64)  # mlp/tiny's batch, read from its user input
+    assert batch_size(full) == load_workload("mlp", "tiny", seed=0).inputs[0].shape[0]  # read from its user input
 
 
 def test_every_point_of_the_space_is_a_pipeline_plan_that_resolves() -> None:
