@@ -200,6 +200,7 @@ def traced_stages(model: nn.Module, inputs: Sequence[Tensor], stage_layers: list
     except Exception as e:
         raise SchedlabError(f"torch's pipeline tracer could not split the model before layers {list(split)}: "
                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+    _contiguous_boundaries(pipe)
     if pipe.num_stages != len(stage_layers):
         raise SchedlabError(
             f"torch's pipeline tracer made {pipe.num_stages} stage(s) of the plan's {len(stage_layers)}: a stage "
@@ -207,6 +208,51 @@ def traced_stages(model: nn.Module, inputs: Sequence[Tensor], stage_layers: list
             "cut the plan's stages "
             "elsewhere (--stage-cuts)")
     return pipe
+
+
+def _contiguous_boundaries(pipe: Any) -> None:
+    """Make every tensor that crosses stages contiguous, in `pipe`'s stage graphs: gloo sends
+    and receives contiguous buffers only, and torch sizes a stage's receive buffer with the
+    traced value's strides (an `nn.LSTM(batch_first=True)` output is a transposed view).
+    Each stage returns its outputs `.contiguous()`, and each stage's inputs are traced as
+    contiguous; within a stage nothing changes."""
+    import torch.fx
+
+    for sub in pipe.split_gm.children():
+        if isinstance(sub, torch.fx.GraphModule) and _contiguous_stage(sub.graph):
+            sub.recompile()
+
+
+def _contiguous_stage(graph: Any) -> bool:
+    """`_contiguous_boundaries` on one stage's graph; whether it changed anything."""
+    import torch.fx
+
+    changed = False
+    for node in list(graph.nodes):
+        val = node.meta.get("val")
+        if node.op == "placeholder" and isinstance(val, Tensor) and not val.is_contiguous():
+            node.meta["val"] = val.contiguous()
+            changed = True
+        elif node.op == "output":
+            made: dict[Any, Any] = {}
+            for arg in _nodes_in(node.args):
+                v = arg.meta.get("val")
+                if isinstance(v, Tensor) and not v.is_contiguous() and arg not in made:
+                    with graph.inserting_before(node):
+                        made[arg] = graph.call_method("contiguous", (arg,))
+                    made[arg].meta["val"] = v.contiguous()
+            if made:
+                node.args = torch.fx.node.map_arg(node.args, lambda a, m=made: m.get(a, a))
+                changed = True
+    return changed
+
+
+def _nodes_in(args: Any) -> list[Any]:
+    import torch.fx
+
+    found: list[Any] = []
+    torch.fx.node.map_arg(args, found.append)
+    return found
 
 
 def torch_schedule_name(schedule: object) -> str:

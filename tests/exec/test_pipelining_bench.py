@@ -61,6 +61,20 @@ def test_torch_traces_any_model_into_the_plans_stages(model: str, stages: int) -
     assert any(lay in starts or any(x.startswith(lay + ".") for x in starts) for lay in layers[1])
 
 
+def test_every_value_crossing_torchs_stages_is_contiguous() -> None:
+    w = load_workload("heldout:lstm-lm", "tiny", seed=0)
+    layers = [list(st) for st in stage_layers(capture(w).graph, 2)]
+    pipe = traced_stages(w.module, w.inputs, layers, 1)  # a micro-batch of 2 sequences: a transposed view
+    first = tuple(w.inputs)
+    outs = pipe.get_stage_module(0)(*first)
+    for out in outs if isinstance(outs, tuple) else (outs,):
+        assert out.is_contiguous()  # gloo sends contiguous buffers only
+    later = [n for n in pipe.get_stage_module(1).graph.nodes if n.op == "placeholder"]
+    assert later and all(n.meta["val"].is_contiguous() for n in later)  # torch sizes receive buffers by these
+    (loss,) = pipe(*first)
+    torch.testing.assert_close(loss.reshape(()), w.module(*first))
+
+
 def test_a_cut_torch_cannot_trace_is_one_clear_error() -> None:
     w = load_workload("heldout:encoder-classifier", "tiny", seed=0)
     order = [lay for st in stage_layers(capture(w).graph, 1) for lay in st]
@@ -69,22 +83,30 @@ def test_a_cut_torch_cannot_trace_is_one_clear_error() -> None:
         traced_stages(w.module, w.inputs, [order[:cut], order[cut:]], 2)
 
 
-def _bench_tiny(model: str, schedule: str, repeats: int, want_params: bool = False) -> tuple[Any, Any, Any, Any]:
+def _bench_tiny(model: str, schedule: str, repeats: int, want_params: bool = False,
+                micro_batches: int = 2) -> tuple[Any, Any, Any, Any]:
     """(result, the ranks' run, the workload, its pipelined step) of `bench --pipelining` on
-    `model` at tiny size: 2 stages on 2 ranks, 2 micro-batches, under `schedule`."""
-    plan = Plan(micro_batches=2, stages=2, schedule=schedule, pipeline_devices=("cpu0", "cpu1"))
+    `model` at tiny size: 2 stages on 2 ranks, `micro_batches`, under `schedule`."""
+    plan = Plan(micro_batches=micro_batches, stages=2, schedule=schedule, pipeline_devices=("cpu0", "cpu1"))
     machine = host_ranks(2)
     w = load_workload(model, "tiny", seed=0)
-    step = pipeline_step(w, 2, capture)
+    step = pipeline_step(w, micro_batches, capture)
     resolved = resolve(step.graph, plan, machine)
     res, dist = compare_with_pipelining(step, resolved, machine, spec=model, size="tiny", seed=0, repeats=repeats,
                                         warmup=1, want_params=want_params)
     return res, dist, w, step
 
 
-def test_torch_pipelines_a_held_out_model_to_eagers_full_batch_step() -> None:
-    res, dist, w, step = _bench_tiny("heldout:gru-tagger", "gpipe", repeats=2, want_params=True)
-    assert res.torch_schedule == "ScheduleGPipe" and len(res.pipelining_step_times_s) == 2
+@pytest.mark.parametrize(("model", "schedule", "cls"), [
+    ("heldout:gru-tagger", "gpipe", "ScheduleGPipe"),
+    # nn.LSTM(batch_first=True)'s output, which crosses the cut, is a transposed view (one that
+    # is not contiguous when a micro-batch holds more than one sequence: the whole batch here)
+    ("heldout:lstm-lm", "gpipe:1", "ScheduleGPipe"),
+])
+def test_torch_pipelines_a_held_out_model_to_eagers_full_batch_step(model: str, schedule: str, cls: str) -> None:
+    name, _, m = schedule.partition(":")
+    res, dist, w, step = _bench_tiny(model, name, repeats=2, want_params=True, micro_batches=int(m or 2))
+    assert res.torch_schedule == cls and len(res.pipelining_step_times_s) == 2
     assert res.pipelining_step_s > 0 and math.isfinite(res.ratio_vs_pipelining)
     # torch's stages after one step on 2 micro-batches = eager's parameters after one full-batch step
     assert dist.ddp_params is not None
