@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import torch
@@ -242,9 +243,13 @@ def _contiguous_stage(graph: Any) -> bool:
                         made[arg] = graph.call_method("contiguous", (arg,))
                     made[arg].meta["val"] = v.contiguous()
             if made:
-                node.args = torch.fx.node.map_arg(node.args, lambda a, m=made: m.get(a, a))
+                node.args = torch.fx.node.map_arg(node.args, partial(_swapped, made))
                 changed = True
     return changed
+
+
+def _swapped(made: dict[Any, Any], node: Any) -> Any:
+    return made.get(node, node)
 
 
 def _nodes_in(args: Any) -> list[Any]:
