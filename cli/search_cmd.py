@@ -6,6 +6,7 @@
     schedlab search transformer --space placement --devices 2 --strategy m-etf   # this host's 2 ranks
     schedlab search nmt --space placement --machine dgx-8gpu --devices 4 --strategy rl --json
     schedlab search transformer --space schedule --devices 2 --trials 40   # pipeline schedules
+    schedlab search transformer --devices 2 --trials 80   # placements and pipelines, with concurrency
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "of this host or a --machine preset: the placement paper's RL grouper-placer (rl), Baechi's "
         "heuristics (m-topo, m-etf, m-sct), the expert layer split (layers) or Optuna. --space schedule "
         "pipelines the model over the devices and searches the schedule (gpipe, 1f1b, interleaved:2, "
-        "looped-bfs, zb-h1, zb-h2, zbv, ooo), the micro-batch count and the stage cuts. PyTorch's default and TensorFlow's recommended threading are always evaluated. The "
+        "looped-bfs, zb-h1, zb-h2, zbv, ooo), the micro-batch count and the stage cuts; on several devices "
+        "--space all searches placements and pipelines together, each with every device's slots and "
+        "threads. PyTorch's default and TensorFlow's recommended threading are always evaluated. The "
         "study resumes where it stopped; run again with another --strategy into the same --run-dir to "
         "compare strategies. Writes run.json, graph.json, study.db and search.json into the run directory.",
     )
@@ -111,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     from schedlab.machine import detect_host
     from schedlab.search.run_dir import RunConfig, RunPaths, default_storage, read_run, storage_url
     from schedlab.search.runner import run_search
+    from schedlab.search.schedule_space import searches_pipelines
 
     if args.backend == "tensorflow":
         from schedlab.cli.search_tf import run_tf_search
@@ -162,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     if args.space == "schedule":  # before anything is captured or written
         from schedlab.search.runner import check_schedule_search
 
-        check_schedule_search(machine, args.strategy, args.workers)
+        check_schedule_search(machine, args.strategy)
     run_profile = paths.profile
     if old is not None and paths.graph.exists():
         graph = Graph.load(paths.graph)  # resuming: the captured graph is already there
@@ -180,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
 
             print(f"schedlab search: timing a few steps of {args.model} to calibrate the simulator", file=sys.stderr)
             profile = calibrate_with_traces(profile, graph, captured.input_values, host, steps=3)
-            if args.space == "schedule":
+            if searches_pipelines(args.space, machine):
                 profile = _calibrate_micro_batches(args, profile, graph)
             profile_path = profile.save(run_profile)
     storage = args.storage or (storage_url(run_dir, old) if old else default_storage(run_dir))

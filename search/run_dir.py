@@ -32,6 +32,10 @@ class RunPaths:
     def graph(self) -> Path:
         return self.root / "graph.json"
 
+    def micro_graph(self, micro_batches: int) -> Path:
+        """The graph a plan of `micro_batches` (> 1) resolves against: one micro-batch's step."""
+        return self.root / "graphs" / f"m{micro_batches}.json"
+
     @property
     def study_db(self) -> Path:
         return self.root / STUDY_DB

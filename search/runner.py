@@ -25,10 +25,11 @@ from schedlab.graph import Graph
 from schedlab.machine import Machine
 from schedlab.plan import Plan
 from schedlab.search.baselines import baseline_plans
+from schedlab.search.micro_graphs import MicroGraphs
 from schedlab.search.objective import Evaluator
 from schedlab.search.placement.strategies import PLACEMENT_STRATEGIES
 from schedlab.search.run_dir import RunConfig, RunPaths, write_run, write_search
-from schedlab.search.schedule_space import SCHEDULE_SPACE, MicroBatchEvaluator, need_several_devices
+from schedlab.search.schedule_space import SCHEDULE_SPACE, MicroBatchEvaluator, need_several_devices, searches_pipelines
 from schedlab.search.space import make_space
 from schedlab.search.strategies import OPTUNA, strategy_plans
 from schedlab.search.study import (
@@ -114,8 +115,9 @@ def run_search(
     `machine` is what the plans are simulated on; `baseline_machine` (default `machine`)
     what the baselines are: a placement over this host's local ranks is measured against
     the one-process baselines on the whole host. `rl` configures the ``rl`` strategy.
-    `graph_of(M)`: the graph a plan of M micro-batches resolves against (``--space
-    schedule``; M = 1 is `graph`)."""
+    `graph_of(M)`: the graph a plan of M micro-batches resolves against (pipeline plans of
+    ``--space schedule`` and of ``all`` on several devices; default: captured from
+    `config`'s model), kept in the run directory (`search.micro_graphs`)."""
     from tqdm import tqdm
 
     if workers < 1:
@@ -123,7 +125,7 @@ def run_search(
     if config.trials < 1:
         raise SchedlabError("--trials must be >= 1")
     if config.space == SCHEDULE_SPACE:  # before anything is written
-        check_schedule_search(machine, config.strategy, workers)
+        check_schedule_search(machine, config.strategy)
     t0 = time.perf_counter()
     run_dir.mkdir(parents=True, exist_ok=True)
     storage = open_storage(config.storage)
@@ -131,10 +133,9 @@ def run_search(
     fail_stale_trials(study, storage)
     evaluator: Any = Evaluator(graph, machine, cost)
     base_eval = evaluator if baseline_machine is None else Evaluator(graph, baseline_machine, cost)
-    if config.space == SCHEDULE_SPACE:
-        whole = graph
-        evaluator = MicroBatchEvaluator(
-            lambda m: whole if m == 1 else _micro_graph(graph_of, m), machine, cost)
+    graphs = MicroGraphs(run_dir, graph, graph_of or _capture_of(config))
+    if searches_pipelines(config.space, machine):
+        evaluator = MicroBatchEvaluator(graphs, machine, cost)
     baselines = evaluate_baselines(base_eval)
     study.set_user_attr("baselines", baselines)
 
@@ -166,6 +167,7 @@ def run_search(
             else:
                 from schedlab.search.workers import run_workers
 
+                graphs.fill(getattr(space, "micro_batches", ()))  # the workers capture nothing
                 run_workers(run_dir, workers, study, strategy, space_name, target, on_progress=on_trial)
         else:
             if strategy not in PLACEMENT_STRATEGIES and len(machine.devices) > 1:
@@ -204,20 +206,22 @@ def run_search(
     return summary
 
 
-def check_schedule_search(machine: Machine, strategy: str, workers: int) -> None:
+def check_schedule_search(machine: Machine, strategy: str) -> None:
     """One clear error for a schedule search that cannot run."""
     need_several_devices(machine)
-    if workers > 1:
-        raise SchedlabError("--space schedule runs in one process for now; leave out --workers")
     if strategy != OPTUNA:
         raise SchedlabError(f"--space schedule is searched by optuna; strategy {strategy} is not a schedule search")
 
 
-def _micro_graph(graph_of: Callable[[int], Graph] | None, micro_batches: int) -> Graph:
-    if graph_of is None:
-        raise SchedlabError(f"a plan of {micro_batches} micro-batches needs its micro-batch step's graph; "
-                            "the caller gave no graph_of")
-    return graph_of(micro_batches)
+def _capture_of(config: RunConfig) -> Callable[[int], Graph]:
+    """M -> one micro-batch's step of the run's model, captured (`graph_of`'s default)."""
+
+    def capture(micro_batches: int) -> Graph:
+        from schedlab.search.placement.validate import plan_step
+
+        return plan_step(config, micro_batches).graph  # type: ignore[no-any-return]
+
+    return capture
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,12 @@ The micro-batch count changes the graph a plan resolves against (one micro-batch
 `schedlab.microbatch.pipeline_step`), so `MicroBatchEvaluator` keeps one `Evaluator` per
 count, each built on first use from the caller's `graph_of(M)`.
 
+``--space all`` on several devices searches these plans beside placements, with each
+device's concurrency (`search.composed_space`). The micro-batch graphs live in the run
+directory (`search.micro_graphs`), so ``--workers`` processes simulate them too.
+
 Not searched yet: Tessel's repetends on a model (its non-chain placements do not map onto
-a model's stages yet), V of interleaved beyond 2, and composition with placement and
-concurrency (``--space all``).
+a model's stages yet).
 """
 
 from __future__ import annotations
@@ -67,6 +70,12 @@ def micro_batch_counts(graph: Graph) -> tuple[int, ...]:
     if uses_batch_stats(graph):  # more micro-batches would change the batch statistics
         return (1,)
     return micro_batch_choices(batch_size(graph))
+
+
+def searches_pipelines(space: str, machine: Machine) -> bool:
+    """Whether `space` on `machine` holds pipeline plans, each simulated on its micro-batch
+    count's graph: ``schedule``, and ``all`` on several devices (`search.composed_space`)."""
+    return space == SCHEDULE_SPACE or (space == "all" and len(machine.devices) > 1)
 
 
 def need_several_devices(machine: Machine) -> None:

@@ -20,7 +20,8 @@ Three spaces (``--space``):
   an explicit order in the Plan.
 - ``all``: both together.
 - ``placement``: which device runs each group of ops (`search.placement.space`); on a
-  machine of several devices, ``all`` searches placement, concurrency and order together.
+  machine of several devices, ``all`` searches placement, concurrency and order together,
+  or a pipeline schedule with each device's concurrency (`search.composed_space`).
 - ``schedule``: a pipeline over the machine's devices: schedule family, micro-batches and
   stage cuts (`search.schedule_space`).
 
@@ -180,7 +181,8 @@ class SearchSpace:
 
 def make_space(name: str, graph: Graph, machine: Machine, cost: CostModel, *, split_fbw: bool = False) -> Space:
     """The space `name` on `machine`: `SearchSpace` on one device; on several, ``placement``
-    and ``all`` are `search.placement.space.PlacementSpace` (the same interface)."""
+    is `search.placement.space.PlacementSpace` and ``all`` `search.composed_space.ComposedSpace`
+    (the same interface)."""
     multi = len(machine.devices) > 1
     if name == "schedule":
         from schedlab.search.schedule_space import ScheduleSpace
@@ -195,7 +197,17 @@ def make_space(name: str, graph: Graph, machine: Machine, cost: CostModel, *, sp
         from schedlab.search.placement.problem import build_problem
         from schedlab.search.placement.space import PlacementSpace
 
-        return PlacementSpace(name, build_problem(graph, machine, cost, split_fbw=split_fbw), cost)
+        placed = PlacementSpace(name, build_problem(graph, machine, cost, split_fbw=split_fbw), cost)
+        if name == "placement":
+            return placed
+        from schedlab.search.composed_space import ComposedSpace
+        from schedlab.search.schedule_space import ScheduleSpace
+
+        try:
+            piped: ScheduleSpace | None = ScheduleSpace(graph, machine, cost)
+        except SchedlabError:  # too few layers for a stage on every device: placements only
+            piped = None
+        return ComposedSpace(placed, piped, machine)
     if multi:
         raise SchedlabError(f"--space {name} searches one device; on machine {machine.name!r} use --space placement or all")
     return SearchSpace(name, graph, machine, cost)

@@ -1,7 +1,9 @@
 """`python -m schedlab.search.worker RUN_DIR [--index K]`: one search worker (see search/workers.py).
 
 Everything it needs is in the run directory: run.json (study, storage, space, trial
-count, objectives, profile, machine) and graph.json. It needs no model capture.
+count, objectives, profile, machine), graph.json and, for pipeline plans, graphs/m{M}.json
+(one micro-batch's step per count, written by the search before its workers start). It
+needs no model capture.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from schedlab.errors import SchedlabError
 
@@ -18,9 +21,11 @@ def run_worker(run_dir: Path, index: int) -> int:
     from schedlab.calibrate.profile import Profile
     from schedlab.graph import Graph
     from schedlab.machine import Machine
+    from schedlab.search.micro_graphs import MicroGraphs
     from schedlab.search.objective import Evaluator
     from schedlab.search.run_dir import RunPaths, read_run, storage_url
     from schedlab.search.runner import sampler_seed
+    from schedlab.search.schedule_space import MicroBatchEvaluator, searches_pipelines
     from schedlab.search.space import make_space
     from schedlab.search.strategies import OPTUNA
     from schedlab.search.study import load_study, make_sampler, open_storage, optimize
@@ -35,7 +40,10 @@ def run_worker(run_dir: Path, index: int) -> int:
     study = load_study(storage, config.study, make_sampler(config.objectives, 0))
     sampler = make_sampler(config.objectives, sampler_seed(config.seed, index + 1, len(study.get_trials(deepcopy=False))))
     space = make_space(config.space, graph, machine, cost, split_fbw=config.split_fbw)
-    return optimize(study, storage, space, Evaluator(graph, machine, cost), config.objectives, config.trials, sampler=sampler)
+    evaluator: Any = Evaluator(graph, machine, cost)
+    if searches_pipelines(config.space, machine):  # the search wrote each micro-batch count's graph
+        evaluator = MicroBatchEvaluator(MicroGraphs(run_dir, graph), machine, cost)
+    return optimize(study, storage, space, evaluator, config.objectives, config.trials, sampler=sampler)
 
 
 def main(argv: list[str] | None = None) -> int:

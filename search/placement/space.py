@@ -15,6 +15,7 @@ and order.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -37,6 +38,27 @@ def base_plan() -> Plan:
 
 def max_slots(device: Device) -> int:
     return max(1, device.streams if device.kind == "cuda" else device.cores)
+
+
+def sample_concurrency(trial: Any, devices: Sequence[Device]) -> dict[str, int]:
+    """Each device's co-run slots (``slots.<device>``) and, on a CPU of several cores, its
+    intra-op threads (``threads.<device>``)."""
+    params: dict[str, int] = {}
+    for d in devices:
+        params[f"slots.{d.id}"] = trial.suggest_int(f"slots.{d.id}", 1, max_slots(d))
+        if d.kind == "cpu" and d.cores > 1:
+            params[f"threads.{d.id}"] = trial.suggest_int(f"threads.{d.id}", 1, d.cores)
+    return params
+
+
+def with_concurrency(plan: Plan, params: dict[str, Any], used: Collection[str]) -> Plan:
+    """`plan` with the sampled slots and threads (`sample_concurrency`) of the devices it
+    uses: settings of a device it leaves idle would name an unused device."""
+    return replace(
+        plan,
+        device_slots={d: int(params[f"slots.{d}"]) for d in used if f"slots.{d}" in params},
+        device_threads={d: int(params[f"threads.{d}"]) for d in used if f"threads.{d}" in params},
+    )
 
 
 class PlacementSpace:
@@ -63,10 +85,7 @@ class PlacementSpace:
             f"device.{g.key}": trial.suggest_categorical(f"device.{g.key}", devices) for g in self.problem.groups
         }
         if self.name == "all":
-            for d in self.problem.devices:
-                params[f"slots.{d.id}"] = trial.suggest_int(f"slots.{d.id}", 1, max_slots(d))
-                if d.kind == "cpu" and d.cores > 1:
-                    params[f"threads.{d.id}"] = trial.suggest_int(f"threads.{d.id}", 1, d.cores)
+            params.update(sample_concurrency(trial, self.problem.devices))
             params["order"] = trial.suggest_categorical("order", ORDER_CHOICES)
             if params["order"] == "mixed":
                 for key in ("cp_weight", "w_defer_frac", "w_defer_dist"):
@@ -88,14 +107,6 @@ class PlacementSpace:
                 order = parametric_order(self.graph, op, self.up_us)
             elif order not in ORDER_CHOICES:
                 raise SchedlabError(f"unknown order choice {order!r}; use one of: {', '.join(ORDER_CHOICES)}")
-            ids = [d.id for d in self.problem.devices]
-            base = Plan(
-                slots=1, threads=None, order=order,
-                device_slots={d: int(params[f"slots.{d}"]) for d in ids if f"slots.{d}" in params},
-                device_threads={d: int(params[f"threads.{d}"]) for d in ids if f"threads.{d}" in params},
-            )
+            base = Plan(slots=1, threads=None, order=order)
         plan = self.problem.to_plan(self.group_device(params), base)
-        used = set(self.problem.op_devices(self.group_device(params)))
-        # per-device settings of devices the placement leaves idle would name unused devices
-        return replace(plan, device_slots={d: k for d, k in plan.device_slots.items() if d in used},
-                       device_threads={d: k for d, k in plan.device_threads.items() if d in used})
+        return with_concurrency(plan, params, set(self.problem.op_devices(self.group_device(params))))

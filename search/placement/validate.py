@@ -9,8 +9,9 @@ candidate names its strategy (``strategies``: every strategy whose best it is) w
 prediction, measurement and spread, and ``error_pct`` = (predicted - measured) / measured.
 
 A pipeline-schedule search (``--space schedule``, one strategy) is validated the same way,
-with its `top` distinct fastest plans instead of one per strategy; each plan runs on the
-step its micro-batch count needs (`plan_step`).
+with its `top` distinct fastest plans instead of one per strategy, and ``--space all``
+(placements and pipelines) with both; each plan runs on the step its micro-batch count
+needs (`plan_step`).
 
 `measured_reward(...)`: the RL strategy's ``--reward measured``: a plan's median step time
 on the real ranks (no numerics check: the validation checks the winners).
@@ -89,6 +90,20 @@ def top_plans(study: optuna.Study, top: int) -> list[tuple[Plan, float, int, lis
     return list(out.values())
 
 
+def plans_to_validate(study: optuna.Study, space: str, top: int) -> list[tuple[Plan, float, int, list[str]]]:
+    """What `validate_placement_run` runs: a schedule search's `top` fastest distinct plans;
+    ``all`` (placements and pipelines): those and every strategy's best, fastest first; a
+    placement search: every strategy's best."""
+    if space == "schedule":
+        return top_plans(study, top)
+    winners = strategy_winners(study)
+    if space != "all":
+        return winners
+    have = {plan.hash for plan, *_ in winners}
+    more = [w for w in top_plans(study, top) if w[0].hash not in have]
+    return sorted([*winners, *more], key=lambda w: (w[1], w[2]))
+
+
 def plan_step(config: RunConfig, micro_batches: int = 1) -> Any:
     """The run's model captured as one step (`data_parallel.PlanStep`, one replica), or with
     `micro_batches` > 1 the full step and one micro-batch's (`microbatch.pipeline_step`)."""
@@ -119,7 +134,7 @@ def validate_placement_run(
     profile = Profile.load(config.profile, check_machine=False)
     machine = rank_machine(config, profile)
     study = optuna.load_study(storage=open_storage(storage_url(run_dir, config)), study_name=config.study)
-    winners = top_plans(study, top) if config.space == "schedule" else strategy_winners(study)
+    winners = plans_to_validate(study, config.space, top)
     if not winners:
         raise SchedlabError(f"{run_dir}: the study holds no complete trial to validate")
     steps_by_m: dict[int, Any] = {}

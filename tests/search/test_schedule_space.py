@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import optuna
@@ -119,9 +120,27 @@ def test_search_and_validate_a_schedule_space_on_two_ranks(capsys, tmp_path: Pat
     assert all(c["ranks"] == 2 for c in searched)
 
 
+def test_workers_simulate_pipeline_plans_on_the_run_directorys_micro_batch_graphs(
+        capsys, tmp_path: Path, profile_path: Path) -> None:  # type: ignore[no-untyped-def]
+    d = tmp_path / "sched"
+    argv = ["search", "mlp", "--size", "tiny", "--run-dir", str(d), "--profile", str(profile_path), "--no-progress",
+            "--no-trace-calibration", "--space", "schedule", "--devices", "2", "--trials", "8", "--workers", "2",
+            "--json"]
+    assert main(argv) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["workers"] == 2 and s["n_trials"] == 8
+    space = ScheduleSpace(graph_of(1), TWO, fake_profile())  # type: ignore[arg-type]
+    for m in space.micro_batches[1:]:  # written before the workers started, as the search captured them
+        assert Graph.load(d / "graphs" / f"m{m}.json").hash == graph_of(m).hash
+    study = optuna.load_study(storage=f"sqlite:///{d / 'study.db'}", study_name="mlp-tiny-sgd")
+    done = [t for t in study.trials if t.state.name == "COMPLETE"]
+    me = f":{os.getpid()}"
+    assert done and not any(t.user_attrs["worker"].endswith(me) for t in done)  # worker processes ran them
+    assert any(t.params["micro_batches"] > 1 for t in done)
+
+
 @pytest.mark.parametrize(("extra", "message"), [
     (("--devices", "1"), "several devices"),
-    (("--devices", "2", "--workers", "2"), "one process"),
     (("--devices", "2", "--strategy", "m-etf"), "searched by optuna"),
 ])
 def test_bad_schedule_searches_get_one_clear_error(capsys, tmp_path: Path, profile_path: Path, extra: tuple[str, ...],  # type: ignore[no-untyped-def]

@@ -227,7 +227,7 @@ def test_search_help_states_the_rl_defaults(capsys) -> None:  # type: ignore[no-
     assert f"iterations (default {d.iterations})" in text and f"per iteration (default {d.samples})" in text
 
 
-def test_space_all_on_several_devices_searches_placement_concurrency_and_order(tmp_path: Path, profile_path: Path) -> None:
+def test_space_all_on_several_devices_searches_placement_or_pipeline_concurrency_and_order(tmp_path: Path, profile_path: Path) -> None:
     import optuna
 
     d = tmp_path / "all"
@@ -245,7 +245,11 @@ def test_space_all_on_several_devices_searches_placement_concurrency_and_order(t
 
     for t in trials:
         plan = Plan.from_json(t.user_attrs["plan"])
-        used = set(place(graph, plan, machine))
-        assert set(plan.device_slots) <= used  # settings only for the devices the placement uses
+        if t.params["parallelism"] == "pipeline":  # placements and pipelines in one study
+            used = set(plan.pipeline_devices)
+            g = graph if plan.micro_batches == 1 else Graph.load(d / "graphs" / f"m{plan.micro_batches}.json")
+        else:
+            used, g = set(place(graph, plan, machine)), graph
+        assert set(plan.device_slots) <= used  # settings only for the devices the plan uses
         assert all(1 <= k <= max_slots(machine.device(dev)) for dev, k in plan.device_slots.items())
-        resolve(graph, plan, machine)
+        resolve(g, plan, machine)
