@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "(ooo). --space placement searches which device runs each layer's ops, on --devices N local ranks "
         "of this host or a --machine preset: the placement paper's RL grouper-placer (rl), Baechi's "
         "heuristics (m-topo, m-etf, m-sct), the expert layer split (layers) or Optuna. --space schedule "
-        "pipelines the model over the devices and searches the schedule (gpipe, 1f1b, interleaved:2, "
+        "pipelines the model over the devices and searches the schedule (gpipe, 1f1b, interleaved:2-4, "
         "looped-bfs, zb-h1, zb-h2, zbv, ooo), the micro-batch count and the stage cuts; on several devices "
         "--space all searches placements and pipelines together, each with every device's slots and "
         "threads. PyTorch's default and TensorFlow's recommended threading are always evaluated. The "

@@ -1,9 +1,9 @@
 """The pipeline-schedule search space (``--space schedule``): which schedule, how many
 micro-batches, where the stages are cut.
 
-A trial picks a schedule family (`FAMILIES`: gpipe, 1f1b, interleaved:2, looped-bfs,
-zb-h1, zb-h2, zbv, ooo; those whose stage count the model's layers cannot fill are left
-out), a micro-batch count (the divisors of the batch up to `MAX_MICRO_BATCHES`) and the
+A trial picks a schedule family (`FAMILIES`: gpipe, 1f1b, interleaved:V for V = 2, 3, 4
+stages per device, looped-bfs, zb-h1, zb-h2, zbv, ooo; those whose stage count the
+model's layers cannot fill are left out), a micro-batch count (the divisors of the batch up to `MAX_MICRO_BATCHES`) and the
 stage cuts: ``equal`` shares of layers, or ``balanced`` by the cost model's layer times
 (`schedlab.layer_split.balanced_stage_cuts`). Each stage count is the family's own on the
 machine's devices (one stage per device for 1F1B, two for ZBV, ...), one schedule row per
@@ -45,7 +45,8 @@ from schedlab.search.objective import Evaluation, Evaluator
 from schedlab.sim.cost import CostModel, op_cost_us
 
 SCHEDULE_SPACE = "schedule"
-FAMILIES = ("gpipe", "1f1b", "interleaved:2", "looped-bfs", "zb-h1", "zb-h2", "zbv", "ooo")
+FAMILIES = ("gpipe", "1f1b", "interleaved:2", "interleaved:3", "interleaved:4", "looped-bfs", "zb-h1", "zb-h2",
+            "zbv", "ooo")
 STAGE_CUTS = ("equal", "balanced")
 MAX_MICRO_BATCHES = 16
 

@@ -61,6 +61,19 @@ def test_every_point_of_the_space_is_a_pipeline_plan_that_resolves() -> None:
         space.plan("1f1b", m, "random")
 
 
+def test_interleaved_schedules_of_more_virtual_stages_are_searched_where_layers_allow() -> None:
+    graph = graph_of(1, "transformer")
+    space = ScheduleSpace(graph, TWO, fake_profile())  # type: ignore[arg-type]
+    assert {"interleaved:3", "interleaved:4"} <= set(space.families)
+    m = max(space.micro_batches)
+    for v in (3, 4):
+        plan = space.plan(f"interleaved:{v}", m, "balanced")
+        assert plan.n_stages == 2 * v and plan.stage_map == "loop"  # V stages on each of the 2 devices
+        assert set(resolve(graph_of(m, "transformer"), plan, TWO).device) == {"cpu0", "cpu1"}
+    small = ScheduleSpace(graph_of(1), TWO, fake_profile())  # type: ignore[arg-type]
+    assert not {"interleaved:2", "interleaved:3", "interleaved:4"} & set(small.families)  # mlp/tiny: 3 layers
+
+
 def test_optuna_samples_the_three_choices() -> None:
     space = ScheduleSpace(graph_of(1), TWO, fake_profile())  # type: ignore[arg-type]
     trial = optuna.trial.FixedTrial({"schedule": "gpipe", "micro_batches": 2, "stage_cuts": "balanced"})
