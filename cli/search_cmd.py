@@ -114,7 +114,6 @@ def run(args: argparse.Namespace) -> int:
     from schedlab.machine import detect_host
     from schedlab.search.run_dir import RunConfig, RunPaths, default_storage, read_run, storage_url
     from schedlab.search.runner import run_search
-    from schedlab.search.schedule_space import searches_pipelines
 
     if args.backend == "tensorflow":
         from schedlab.cli.search_tf import run_tf_search
@@ -184,8 +183,7 @@ def run(args: argparse.Namespace) -> int:
 
             print(f"schedlab search: timing a few steps of {args.model} to calibrate the simulator", file=sys.stderr)
             profile = calibrate_with_traces(profile, graph, captured.input_values, host, steps=3)
-            if searches_pipelines(args.space, machine):
-                profile = _calibrate_micro_batches(args, profile, graph)
+            profile = _calibrate_micro_batches(args, profile, graph, machine)
             profile_path = profile.save(run_profile)
     storage = args.storage or (storage_url(run_dir, old) if old else default_storage(run_dir))
     study = args.study or (old.study if old else slug(f"{args.model}-{args.size}-{args.optimizer}"))
@@ -223,14 +221,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _calibrate_micro_batches(args: argparse.Namespace, profile: Any, graph: Any) -> Any:
+def _calibrate_micro_batches(args: argparse.Namespace, profile: Any, graph: Any, machine: Any) -> Any:
     """`profile` plus the op times of one micro-batch's step for each micro-batch count the
-    schedule space searches, run in one process pinned to one core as a rank runs it
+    search's pipeline plans have (none outside `searches_pipelines`, nor for a model
+    ``--space all`` places only), run in one process pinned to one core as a rank runs it
     (`calibrate.rank_fidelity.trace_calibrated`): a pipeline plan's ops are these."""
     from schedlab.calibrate.rank_fidelity import trace_calibrated
-    from schedlab.search.schedule_space import micro_batch_counts
+    from schedlab.search.schedule_space import searched_micro_batches
 
-    counts = [m for m in micro_batch_counts(graph) if m > 1]
+    counts = [m for m in searched_micro_batches(args.space, graph, machine, profile) if m > 1]
     if not counts:
         return profile
     print(f"schedlab search: timing one micro-batch's step of {args.model} for {', '.join(map(str, counts))} "

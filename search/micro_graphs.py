@@ -33,9 +33,11 @@ class MicroGraphs:
         return self._loaded[micro_batches]
 
     def fill(self, counts: Iterable[int]) -> None:
-        """Have every graph of `counts` in the run directory (captured now if missing)."""
+        """Have every graph of `counts` in the run directory (captured now if missing; one
+        already there is not read)."""
         for m in counts:
-            self(m)
+            if m not in self._loaded and not self.paths.micro_graph(m).exists():
+                self(m)
 
     def _get(self, micro_batches: int) -> Graph:
         path = self.paths.micro_graph(micro_batches)

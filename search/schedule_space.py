@@ -125,6 +125,27 @@ class ScheduleSpace:
         return with_named_schedule(Plan(), self.devices, family, micro_batches, stages)
 
 
+def optional_schedule_space(graph: Graph, machine: Machine, cost: CostModel) -> ScheduleSpace | None:
+    """`graph`'s schedule space on `machine`, or None where it has nothing to search (too
+    few layers for a stage on each device, no batch to split): ``--space all`` then
+    searches placements only."""
+    try:
+        return ScheduleSpace(graph, machine, cost)
+    except SchedlabError:
+        return None
+
+
+def searched_micro_batches(space: str, graph: Graph, machine: Machine, cost: CostModel) -> tuple[int, ...]:
+    """The micro-batch counts a search of `space` simulates pipeline plans at: none where it
+    holds no pipelines; for ``schedule`` a model it cannot pipeline is its one clear error."""
+    if not searches_pipelines(space, machine):
+        return ()
+    if space == SCHEDULE_SPACE:
+        return ScheduleSpace(graph, machine, cost).micro_batches
+    piped = optional_schedule_space(graph, machine, cost)
+    return piped.micro_batches if piped is not None else ()
+
+
 class MicroBatchEvaluator:
     """An `Evaluator` per micro-batch count: a plan is simulated on the graph its
     `micro_batches` resolves against (`graph_of(M)`, asked once per M). The space is small

@@ -201,13 +201,9 @@ def make_space(name: str, graph: Graph, machine: Machine, cost: CostModel, *, sp
         if name == "placement":
             return placed
         from schedlab.search.composed_space import ComposedSpace
-        from schedlab.search.schedule_space import ScheduleSpace
+        from schedlab.search.schedule_space import optional_schedule_space
 
-        try:
-            piped: ScheduleSpace | None = ScheduleSpace(graph, machine, cost)
-        except SchedlabError:  # too few layers for a stage on every device: placements only
-            piped = None
-        return ComposedSpace(placed, piped, machine)
+        return ComposedSpace(placed, optional_schedule_space(graph, machine, cost), machine)
     if multi:
         raise SchedlabError(f"--space {name} searches one device; on machine {machine.name!r} use --space placement or all")
     return SearchSpace(name, graph, machine, cost)

@@ -97,3 +97,18 @@ def test_search_all_on_two_ranks_then_validate_both_kinds(capsys, tmp_path: Path
     assert 1 <= len(searched) <= 2 and all(c["ranks"] in (1, 2) for c in searched), [c["ranks"] for c in searched]
     for c in r["candidates"]:
         assert c["error"] is None and c["numeric_ok"], c
+
+
+def test_calibration_times_micro_batch_steps_only_where_the_space_pipelines() -> None:
+    from schedlab.errors import SchedlabError
+    from schedlab.search.schedule_space import searched_micro_batches
+
+    graph, cost = graph_of(1), fake_profile()
+    assert searched_micro_batches("all", graph, host_ranks(2), cost)[1:]  # mlp/tiny splits its batch
+    assert searched_micro_batches("all", graph, host_ranks(1), cost) == ()  # one device: no pipeline
+    assert searched_micro_batches("placement", graph, host_ranks(2), cost) == ()
+    four = load_machine("dgx-8gpu", 4)  # mlp/tiny's 3 layers cannot fill a stage on each of 4 devices
+    assert searched_micro_batches("all", graph, four, cost) == ()  # so `all` only places it
+    assert make_space("all", graph, four, cost).choices == (PLACEMENT,)  # type: ignore[arg-type, attr-defined]
+    with pytest.raises(SchedlabError, match="too few"):
+        searched_micro_batches("schedule", graph, four, cost)  # type: ignore[arg-type]
