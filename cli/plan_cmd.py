@@ -57,9 +57,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--stage-cuts", default="equal", metavar="equal|balanced|I,J,...",
                    help="pipeline: where stages begin: equal shares of layers (default), layers balanced by calibrated "
                    "cost, or the index of each later stage's first layer")
-    p.add_argument("--schedule", default=None, metavar="NAME|FILE.csv",
-                   help="pipeline schedule: gpipe, 1f1b, interleaved:V, looped-bfs, zb-h1, zb-h2, zbv, ooo, or a "
-                   "schedule file in torch's CSV (one row per device), written into the plan (default 1f1b)")
+    p.add_argument("--schedule", default=None, metavar="NAME|tessel|FILE.csv",
+                   help="pipeline schedule: gpipe, 1f1b, interleaved:V, looped-bfs, zb-h1, zb-h2, zbv, ooo; tessel "
+                   "(Tessel's repetend search on the model's calibrated stage times, one stage per device, under "
+                   "1F1B's activation memory); or a schedule file in torch's CSV (one row per device); searched "
+                   "and file schedules are written into the plan as actions (default 1f1b)")
     p.add_argument("--stage-map", choices=("loop", "v"), default=None,
                    help="pipeline: stage s on device s mod P (loop) or down and back up (v); default: the schedule's")
     p.add_argument("--profile", default=None, metavar="PROFILE",
@@ -165,9 +167,24 @@ def _with_pipeline(
     from schedlab.pipeline import stage_devices
     from schedlab.pipeline.generators import stages_per_device
     from schedlab.pipeline_plan import with_named_schedule
+    from schedlab.search.tessel.model import TESSEL
 
     devices = tuple(d.id for d in machine.devices)
     P = len(devices)
+    if args.schedule == TESSEL:  # Tessel's search on the model's stage times
+        from schedlab.search.tessel.model import with_tessel_schedule
+
+        n_stages = args.stages if args.stages is not None else P
+        cuts = _stage_cuts(args, graph, n_stages) if args.stage_cuts != "equal" else None
+        if args.stage_map not in (None, "loop"):
+            raise SchedlabError(f"--stage-map {args.stage_map}: Tessel's search here runs one stage per device (loop)")
+        try:
+            planned, result = with_tessel_schedule(plan, devices, graph, micro_batches, cuts or n_stages, _cost(args))
+        except PlanError as e:
+            raise SchedlabError(f"--schedule tessel: {e.detail}") from None
+        print(f"Tessel: repetend at {result.repetend_time / result.lower_bound:.3f}x its lower bound (the busiest "
+              f"device's work per micro-batch), found in {result.search_s:.2f} s", file=sys.stderr)
+        return planned
     if schedule is None:  # a generator: the library builds the plan
         name = args.schedule or "1f1b"
         try:

@@ -2,13 +2,16 @@
 micro-batches, where the stages are cut.
 
 A trial picks a schedule family (`FAMILIES`: gpipe, 1f1b, interleaved:V for V = 2, 3, 4
-stages per device, looped-bfs, zb-h1, zb-h2, zbv, ooo; those whose stage count the
-model's layers cannot fill are left out), a micro-batch count (the divisors of the batch up to `MAX_MICRO_BATCHES`) and the
+stages per device, looped-bfs, zb-h1, zb-h2, zbv, ooo, and tessel: Tessel's repetend
+search on the model's own stage times, `search.tessel.model`; those whose stage count
+the model's layers cannot fill are left out), a micro-batch count (the divisors of the batch up to `MAX_MICRO_BATCHES`) and the
 stage cuts: ``equal`` shares of layers, or ``balanced`` by the cost model's layer times
 (`schedlab.layer_split.balanced_stage_cuts`). Each stage count is the family's own on the
 machine's devices (one stage per device for 1F1B, two for ZBV, ...), one schedule row per
 device. The plan is built by `schedlab.pipeline_plan.with_named_schedule`, so it is the
-plan `schedlab plan --schedule ... --micro-batches ... --stage-cuts ...` writes.
+plan `schedlab plan --schedule ... --micro-batches ... --stage-cuts ...` writes; a
+tessel plan carries the searched actions as its schedule rows (one search per stage cuts
+and micro-batch count, under 1F1B's activation memory, else twice it, else none).
 
 A model that normalises over the batch (batch norm in training) is searched at one
 micro-batch only: more would give each micro-batch its own statistics and change the
@@ -23,8 +26,8 @@ count, each built on first use from the caller's `graph_of(M)`.
 device's concurrency (`search.composed_space`). The micro-batch graphs live in the run
 directory (`search.micro_graphs`), so ``--workers`` processes simulate them too.
 
-Not searched yet: Tessel's repetends on a model (its non-chain placements do not map onto
-a model's stages yet).
+Tessel's non-chain shapes (a block sharded over every device) do not map onto a model's
+stages yet: on a model it searches the V shape, one stage per device.
 """
 
 from __future__ import annotations
@@ -42,11 +45,14 @@ from schedlab.pipeline.generators import stages_per_device
 from schedlab.pipeline_plan import with_named_schedule
 from schedlab.plan import Plan
 from schedlab.search.objective import Evaluation, Evaluator
+from schedlab.search.tessel.model import TESSEL, with_tessel_schedule
 from schedlab.sim.cost import CostModel, op_cost_us
 
 SCHEDULE_SPACE = "schedule"
 FAMILIES = ("gpipe", "1f1b", "interleaved:2", "interleaved:3", "interleaved:4", "looped-bfs", "zb-h1", "zb-h2",
-            "zbv", "ooo")
+            "zbv", "ooo", TESSEL)
+# Tessel's memory limits on a model, tried in turn: 1F1B's activations, twice them, none
+TESSEL_MEMORY_FACTORS: tuple[float | None, ...] = (1.0, 2.0, None)
 STAGE_CUTS = ("equal", "balanced")
 MAX_MICRO_BATCHES = 16
 
@@ -97,12 +103,13 @@ class ScheduleSpace:
         self.devices = tuple(d.id for d in machine.devices)
         n_layers = len(layers_in_order(graph))
         P = len(self.devices)
-        self.stages = {f: P * stages_per_device(f, P) for f in families}
+        self.stages = {f: P if f == TESSEL else P * stages_per_device(f, P) for f in families}
         self.families = tuple(f for f in families if self.stages[f] <= n_layers)
         if not self.families:
             raise SchedlabError(f"{graph.name!r} has {n_layers} layer(s): too few for a stage on each of {P} devices")
         self.micro_batches = micro_batch_counts(graph)
         self._cuts: dict[int, tuple[int, ...]] = {}
+        self._tessel: dict[tuple[int, int | tuple[int, ...]], Plan] = {}
         self._graph, self._op_cost_us = graph, op_cost_us(cost)
 
     def suggest(self, trial: Any) -> Plan:
@@ -122,7 +129,30 @@ class ScheduleSpace:
             stages = self._cuts[n]
         else:
             raise SchedlabError(f"unknown stage cuts {cuts!r}; use one of: {', '.join(STAGE_CUTS)}")
+        if family == TESSEL:
+            return self._tessel_plan(micro_batches, stages)
         return with_named_schedule(Plan(), self.devices, family, micro_batches, stages)
+
+    def _tessel_plan(self, micro_batches: int, stages: int | tuple[int, ...]) -> Plan:
+        """Tessel's schedule for these stages (weighed on the full step, whose shares a
+        micro-batch keeps), searched once per (micro-batches, stages)."""
+        key = (micro_batches, stages)
+        if key not in self._tessel:
+            errors = []
+            for factor in TESSEL_MEMORY_FACTORS:
+                try:
+                    plan, _ = with_tessel_schedule(
+                        Plan(), self.devices, self._graph, micro_batches, stages, self._op_cost_us,
+                        memory_factor=factor,
+                    )
+                except SchedlabError as e:
+                    errors.append(str(e))
+                    continue
+                self._tessel[key] = plan
+                break
+            else:  # pragma: no cover - a chain has a repetend when memory is not limited
+                raise SchedlabError(f"Tessel's search found no schedule for {self._graph.name!r}: {errors[-1]}")
+        return self._tessel[key]
 
 
 def optional_schedule_space(graph: Graph, machine: Machine, cost: CostModel) -> ScheduleSpace | None:

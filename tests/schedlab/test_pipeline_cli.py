@@ -49,6 +49,20 @@ def test_plan_then_simulate_and_trace_a_two_rank_pipeline(capsys, tmp_path: Path
     assert rc == 0 and tr["numerics_ok"] and tr["ranks"] == 2 and tr["ops"] == sim["ops"]
 
 
+def test_a_tessel_plan_holds_the_searched_actions_and_runs_on_two_ranks(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    plan = tmp_path / "p.json"
+    rc, _, err = _run(capsys, "plan", "mlp", "--size", "tiny", "--devices", "2", "--micro-batches", "2",
+                      "--schedule", "tessel", "--stage-cuts", "balanced", "--threads", "1", "-o", str(plan))
+    assert rc == 0 and "Tessel: repetend at 1.000x its lower bound" in err
+    d = json.loads(plan.read_text())
+    assert d["stage_map"] == "loop" and len(d["schedule"]) == 2 and isinstance(d["stages"], list)
+    assert sorted(d["schedule"][0]) == ["0B0", "0B1", "0F0", "0F1"]
+    rc, out, _ = _run(capsys, "trace", "mlp", "--size", "tiny", "--plan", str(plan), "--steps", "1", "--warmup", "0",
+                      "--out", str(tmp_path / "t.json"), "--json")
+    tr = json.loads(out)
+    assert rc == 0 and tr["numerics_ok"] and tr["ranks"] == 2
+
+
 def test_a_one_device_pipeline_traces_in_this_process(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     plan = tmp_path / "p.json"
     rc, _, _ = _run(capsys, "plan", "transformer", "--size", "tiny", "--micro-batches", "2", "--schedule", "looped-bfs",
@@ -84,6 +98,8 @@ def test_a_schedule_file_is_written_into_the_plan(capsys, tmp_path: Path) -> Non
         (["mlp", "--devices", "2", "--micro-batches", "2", "--order", "w-last"], "--order w-last: a pipeline plan"),
         (["mlp", "--micro-batches", "2", "--stage-cuts", "1,2"], "2 cut(s) make 3 stages, not --stages 1"),
         (["mlp", "--devices", "2", "--schedule", "missing.csv"], "no schedule file missing.csv"),
+        (["mlp", "--devices", "2", "--schedule", "tessel", "--stages", "4"],
+         "--schedule tessel: Tessel's search here runs one stage per device"),
     ],
 )
 def test_bad_pipeline_flags_name_the_flag(capsys, tmp_path: Path, argv: list[str], msg: str) -> None:  # type: ignore[no-untyped-def]

@@ -51,10 +51,12 @@ def test_every_point_of_the_space_is_a_pipeline_plan_that_resolves() -> None:
     assert "zbv" not in space.families and "1f1b" in space.families
     m = max(space.micro_batches)
     graph = graph_of(m)
+    assert "tessel" in space.families
     for family in space.families:
         for cuts in ("equal", "balanced"):
             plan = space.plan(family, m, cuts)
-            assert (plan.schedule, plan.micro_batches, plan.pipeline_devices) == (family, m, ("cpu0", "cpu1"))
+            named = family if family != "tessel" else plan.schedule  # Tessel's: the searched actions
+            assert (plan.schedule, plan.micro_batches, plan.pipeline_devices) == (named, m, ("cpu0", "cpu1"))
             resolved = resolve(graph, plan, TWO)
             assert set(resolved.device) == {"cpu0", "cpu1"}
     with pytest.raises(SchedlabError, match="unknown stage cuts"):
@@ -80,6 +82,26 @@ def test_optuna_samples_the_three_choices() -> None:
     plan = space.suggest(trial)
     assert (plan.schedule, plan.micro_batches, plan.n_stages) == ("gpipe", 2, 2)
     assert isinstance(plan.stages, tuple)  # balanced: the first layer of the second stage
+
+
+def test_tessel_is_searched_once_per_micro_batches_and_cuts(monkeypatch: pytest.MonkeyPatch) -> None:
+    import schedlab.search.schedule_space as mod
+
+    calls: list[tuple[int, object]] = []
+    real = mod.with_tessel_schedule
+
+    def counted(plan, devices, graph, m, stages, cost, **kw):  # type: ignore[no-untyped-def]
+        calls.append((m, stages))
+        return real(plan, devices, graph, m, stages, cost, **kw)
+
+    monkeypatch.setattr(mod, "with_tessel_schedule", counted)
+    space = ScheduleSpace(graph_of(1), TWO, fake_profile())  # type: ignore[arg-type]
+    trial = optuna.trial.FixedTrial({"schedule": "tessel", "micro_batches": 4, "stage_cuts": "balanced"})
+    first, again = space.suggest(trial), space.suggest(trial)
+    assert first == again and len(calls) == 1
+    assert isinstance(first.schedule, tuple) and first.micro_batches == 4
+    space.plan("tessel", 2, "balanced")
+    assert len(calls) == 2
 
 
 def test_a_batch_norm_model_is_searched_at_one_micro_batch() -> None:
@@ -121,7 +143,8 @@ def test_search_and_validate_a_schedule_space_on_two_ranks(capsys, tmp_path: Pat
     assert main(argv) == 0
     s = json.loads(capsys.readouterr().out)
     assert s["space"] == "schedule" and s["new_trials"] == 6
-    assert all(b["plan"]["schedule"] in FAMILIES and b["plan"]["micro_batches"] >= 1 for b in s["best"])
+    assert all(isinstance(b["plan"]["schedule"], list) or b["plan"]["schedule"] in FAMILIES for b in s["best"])
+    assert all(b["plan"]["micro_batches"] >= 1 for b in s["best"])
     rc = main(["validate", str(d), "--top", "2", "--repeats", "1", "--steps", "1", "--no-progress", "--json"])
     r = json.loads(capsys.readouterr().out)
     assert rc == 0
