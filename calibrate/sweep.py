@@ -111,6 +111,27 @@ def _cat(r: int, c: int, parts: int) -> Call:
     return ([torch.randn(r, c) for _ in range(parts)], 1), {}
 
 
+_LSTM_MODE = 2  # oneDNN's rnn kind for LSTM, as `schedlab.recurrent` passes it
+
+
+def _lstm_layer(t: int, b: int, i: int, h: int) -> Call:
+    """oneDNN's fused LSTM layer as a captured `nn.LSTM` calls it (`schedlab.recurrent`):
+    input [T, B, I], weights [4H, I] and [4H, H], both biases, states [1, B, H], training."""
+    x, w_ih, w_hh = torch.randn(t, b, i), torch.randn(4 * h, i) * 0.1, torch.randn(4 * h, h) * 0.1
+    b_ih, b_hh, hx, cx = torch.randn(4 * h), torch.randn(4 * h), torch.zeros(1, b, h), torch.zeros(1, b, h)
+    return (x, w_ih, w_hh, b_ih, b_hh, hx, cx, False, [], _LSTM_MODE, h, 1, True, False, False, True), {}
+
+
+def _lstm_layer_backward(t: int, b: int, i: int, h: int) -> Call:
+    """Its backward, from a forward's outputs and workspace, the final states' gradients
+    unused (None) as when the model reads only the layer's output."""
+    args, _ = _lstm_layer(t, b, i, h)
+    x, w_ih, w_hh, b_ih, b_hh, hx, cx = args[:7]
+    y, hy, cy, workspace = torch.ops.aten.mkldnn_rnn_layer.default(*args)
+    return (x, w_ih, w_hh, b_ih, b_hh, hx, cx, y, hy, cy, torch.randn_like(y), None, None, False, _LSTM_MODE, h, 1,
+            True, True, False, [], False, workspace), {}
+
+
 # ---- shapes ----------------------------------------------------------------------------------
 
 
@@ -142,6 +163,22 @@ def _conv_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
     specs = [SweepSpec("aten.convolution.default", partial(_conv, *draw())) for _ in range(cfg.per_class)]
     specs += [
         SweepSpec("aten.convolution_backward.default", partial(_conv_backward, *draw(), rng.choice(masks)))
+        for _ in range(cfg.per_class)
+    ]
+    return specs
+
+
+def _lstm_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
+    def draw() -> tuple[int, int, int, int]:
+        while True:  # sequence models' sizes: hidden 32-1024, up to the cap on matmul work
+            t, b = _log_int(rng, 4, 64), _log_int(rng, 2, 64)
+            i, h = _log_int(rng, 16, 512), _log_int(rng, 32, 1024)
+            if 2 * t * b * 4 * h * (i + h) <= cfg.max_flops:
+                return t, b, i, h
+
+    specs = [SweepSpec("aten.mkldnn_rnn_layer.default", partial(_lstm_layer, *draw())) for _ in range(cfg.per_class)]
+    specs += [
+        SweepSpec("aten.mkldnn_rnn_layer_backward.default", partial(_lstm_layer_backward, *draw()))
         for _ in range(cfg.per_class)
     ]
     return specs
@@ -185,7 +222,10 @@ def sweep_specs(cfg: SweepConfig) -> list[SweepSpec]:
     rng = random.Random(cfg.seed)
     if cfg.per_class <= 0:
         return []
-    return _matmul_specs(cfg, rng) + _conv_specs(cfg, rng) + _memory_specs(cfg, rng)
+    specs = _matmul_specs(cfg, rng) + _conv_specs(cfg, rng) + _memory_specs(cfg, rng)
+    if torch.backends.mkldnn.is_available():  # the fused LSTM layer a captured nn.LSTM runs
+        specs += _lstm_specs(cfg, random.Random(cfg.seed + 1))
+    return specs
 
 
 def _encode(a: Any) -> Any:

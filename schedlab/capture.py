@@ -2,7 +2,8 @@
 
 The forward and backward come from `aot_export_module(..., trace_joint=True)`, which keeps
 the weight-gradient and input-gradient matmuls of a layer as separate nodes (what
-out-of-order backprop needs). The optimizer update is written functionally in
+out-of-order backprop needs); an `nn.LSTM` layer stays one fused op each way, as eager
+runs it (`schedlab.recurrent`). The optimizer update is written functionally in
 `schedlab/optim.py` and traced per parameter with `make_fx`, so each update op knows its
 layer and can start as soon as its gradient is ready.
 
@@ -32,6 +33,7 @@ from schedlab.flops import op_cost
 from schedlab.graph import Graph, GraphInput, GraphOutput, InputRole, Op, OpKind, OutputRole, TensorMeta, storage_root
 from schedlab.op_kinds import owner_of, tag_kinds
 from schedlab.optim import OPTIMIZERS, OptimizerSpec
+from schedlab.recurrent import fused_lstm_capture
 from schedlab.workloads import Workload
 
 _ALIAS_OPS = {torch.ops.aten.detach.default, torch.ops.aten.alias.default, torch.ops.aten.lift_fresh.default}
@@ -194,7 +196,7 @@ def _check_workload_exports(workload: Workload) -> tuple[Any, Any]:
 
     wrapper = _LossTuple(workload.module)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), fused_lstm_capture():
             warnings.simplefilter("ignore")
             return aot_export_module(wrapper, list(workload.inputs), trace_joint=True, output_loss_index=0)
     except Exception as e:

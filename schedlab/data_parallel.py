@@ -149,9 +149,11 @@ def replicate(
                 inputs=ins, outputs=tuple(outs), flops=0.0, bytes_moved=nbytes, layer=None,
             ))
             device.append(group[r])
-    # The optimizer and the GRAD outputs read the averaged gradients.
+    # The optimizer and the GRAD outputs read the averaged gradients; backward work that
+    # reads a gradient (a fused LSTM's second bias gradient, `schedlab.recurrent`) reads
+    # its replica's own, which its bucket averages in turn.
     for k, op in enumerate(ops):
-        if op.target != ALL_REDUCE and any(v in averaged for v in op.inputs):
+        if op.kind is OpKind.OPT and any(v in averaged for v in op.inputs):
             ops[k] = rewire(op, averaged)
     for r in range(R):
         off = r * V

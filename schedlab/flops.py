@@ -5,8 +5,9 @@ Matmuls, convolutions and attention use PyTorch's own FLOP formulas
 except a grouped convolution's backward: torch counts its weight gradient as if the
 convolution were dense, `groups` times too many (a depthwise convolution of 128 channels
 came out at 304 MFLOP for 2.4 MFLOP of work), so `conv_backward_flops` counts it as the
-forward's multiply-adds, which it is. Every other op is costed as one FLOP per output
-element. Bytes moved are the bytes of
+forward's multiply-adds, which it is. torch has no formula for oneDNN's fused LSTM layer
+(`schedlab.recurrent`); `lstm_layer_flops` and `lstm_layer_backward_flops` count its
+matmuls and cell arithmetic. Every other op is costed as one FLOP per output element. Bytes moved are the bytes of
 the tensors read plus the tensors written; views move nothing.
 """
 
@@ -36,6 +37,10 @@ def op_cost(
     formula = flop_registry.get(target.overloadpacket)
     if target.overloadpacket is torch.ops.aten.convolution_backward:
         formula = conv_backward_flops
+    elif target.overloadpacket is torch.ops.aten.mkldnn_rnn_layer:
+        formula = lstm_layer_flops
+    elif target.overloadpacket is torch.ops.aten.mkldnn_rnn_layer_backward:
+        formula = lstm_layer_backward_flops
     if formula is not None:
         try:
             fx_args = tuple(_val(a) for a in args)
@@ -70,6 +75,33 @@ def conv_backward_flops(
             positions *= int(d)
         flops += 2 * int(x.shape[0]) * positions * int(w.numel())
     return flops
+
+
+# Elementwise FLOPs per hidden unit and time step of an LSTM cell: 3 sigmoids and 2 tanh
+# (counted one each), the 4 gate bias adds, c = f*c + i*g (3), h = o*tanh(c) (1).
+LSTM_CELL_ELEMWISE = 13
+
+
+def _lstm_dims(inp: Any, w_ih: Any) -> tuple[int, int, int, int]:
+    """(time steps, batch, input width, hidden width) of a fused LSTM layer, whose input is
+    [T, B, I] (`schedlab.recurrent`: time first) and input weight [4H, I]."""
+    t, b, i = (int(d) for d in inp.shape)
+    return t, b, i, int(w_ih.shape[0]) // 4
+
+
+def lstm_layer_flops(inp: Any, w_ih: Any, *_: Any, out_val: Any = None, **__: Any) -> int:
+    """FLOPs of `aten.mkldnn_rnn_layer` (one LSTM layer, one direction): the input and
+    recurrent matmuls of every step, 2 T B 4H (I + H), and the cell's elementwise work."""
+    t, b, i, h = _lstm_dims(inp, w_ih)
+    return 2 * t * b * 4 * h * (i + h) + LSTM_CELL_ELEMWISE * t * b * h
+
+
+def lstm_layer_backward_flops(inp: Any, w_ih: Any, *_: Any, out_val: Any = None, **__: Any) -> int:
+    """FLOPs of `aten.mkldnn_rnn_layer_backward`: the gradients of the input and the state
+    (the forward's matmuls again) and of both weights (again), and the cell's elementwise
+    work twice."""
+    t, b, i, h = _lstm_dims(inp, w_ih)
+    return 4 * t * b * 4 * h * (i + h) + 2 * LSTM_CELL_ELEMWISE * t * b * h
 
 
 def _numel(m: TensorMeta) -> int:

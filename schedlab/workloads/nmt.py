@@ -9,10 +9,10 @@ projection and cross-entropy against the next target tokens.
 The LSTM layers are written out (`LSTMLayer`) the way fused RNN kernels compute them:
 the input projection of all time steps is one matmul, and only the recurrent matmul
 and the gate arithmetic run per step. Not `nn.LSTM`: eager CPU runs that as one fused
-oneDNN op per layer, but under aot export (its input is an embedding that requires
-grad) it is unrolled one cell per step with the input projection and its weight
-gradient repeated every step, so eager and the captured graph would be different
-algorithms and no executor could match eager. Written out, both run the same ops.
+oneDNN op per layer, which schedlab captures as such (`schedlab.recurrent`), one op
+each way whose backward makes the weight and input gradients together. Written out, the
+weight-gradient matmuls are ops of their own that out-of-order backprop can defer, and a
+placement can cut between time steps, which is what this workload is for.
 
 Measured on a 2-core CPU, torch 2.13 (eager step = forward + loss.backward() + SGD step,
 torch's default threads; ops = captured graph with SGD):
