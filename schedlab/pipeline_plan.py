@@ -223,11 +223,13 @@ def device_chains(graph: Graph, device: tuple[str, ...], orders: dict[str, tuple
 
 def resolve_pipeline(graph: Graph, plan: Plan, machine: Machine, steps: int = 1) -> ResolvedPlan:
     """`schedlab.plan.resolve` of a pipeline plan; `graph` is one micro-batch's step
-    (`microbatch.pipeline_step`). One clear PlanError per problem."""
+    (`microbatch.pipeline_step`). With `steps` > 1, that many steps back to back
+    (`schedlab.steps.unroll`): each device runs its schedule row for step 1, then for step
+    2, ..., a step's forward waiting only for the updates of the parameters it reads, so
+    the first stage starts the next step while the last finishes this one's backward.
+    One clear PlanError per problem."""
     from schedlab.data_parallel import uses_batch_stats
 
-    if steps != 1:
-        raise SchedlabError(f"a pipeline plan runs one step at a time (asked for {steps} back to back); drop --steps")
     if plan.replicas != 1:
         raise PlanError("replicas", "a pipeline plan with data-parallel replicas is not supported yet; use replicas 1")
     if plan.layer_devices or plan.op_devices:
@@ -276,6 +278,15 @@ def resolve_pipeline(graph: Graph, plan: Plan, machine: Machine, steps: int = 1)
         },
     )
     chains = device_chains(g, ex.device, pipe.orders)
+    all_threads = threads + (1,) * comm
+    device = ex.device
+    if steps > 1:  # steady state: each device runs its row step after step (`schedlab.steps`)
+        from schedlab.steps import unroll
+
+        m = len(g.ops)
+        g = unroll(g, steps)
+        chains = {dev: [s * m + i for s in range(steps) for i in chain] for dev, chain in chains.items()}
+        all_threads, device = all_threads * steps, device * steps
     priority = [0] * len(g.ops)
     after: dict[int, int] = {}
     for chain in chains.values():
@@ -285,11 +296,12 @@ def resolve_pipeline(graph: Graph, plan: Plan, machine: Machine, steps: int = 1)
     return ResolvedPlan(
         plan=plan,
         slots=slots_of[devices[0]],
-        threads=threads + (1,) * comm,
+        threads=all_threads,
         priority=tuple(priority),
-        device=ex.device,
+        device=device,
         sequence=list_schedule(g, priority, after),
         graph=g,
         device_slots=slots_of,
         base_ops=n,
+        steps=steps,
     )

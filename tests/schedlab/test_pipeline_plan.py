@@ -13,7 +13,7 @@ import pytest
 from schedlab.capture import capture
 from schedlab.errors import SchedlabError
 from schedlab.exec import Executor, check_step
-from schedlab.graph import OpKind, OutputRole
+from schedlab.graph import InputRole, OpKind, OutputRole
 from schedlab.machine import Device, Machine, host_ranks
 from schedlab.microbatch import PipelineStep, pipeline_step
 from schedlab.pipeline import Kind
@@ -260,8 +260,39 @@ def test_bad_pipeline_plans_give_one_clear_error(plan: Plan, msg: str) -> None:
         resolve(step_of("mlp", 2).graph, plan, TWO)
 
 
-def test_micro_batches_must_divide_the_batch_and_steady_state_is_refused() -> None:
+def test_micro_batches_must_divide_the_batch() -> None:
     with pytest.raises(SchedlabError, match="3 micro-batches must divide the batch"):
         pipeline_step(load_workload("transformer", "tiny"), 3, lambda w: capture(w, "sgd"))
-    with pytest.raises(SchedlabError, match="one step at a time"):
-        resolve(step_of("mlp", 2).graph, pipe_plan("1f1b", 2, 1), ONE, steps=3)
+
+
+# ---- steady state: steps back to back ------------------------------------------------------------
+
+
+def test_in_steady_state_each_device_runs_its_row_step_after_step() -> None:
+    step = step_of("mlp", 2)
+    plan = pipe_plan("1f1b", 2, 2, ("cpu0", "cpu1"))
+    one, three = resolve(step.graph, plan, TWO), resolve(step.graph, plan, TWO, steps=3)
+    m = len(one.run_graph(step.graph).ops)
+    run = three.run_graph(step.graph)
+    assert three.steps == 3 and len(run.ops) == 3 * m and three.device == one.device * 3
+    for dev in ("cpu0", "cpu1"):
+        row = [i for i in one.sequence if one.device[i] == dev]
+        assert [i for i in three.sequence if three.device[i] == dev] == [s * m + i for s in range(3) for i in row]
+    # the next step reads the parameters this step updated, not the ones it started from
+    params = {i.value for i in run.inputs if i.role is InputRole.PARAM}
+    assert params and not params & {v for op in run.ops[m:] for v in op.inputs}
+    assert params & {v for op in run.ops[:m] for v in op.inputs}
+
+
+def test_a_steady_state_pipeline_on_two_ranks_matches_eager_step_after_step() -> None:
+    from schedlab.exec.launch import run_ranks
+
+    steps = 2
+    step = step_of("mlp", 2)
+    r = resolve(step.graph, pipe_plan("1f1b", 2, 2, ("cpu0", "cpu1")), TWO, steps=steps)
+    run = r.run_graph(step.graph)
+    res = run_ranks(step.graph, r, TWO, step.inputs_for(run), steps=1, warmup=0, timeout_s=60, want_outputs=True,
+                    workload="mlp")
+    outputs = as_step_outputs(step.full.graph, run, res.outputs or {})
+    check = check_step(step.workload.module, step.full.graph, step.full.input_values, lambda iv: outputs, steps=steps)
+    assert check.ok(), check.describe()
