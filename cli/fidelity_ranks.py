@@ -36,6 +36,7 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
     from schedlab.cli.common import load_profile
     from schedlab.io import check_writable, write_json_atomic
     from schedlab.machine import detect_host, host_ranks
+    from schedlab.search.schedule_space import batch_size
 
     if args.devices < 2:
         raise SchedlabError(f"--devices must be >= 2 for multi-rank fidelity, got {args.devices}")
@@ -53,6 +54,7 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
         (PROFILE_ONLY,) if args.no_trace_calibration else (TRACE_CALIBRATED,))
     machine = detect_host()
     results = []
+    skipped: dict[str, list[str]] = {}
     with tqdm(total=len(models) * len(specs), desc=f"fidelity on {args.devices} ranks", unit="plan", file=sys.stderr,
               disable=None) as bar:
         for model in models:
@@ -66,10 +68,22 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
                         model, args.size, args.optimizer, 0, replicas=replicas, cache=True, micro_batches=micro_batches)
                 return memo[replicas, micro_batches]
 
+            batch = batch_size(step_of(1, 1).graph)
+            fitting = [sp for sp in specs if batch % (sp.n_replicas(args.devices) * sp.micro_batches) == 0]
+            left_out = [sp.name for sp in specs if sp not in fitting]
+            if left_out:
+                skipped[model] = left_out
+                bar.update(len(left_out))
+                print(f"schedlab fidelity: {model}: left out {', '.join(left_out)}: its batch does not split into "
+                      "their replicas x micro-batches", file=sys.stderr)
+            if not fitting:
+                continue
             results.append(rank_fidelity(
-                model, step_of, specs, profile, args.devices, methods=methods, steps=args.steps,
+                model, step_of, fitting, profile, args.devices, methods=methods, steps=args.steps,
                 progress=lambda: bar.update(1),
             ))
+    if not results:
+        raise SchedlabError("no plan of the spread fits any of these models' batches; give other --plans or --size")
     ranks = host_ranks(args.devices, machine)
     main = methods[-1]
     rows = [r for res in results for r in res.rows[main]]
@@ -92,6 +106,7 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
         "methods": list(methods),
         "trace_calibration": TRACE_CALIBRATED in methods,
         "plans_per_model": len(specs),
+        "skipped_plans": skipped,
         "warmup_per_plan": RANK_WARMUP,
         "plan_specs": [{"name": s.name, "kind": s.kind, "placement": s.placement, "replicas": s.n_replicas(args.devices),
                         "bucket_mb": s.bucket_mb, "order": s.order, "threads": s.threads, "steps": s.steps,

@@ -164,3 +164,16 @@ def test_two_rank_fidelity_command_errors(capsys, links_profile: Path) -> None: 
     for extra, msg in ((["--devices", "1"], "--devices must be >= 2"), (["--plans", "layers"], "give --devices")):
         rc = main(["fidelity", "mlp", "--size", "tiny", "--profile", str(links_profile), *extra])
         assert rc != 0 and msg in capsys.readouterr().err
+
+
+def test_plans_a_models_batch_cannot_split_are_left_out_and_said(capsys, tmp_path: Path, links_profile: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "ranks.json"
+    argv = ["fidelity", "transformer", "--size", "tiny", "--devices", "2", "--plans", "layers,pipe-1f1b-m4",
+            "--steps", "1", "--no-trace-calibration", "--profile", str(links_profile), "--out", str(out), "--json"]
+    assert main(argv) == 0  # its batch of 2 has no 4 micro-batches
+    captured = capsys.readouterr()
+    d = json.loads(captured.out)
+    assert [p["plan"] for p in d["plans"]] == ["layers"] and d["skipped_plans"] == {"transformer": ["pipe-1f1b-m4"]}
+    assert "left out pipe-1f1b-m4" in captured.err
+    rc = main([*argv[:6], "--plans", "pipe-1f1b-m4", *argv[8:]])
+    assert rc != 0 and "no plan of the spread fits" in capsys.readouterr().err
