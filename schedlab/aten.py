@@ -32,8 +32,8 @@ def _public_bindings() -> dict[Any, Callable[..., Any]]:
     same keyword names, and binds them to that same overload: its generated argument
     parser costs 0.4-0.6 us a call less than the overload's boxed `_op` (mm 1.15 against
     1.58 us, add 1.13 against 1.72, view 1.38 against 1.79; 2-core VM, 2026-11-26), which
-    is most of what the executor spends per op beyond the kernel. `tests/test_aten.py`
-    checks, for each, that a call dispatches to exactly its overload."""
+    is most of what the executor spends per op beyond the kernel.
+    `tests/schedlab/test_aten.py` checks, for each, that a call dispatches to exactly its overload."""
     aten = torch.ops.aten
     return {
         aten.mm.default: torch.mm,

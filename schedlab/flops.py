@@ -7,8 +7,9 @@ convolution were dense, `groups` times too many (a depthwise convolution of 128 
 came out at 304 MFLOP for 2.4 MFLOP of work), so `conv_backward_flops` counts it as the
 forward's multiply-adds, which it is. torch has no formula for oneDNN's fused LSTM layer
 (`schedlab.recurrent`); `lstm_layer_flops` and `lstm_layer_backward_flops` count its
-matmuls and cell arithmetic. Every other op is costed as one FLOP per output element. Bytes moved are the bytes of
-the tensors read plus the tensors written; views move nothing.
+matmuls and cell arithmetic. Every other op is costed as one FLOP per output element.
+Bytes moved are the bytes of the tensors read plus the tensors written; views move
+nothing.
 """
 
 from __future__ import annotations

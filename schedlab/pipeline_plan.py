@@ -225,8 +225,9 @@ def resolve_pipeline(graph: Graph, plan: Plan, machine: Machine, steps: int = 1)
     """`schedlab.plan.resolve` of a pipeline plan; `graph` is one micro-batch's step
     (`microbatch.pipeline_step`). With `steps` > 1, that many steps back to back
     (`schedlab.steps.unroll`): each device runs its schedule row for step 1, then for step
-    2, ..., a step's forward waiting only for the updates of the parameters it reads, so
-    the first stage starts the next step while the last finishes this one's backward.
+    2, ..., a step's forward waiting only for the updates of the parameters it reads, so a
+    device whose row ends early starts the next step while the others finish this one
+    (under 1F1B and GPipe the first stage ends last: nothing overlaps there).
     One clear PlanError per problem."""
     from schedlab.data_parallel import uses_batch_stats
 
