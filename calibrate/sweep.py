@@ -23,6 +23,7 @@ from schedlab.calibrate.signature import signature_of
 from schedlab.capture import tensor_meta
 from schedlab.flops import op_cost
 from schedlab.graph import op_class_of
+from schedlab.recurrent import LSTM_MODE, fused_layer_args
 
 Builder = Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]
 
@@ -111,15 +112,11 @@ def _cat(r: int, c: int, parts: int) -> Call:
     return ([torch.randn(r, c) for _ in range(parts)], 1), {}
 
 
-_LSTM_MODE = 2  # oneDNN's rnn kind for LSTM, as `schedlab.recurrent` passes it
-
-
 def _lstm_layer(t: int, b: int, i: int, h: int) -> Call:
-    """oneDNN's fused LSTM layer as a captured `nn.LSTM` calls it (`schedlab.recurrent`):
-    input [T, B, I], weights [4H, I] and [4H, H], both biases, states [1, B, H], training."""
+    """oneDNN's fused LSTM layer as a captured `nn.LSTM` calls it (`schedlab.recurrent`)."""
     x, w_ih, w_hh = torch.randn(t, b, i), torch.randn(4 * h, i) * 0.1, torch.randn(4 * h, h) * 0.1
     b_ih, b_hh, hx, cx = torch.randn(4 * h), torch.randn(4 * h), torch.zeros(1, b, h), torch.zeros(1, b, h)
-    return (x, w_ih, w_hh, b_ih, b_hh, hx, cx, False, [], _LSTM_MODE, h, 1, True, False, False, True), {}
+    return fused_layer_args(x, w_ih, w_hh, b_ih, b_hh, hx, cx, False), {}
 
 
 def _lstm_layer_backward(t: int, b: int, i: int, h: int) -> Call:
@@ -128,7 +125,7 @@ def _lstm_layer_backward(t: int, b: int, i: int, h: int) -> Call:
     args, _ = _lstm_layer(t, b, i, h)
     x, w_ih, w_hh, b_ih, b_hh, hx, cx = args[:7]
     y, hy, cy, workspace = torch.ops.aten.mkldnn_rnn_layer.default(*args)
-    return (x, w_ih, w_hh, b_ih, b_hh, hx, cx, y, hy, cy, torch.randn_like(y), None, None, False, _LSTM_MODE, h, 1,
+    return (x, w_ih, w_hh, b_ih, b_hh, hx, cx, y, hy, cy, torch.randn_like(y), None, None, False, LSTM_MODE, h, 1,
             True, True, False, [], False, workspace), {}
 
 

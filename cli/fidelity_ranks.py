@@ -36,7 +36,7 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
     from schedlab.cli.common import load_profile
     from schedlab.io import check_writable, write_json_atomic
     from schedlab.machine import detect_host, host_ranks
-    from schedlab.search.schedule_space import batch_size
+    from schedlab.workloads import load_workload
 
     if args.devices < 2:
         raise SchedlabError(f"--devices must be >= 2 for multi-rank fidelity, got {args.devices}")
@@ -68,8 +68,9 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
                         model, args.size, args.optimizer, 0, replicas=replicas, cache=True, micro_batches=micro_batches)
                 return memo[replicas, micro_batches]
 
-            batch = batch_size(step_of(1, 1).graph)
-            fitting = [sp for sp in specs if batch % (sp.n_replicas(args.devices) * sp.micro_batches) == 0]
+            batches = [t.shape[0] for t in load_workload(model, args.size, seed=0).inputs if t.dim()]  # no capture
+            fitting = [sp for sp in specs if all(b % (sp.n_replicas(args.devices) * sp.micro_batches) == 0
+                                                 for b in batches)]
             left_out = [sp.name for sp in specs if sp not in fitting]
             if left_out:
                 skipped[model] = left_out

@@ -31,8 +31,18 @@ from typing import Any
 
 import torch
 
-_LSTM_MODE = 2  # oneDNN's rnn kind for LSTM (ideep::rnn_kind::LSTM), as torch's decomposition passes it
+LSTM_MODE = 2  # oneDNN's rnn kind for LSTM (ideep::rnn_kind::LSTM), as torch's decomposition passes it
 FUSED_LSTM_TARGETS = ("aten.mkldnn_rnn_layer.default", "aten.mkldnn_rnn_layer_backward.default")
+
+
+def fused_layer_args(
+    inp: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, b_ih: torch.Tensor, b_hh: torch.Tensor,
+    hx: torch.Tensor, cx: torch.Tensor, reverse: bool, has_biases: bool = True,
+) -> tuple[object, ...]:
+    """The positional arguments of ``aten.mkldnn_rnn_layer`` for one training LSTM layer of
+    one direction: input [T, B, I], weights [4H, I] and [4H, H], biases [4H], states
+    [1, B, H] (what capture traces, and calibration's sweep times)."""
+    return (inp, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse, [], LSTM_MODE, hx.size(2), 1, has_biases, False, False, True)
 
 
 def fused_layer_applies(inp: torch.Tensor, hx: Sequence[torch.Tensor], params: Sequence[Sequence[torch.Tensor]]) -> bool:
@@ -59,8 +69,7 @@ def fused_training_layer(
         b_ih, b_hh = torch.zeros(w_ih.size(0)), torch.zeros(w_hh.size(0))
     hx, cx = hidden[0].unsqueeze(0).contiguous(), hidden[1].unsqueeze(0).contiguous()
     out = torch.ops.aten.mkldnn_rnn_layer.default(
-        inp.contiguous(), w_ih, w_hh, b_ih, b_hh, hx, cx, reverse, [], _LSTM_MODE, hx.size(2), 1, has_biases,
-        False, False, True,
+        *fused_layer_args(inp.contiguous(), w_ih, w_hh, b_ih, b_hh, hx, cx, reverse, has_biases)
     )
     return out[0], (out[1].squeeze(0), out[2].squeeze(0))
 

@@ -138,20 +138,18 @@ class ScheduleSpace:
         micro-batch keeps), searched once per (micro-batches, stages)."""
         key = (micro_batches, stages)
         if key not in self._tessel:
-            errors = []
+            last = ""
             for factor in TESSEL_MEMORY_FACTORS:
                 try:
-                    plan, _ = with_tessel_schedule(
+                    self._tessel[key], _ = with_tessel_schedule(
                         Plan(), self.devices, self._graph, micro_batches, stages, self._op_cost_us,
                         memory_factor=factor,
                     )
+                    break
                 except SchedlabError as e:
-                    errors.append(str(e))
-                    continue
-                self._tessel[key] = plan
-                break
+                    last = str(e)
             else:  # pragma: no cover - a chain has a repetend when memory is not limited
-                raise SchedlabError(f"Tessel's search found no schedule for {self._graph.name!r}: {errors[-1]}")
+                raise SchedlabError(f"Tessel's search found no schedule for {self._graph.name!r}: {last}")
         return self._tessel[key]
 
 

@@ -14,8 +14,8 @@ included) and calls functions of torch; it returns a scalar loss.
 Stock recurrent layers are captured as eager PyTorch runs them on a CPU: `nn.LSTM` as one
 fused oneDNN op per layer each way (`schedlab.recurrent`), `nn.GRU` and `nn.RNN`, which
 eager runs as a loop of aten ops, unrolled one cell per time step: a few thousand aten
-ops, as a user's model would give. Dropout is
-0 throughout: a plan must give the same numbers as eager PyTorch.
+ops, as a user's model would give. Dropout is 0 throughout: a plan must give the same
+numbers as eager PyTorch.
 
 Graph sizes (ops of the captured step with SGD; parameters at size default):
 

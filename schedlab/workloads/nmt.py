@@ -11,8 +11,7 @@ the input projection of all time steps is one matmul, and only the recurrent mat
 and the gate arithmetic run per step. Not `nn.LSTM`: eager CPU runs that as one fused
 oneDNN op per layer, which schedlab captures as such (`schedlab.recurrent`), one op
 each way whose backward makes the weight and input gradients together. Written out, the
-weight-gradient matmuls are ops of their own that out-of-order backprop can defer, and a
-placement can cut between time steps, which is what this workload is for.
+weight-gradient matmuls are ops of their own that out-of-order backprop can defer.
 
 Measured on a 2-core CPU, torch 2.13 (eager step = forward + loss.backward() + SGD step,
 torch's default threads; ops = captured graph with SGD):

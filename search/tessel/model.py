@@ -5,17 +5,18 @@ backward runs the chain in reverse), with each stage's own times: the sums of th
 model's single-thread op times over the stage's forward (F), input-gradient (I) and
 weight-gradient (W) parts (`schedlab.pipeline_stages.split_stages`; optimizer ops run
 once per step, outside the schedule). Tessel's search (`search_tessel`) finds the
-repetend of that shape, here one micro-batch's F, I and W on every device, and completes
-it with a warm-up and a cool-down into each device's action list; the plan carries those
-lists as its schedule rows, so the plan file is self-contained and both backends run it
-like any written schedule.
+repetend of that shape (its blocks are each stage's forward and whole backward, B = I +
+W) and completes it with a warm-up and a cool-down into each device's action list; the
+plan carries those lists as its schedule rows, so the plan file is self-contained and
+both backends run it like any written schedule.
 
 The memory limit is in stage activations per device: `memory_factor` times P, what 1F1B
 holds on its first device (1 by default: 1F1B's memory; None: no limit, the plan's real
-bytes still checked against each device's memory when it is resolved). Times are scaled so that the largest per-device work is 1 before the
-solver sees them (its tolerances are absolute). The stage times are the graph's as the
-caller gives it: the full batch's, where a search weighs all micro-batch counts by one
-graph, scale with the batch alike, except each op's fixed dispatch cost.
+bytes still checked against each device's memory when it is resolved). Times are scaled
+so that the largest per-device work is 1 before the solver sees them (its tolerances are
+absolute). The stage times are those of the graph the caller gives: a search weighs every
+micro-batch count by the full step's, whose shares a micro-batch keeps but for each op's
+fixed dispatch cost.
 """
 
 from __future__ import annotations
