@@ -65,19 +65,21 @@ def _bmm(b: int, m: int, k: int, n: int) -> Call:
     return (torch.randn(b, m, k), torch.randn(b, k, n)), {}
 
 
-def _conv_args(s: int, k: int) -> list[Any]:
-    return [[s, s], [k // 2, k // 2], [1, 1], False, [0, 0], 1]  # stride, padding, dilation, ...
+def _conv_args(s: int, k: int, groups: int) -> list[Any]:
+    return [[s, s], [k // 2, k // 2], [1, 1], False, [0, 0], groups]  # stride, padding, dilation, ...
 
 
-def _conv(n: int, c: int, o: int, hw: int, k: int, s: int) -> Call:
-    x, w = torch.randn(n, c, hw, hw), torch.randn(o, c, k, k)  # [N, C, H, W], [O, C, k, k]
-    return (x, w, None, *_conv_args(s, k)), {}
+def _conv(n: int, c: int, o: int, hw: int, k: int, s: int, groups: int = 1) -> Call:
+    x, w = torch.randn(n, c, hw, hw), torch.randn(o, c // groups, k, k)  # [N, C, H, W], [O, C/g, k, k]
+    return (x, w, None, *_conv_args(s, k, groups)), {}
 
 
-def _conv_backward(n: int, c: int, o: int, hw: int, k: int, s: int, mask: tuple[bool, bool, bool]) -> Call:
-    x, w = torch.randn(n, c, hw, hw), torch.randn(o, c, k, k)
-    g = torch.randn_like(torch.ops.aten.convolution.default(x, w, None, *_conv_args(s, k)))
-    return (g, x, w, [o], *_conv_args(s, k), list(mask)), {}
+def _conv_backward(
+    n: int, c: int, o: int, hw: int, k: int, s: int, groups: int, mask: tuple[bool, bool, bool]
+) -> Call:
+    x, w = torch.randn(n, c, hw, hw), torch.randn(o, c // groups, k, k)
+    g = torch.randn_like(torch.ops.aten.convolution.default(x, w, None, *_conv_args(s, k, groups)))
+    return (g, x, w, [o], *_conv_args(s, k, groups), list(mask)), {}
 
 
 def _unary(e: int) -> Call:
@@ -148,13 +150,21 @@ def _matmul_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
 
 
 def _conv_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
-    def draw() -> tuple[int, int, int, int, int, int]:
+    """Dense convolutions (1x1, 3x3, 5x5), and one draw in four grouped: depthwise (a group
+    per channel) or a few groups, as MobileNet- and ResNeXt-like blocks have them."""
+
+    def draw() -> tuple[int, int, int, int, int, int, int]:
         while True:
             n, c, o = _log_int(rng, 1, 32), _log_int(rng, 3, 256), _log_int(rng, 8, 256)
             hw, k, s = _log_int(rng, 4, 64), rng.choice((1, 3, 3, 5)), rng.choice((1, 1, 2))
+            groups = 1
+            kind = rng.choice(("dense", "dense", "dense", "grouped"))
+            if kind == "grouped" and k > 1:
+                groups = rng.choice((c, 2, 4, 8))
+                c = o = max(groups, c - c % groups)  # channels a multiple of the groups, out = in
             out_hw = (hw + 2 * (k // 2) - k) // s + 1
-            if out_hw >= 1 and 2 * n * o * out_hw * out_hw * c * k * k <= cfg.max_flops:
-                return n, c, o, hw, k, s
+            if out_hw >= 1 and 2 * n * o * out_hw * out_hw * (c // groups) * k * k <= cfg.max_flops:
+                return n, c, o, hw, k, s, groups
 
     masks = ((True, True, False), (False, True, False), (True, True, True))
     specs = [SweepSpec("aten.convolution.default", partial(_conv, *draw())) for _ in range(cfg.per_class)]

@@ -29,6 +29,7 @@ Graph sizes (ops of the captured step with SGD; parameters at size default):
     mha-regressor             170          308   0.27M
     rnn-regressor             173         1546   0.13M
     bilstm-classifier          97           97   0.91M
+    grouped-resnet            176          176   0.08M   (added after the sweep's grouped convolutions)
 
 At size default one step on the executor (SGD) took 19-58 ms with one slot and one thread,
 15-38 ms with both cores, on the 2-core development VM (quiet while measured, 2026-11-23;
@@ -374,6 +375,78 @@ def _depthwise(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
     return DepthwiseNet(cfg), (images, labels)
 
 
+# ---- a ResNeXt-like Conv2d net: grouped 3x3 bottlenecks with BatchNorm2d ----------------------
+
+
+@dataclass(frozen=True)
+class GroupedConfig:
+    batch: int
+    image: int
+    stem: int  # stem channels
+    widths: tuple[int, ...]  # bottleneck output channels per stage; stages after the first halve H, W
+    bottleneck: int  # channels inside a bottleneck
+    cardinality: int  # groups of its 3x3 conv
+    classes: int
+
+
+GROUPED = {
+    "tiny": GroupedConfig(batch=2, image=8, stem=4, widths=(8, 8), bottleneck=4, cardinality=2, classes=3),
+    "default": GroupedConfig(batch=8, image=32, stem=32, widths=(64, 128), bottleneck=64, cardinality=8, classes=10),
+}
+
+
+def _grouped_bottleneck(cin: int, cout: int, mid: int, cardinality: int, stride: int) -> nn.ModuleDict:
+    """body: 1x1 -> BatchNorm2d -> ReLU -> grouped 3x3 (stride) -> BatchNorm2d -> ReLU -> 1x1 ->
+    BatchNorm2d; skip: the input, through a strided 1x1 + BatchNorm2d where shapes differ."""
+    body = nn.Sequential(
+        nn.Conv2d(cin, mid, 1, bias=False),
+        nn.BatchNorm2d(mid),
+        nn.ReLU(),
+        nn.Conv2d(mid, mid, 3, stride=stride, padding=1, groups=cardinality, bias=False),
+        nn.BatchNorm2d(mid),
+        nn.ReLU(),
+        nn.Conv2d(mid, cout, 1, bias=False),
+        nn.BatchNorm2d(cout),
+    )
+    skip: nn.Module = nn.Identity()
+    if stride != 1 or cin != cout:
+        skip = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+    return nn.ModuleDict({"body": body, "skip": skip})
+
+
+class GroupedResNet(nn.Module):
+    """A 3x3 stem (BatchNorm2d, ReLU), two grouped bottlenecks per stage, global average
+    pool, Linear; cross-entropy. (Added after convolutions got kernel families, and never
+    used to tune them.)"""
+
+    def __init__(self, cfg: GroupedConfig) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, cfg.stem, 3, padding=1, bias=False), nn.BatchNorm2d(cfg.stem), nn.ReLU())
+        blocks: list[nn.Module] = []
+        cin = cfg.stem
+        for i, width in enumerate(cfg.widths):
+            blocks.append(_grouped_bottleneck(cin, width, cfg.bottleneck, cfg.cardinality, 2 if i > 0 else 1))
+            blocks.append(_grouped_bottleneck(width, width, cfg.bottleneck, cfg.cardinality, 1))
+            cin = width
+        self.blocks = nn.ModuleList(blocks)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(cin, cfg.classes)
+
+    def forward(self, images: Tensor, labels: Tensor) -> Tensor:
+        # images: [B, 3, H, W] float32; labels: [B] int64
+        x = self.stem(images)  # [B, C0, H, W]
+        for block in self.blocks:
+            x = F.relu(block["body"](x) + block["skip"](x))  # [B, C, H', W']
+        return F.cross_entropy(self.head(self.pool(x).flatten(1)), labels)  # []
+
+
+def _grouped(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
+    cfg = GROUPED[size]
+    images = torch.randn(cfg.batch, 3, cfg.image, cfg.image)
+    labels = torch.randint(cfg.classes, (cfg.batch,))
+    return GroupedResNet(cfg), (images, labels)
+
+
 # ---- an MLP-Mixer over embedded tokens ---------------------------------------------------------
 
 
@@ -503,6 +576,7 @@ HELDOUT: dict[str, Factory] = {
     "mha-regressor": _attention,
     "rnn-regressor": _rnn_regressor,
     "bilstm-classifier": _bilstm,
+    "grouped-resnet": _grouped,
 }
 # Their MODEL specs, in the order `schedlab fidelity --held-out` runs them.
 HELDOUT_WORKLOADS: tuple[str, ...] = tuple(PREFIX + name for name in HELDOUT)

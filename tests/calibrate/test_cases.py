@@ -73,3 +73,22 @@ def test_sweep_is_seeded_and_its_costs_come_from_the_flop_formulas() -> None:
     assert mm.flops == 2 * m * k * n
     assert mm.nbytes == 4 * (m * k + k * n + m * n)
     assert {c.op_class for c in cases} >= {"mm", "addmm", "bmm", "convolution", "convolution_backward", "relu", "sum"}
+
+
+def test_sweep_times_grouped_and_depthwise_convolutions_at_their_own_cost() -> None:
+    """About one convolution draw in four is grouped: a few groups or one per channel
+    (depthwise), its weight [O, C/g, k, k]; the FLOP count is the grouped one."""
+    specs = [s for s in sweep_specs(SweepConfig(per_class=40, max_flops=2e8)) if "convolution" in s.target]
+    convs = [c for c in sweep_cases(specs, set()) if c.op_class == "convolution"]
+    grouped = [c for c in convs if c.args[-1] > 1]
+    assert 0.1 * len(convs) <= len(grouped) <= 0.5 * len(convs)
+    assert any(c.args[-1] == c.args[0].shape[1] for c in grouped)  # depthwise
+    assert any(1 < c.args[-1] < c.args[0].shape[1] for c in grouped)  # a few groups
+    for c in grouped:
+        x, w, groups = c.args[0], c.args[1], c.args[-1]
+        n, ch, h, _ = x.shape
+        assert w.shape[1] * groups == ch
+        out = torch.ops.aten.convolution.default(*c.args)
+        assert c.flops == 2 * n * out.shape[1] * out.shape[2] * out.shape[3] * w.shape[1] * w.shape[2] * w.shape[3]
+    backward = [c for c in sweep_cases(specs, set()) if c.op_class == "convolution_backward"]
+    assert any(c.args[9] > 1 for c in backward)
