@@ -161,7 +161,7 @@ def links_summary(fits: Any) -> dict[str, Any]:
                 "p2p_us": round(t * 1e6, 2),
                 "p2p_fit_us": round(p.time_s(nbytes) * 1e6, 2),
                 **{
-                    f"allreduce{n}_us": round(sw.median_s[sw.sizes.index(nbytes)] * 1e6, 2)
+                    f"allreduce{n}_us": round(sw.typical_s[sw.sizes.index(nbytes)] * 1e6, 2)
                     for n, sw in sorted(fits.allreduce.items())
                     if nbytes in sw.sizes
                 },
@@ -170,7 +170,7 @@ def links_summary(fits: Any) -> dict[str, Any]:
                     for n in sorted(fits.allreduce)
                 },
             }
-            for nbytes, t in zip(fits.p2p.sizes, fits.p2p.median_s, strict=True)
+            for nbytes, t in zip(fits.p2p.sizes, fits.p2p.typical_s, strict=True)
         ],
         "conditions": fits.conditions,
     }

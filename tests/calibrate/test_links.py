@@ -211,6 +211,19 @@ def test_real_two_rank_run_measures_sane_links() -> None:
         assert all(len(r) == 2 for r in sweep.round_medians_s)
     assert fits.allreduce_fits[2].bw_bytes_per_s > 0
     assert fits.conditions["cores"] == len(os.sched_getaffinity(0))
+    # the fits are made to each size's typical round, not its fastest
+    ar = fits.allreduce[2]
+    assert fits.allreduce_fits[2] == fit_ring([(2, s, t) for s, t in zip(ar.sizes, ar.typical_s, strict=True)])
+    assert fits.p2p_fit == fit_p2p(fits.p2p.sizes, fits.p2p.typical_s)
+
+
+def test_typical_time_is_the_median_round_and_the_lowest_without_rounds() -> None:
+    sweep = Sweep(2, ((0,), (1,)), (4, 1024), (1.0e-4, 1.7e-3), ((1.0e-4, 1.2e-4, 3.0e-3), (1.7e-3, 3.7e-3, 3.6e-3)), (9, 9))
+    assert sweep.typical_s == (1.2e-4, 3.6e-3)
+    assert all(t >= low for t, low in zip(sweep.typical_s, sweep.median_s, strict=True))
+    bare = dataclasses.replace(sweep, round_medians_s=())  # a file written without its rounds
+    assert bare.typical_s == bare.median_s
+    assert Sweep.from_json(sweep.to_json()).typical_s == sweep.typical_s
 
 
 def test_a_rank_that_fails_is_named_and_no_rank_is_left() -> None:
