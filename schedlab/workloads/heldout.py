@@ -395,9 +395,9 @@ GROUPED = {
 }
 
 
-def _grouped_bottleneck(cin: int, cout: int, mid: int, cardinality: int, stride: int) -> nn.ModuleDict:
-    """body: 1x1 -> BatchNorm2d -> ReLU -> grouped 3x3 (stride) -> BatchNorm2d -> ReLU -> 1x1 ->
-    BatchNorm2d; skip: the input, through a strided 1x1 + BatchNorm2d where shapes differ."""
+def _grouped_bottleneck(cin: int, cout: int, mid: int, cardinality: int, stride: int) -> tuple[nn.Module, nn.Module]:
+    """(body, skip): 1x1 -> BatchNorm2d -> ReLU -> grouped 3x3 (stride) -> BatchNorm2d -> ReLU
+    -> 1x1 -> BatchNorm2d; the input, through a strided 1x1 + BatchNorm2d where shapes differ."""
     body = nn.Sequential(
         nn.Conv2d(cin, mid, 1, bias=False),
         nn.BatchNorm2d(mid),
@@ -411,7 +411,7 @@ def _grouped_bottleneck(cin: int, cout: int, mid: int, cardinality: int, stride:
     skip: nn.Module = nn.Identity()
     if stride != 1 or cin != cout:
         skip = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
-    return nn.ModuleDict({"body": body, "skip": skip})
+    return body, skip
 
 
 class GroupedResNet(nn.Module):
@@ -422,21 +422,22 @@ class GroupedResNet(nn.Module):
     def __init__(self, cfg: GroupedConfig) -> None:
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, cfg.stem, 3, padding=1, bias=False), nn.BatchNorm2d(cfg.stem), nn.ReLU())
-        blocks: list[nn.Module] = []
+        blocks: list[tuple[nn.Module, nn.Module]] = []
         cin = cfg.stem
         for i, width in enumerate(cfg.widths):
             blocks.append(_grouped_bottleneck(cin, width, cfg.bottleneck, cfg.cardinality, 2 if i > 0 else 1))
             blocks.append(_grouped_bottleneck(width, width, cfg.bottleneck, cfg.cardinality, 1))
             cin = width
-        self.blocks = nn.ModuleList(blocks)
+        self.bodies = nn.ModuleList(body for body, _ in blocks)
+        self.skips = nn.ModuleList(skip for _, skip in blocks)
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.head = nn.Linear(cin, cfg.classes)
 
     def forward(self, images: Tensor, labels: Tensor) -> Tensor:
         # images: [B, 3, H, W] float32; labels: [B] int64
         x = self.stem(images)  # [B, C0, H, W]
-        for block in self.blocks:
-            x = F.relu(block["body"](x) + block["skip"](x))  # [B, C, H', W']
+        for body, skip in zip(self.bodies, self.skips, strict=True):
+            x = F.relu(body(x) + skip(x))  # [B, C, H', W']
         return F.cross_entropy(self.head(self.pool(x).flatten(1)), labels)  # []
 
 
