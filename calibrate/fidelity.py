@@ -36,6 +36,7 @@ from scipy.stats import kendalltau
 
 from schedlab.backend import BackendRun
 from schedlab.calibrate.host_load import foreign_cpu_frac, snapshot
+from schedlab.calibrate.op_errors import ClassError, op_class_errors, pooled
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.signature import signature
 from schedlab.errors import SchedlabError
@@ -254,6 +255,9 @@ class HeldOutResult:
     # Share of the model's kernel ops whose exact signature the stored Profile measured (calibration's
     # workloads, coverage models or sweep share it): how unseen the model is at the level of ops.
     profile_seen_ops_frac: float = 0.0
+    # The Profile against the calibration plan's trace, op class by op class, on the ops whose
+    # signature it never measured (`calibrate.op_errors`): the cost model alone, no step drift.
+    op_classes: tuple[ClassError, ...] = ()
 
     def scored(self, method: str) -> list[FidelityRow]:
         """The rows a method's error is computed on: the trace-calibrated one leaves out the
@@ -298,6 +302,7 @@ def held_out_fidelity(
     return HeldOutResult(
         workload=workload,
         profile_seen_ops_frac=seen / len(kernels) if kernels else 0.0,
+        op_classes=tuple(op_class_errors(graph, measured[cal[0]].run.trace, profile)),
         profile_only=fidelity_rows(workload, graph, resolved, measured, alone, PROFILE_ONLY),
         trace_calibrated=fidelity_rows(
             workload, graph, resolved, measured, learnt, TRACE_CALIBRATED, in_calibration=lambda p: p is cal_plan
@@ -345,6 +350,7 @@ def held_out_summary(results: Sequence[HeldOutResult]) -> dict[str, Any]:
             "workload": res.workload,
             "ops": res.profile_only[0].ops if res.profile_only else 0,
             "profile_seen_ops": res.profile_seen_ops_frac,
+            "op_classes": [c.to_json() for c in res.op_classes],
             "profile_only": error_summary(res.scored(PROFILE_ONLY)),
             "trace_calibrated": {
                 **error_summary(res.scored(TRACE_CALIBRATED)),
@@ -365,4 +371,6 @@ def held_out_summary(results: Sequence[HeldOutResult]) -> dict[str, Any]:
     busy = [  # one measurement per plan: the profile-only rows hold each once
         f"{r.workload}/{r.plan}" for res in results for r in res.profile_only if (r.foreign_cpu_frac or 0.0) > BUSY_FRAC
     ]
-    return {"overall": overall, "models": models, "plans": plans, "busy_frac": BUSY_FRAC, "busy_plans": busy}
+    classes = [c.to_json() for c in pooled(res.op_classes for res in results)]
+    return {"overall": overall, "models": models, "op_classes": classes, "plans": plans, "busy_frac": BUSY_FRAC,
+            "busy_plans": busy}

@@ -367,6 +367,23 @@ def tau(x: float | None, width: int) -> str:
     return f"{'-':>{width}}" if x is None else f"{x:>{width}.2f}"
 
 
+OP_CLASS_ROWS = 8  # classes printed; the JSON holds them all
+
+
+def print_op_classes(classes: list[dict[str, Any]], cal: str) -> None:
+    """The pooled per-class table of `calibrate.op_errors`: the cost model alone on unseen ops."""
+    if not classes:
+        return
+    print()
+    print(f"the profile's kernels against the {cal} traces, ops whose signature it never measured "
+          f"(all models, per step; the {min(OP_CLASS_ROWS, len(classes))} largest classes of {len(classes)}):")
+    print(f"{'op class':<36}{'ops':>6}{'measured ms':>13}{'predicted ms':>14}{'ratio':>7}{'mean |log|':>11}")
+    for c in classes[:OP_CLASS_ROWS]:
+        ratio = f"{c['ratio']:>7.2f}" if c["ratio"] is not None else f"{'-':>7}"
+        print(f"{c['op_class'][:35]:<36}{c['n_ops']:>6}{c['measured_us'] / 1e3:>13.2f}{c['predicted_us'] / 1e3:>14.2f}"
+              f"{ratio}{c['mean_abs_log']:>11.2f}")
+
+
 def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
     cal = result["calibration_plan"]
     print(f"held-out fidelity on {cpu} ({result['cores']} cores), size {result['size']}, "
@@ -399,6 +416,7 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
           f"other {result['plans_per_model'] - 1} plans; other shapes: only plans with 2 slots or 2 threads.")
     print("seen ops: share of the model's kernel ops whose exact signature the profile measured in calibration")
     print("others: share of the CPU other processes used while the plan was measured")
+    print_op_classes(result.get("op_classes", []), cal)
     busy = result["busy_plans"]
     if busy:
         named = ", ".join(busy[:5]) + (f" and {len(busy) - 5} more" if len(busy) > 5 else "")

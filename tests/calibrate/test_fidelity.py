@@ -153,10 +153,16 @@ def test_held_out_command_json_and_table(capsys, tmp_path: Path, profile_file: P
     assert stored["size"] == "tiny" and stored["steps_per_plan"] == 1 and stored["versions"]["torch"]
     assert all(p["foreign_cpu_frac"] is None or 0.0 <= p["foreign_cpu_frac"] <= 1.0 for p in stored["plans"])
     assert isinstance(stored["busy_plans"], list)
+    # the profile has no signatures: every kernel op is unseen, and the per-class table counts them all
+    kernels = sum(c["n_ops"] for c in m["op_classes"])
+    assert kernels > 0 and [c["op_class"] for c in stored["op_classes"]] != []
+    assert sum(c["n_ops"] for c in stored["op_classes"]) == kernels
+    assert all(c["measured_us"] >= 0 and c["predicted_us"] > 0 for c in stored["op_classes"])
 
     print_held_out(stored, "Test CPU", out)
     text = capsys.readouterr().out
     assert "profile-only" in text and "trace-calibrated" in text and "mixer" in text
+    assert "ops whose signature it never measured" in text and stored["op_classes"][0]["op_class"] in text
     assert text.count("*") >= 1 and f"other {n - 1} plans" in text and "others" in text and "seen ops" in text
 
     print_held_out({**stored, "busy_plans": [f"{MODEL}/p{i}" for i in range(7)]}, "Test CPU", out)
