@@ -117,6 +117,16 @@ def _softmax(r: int, c: int) -> Call:
     return (torch.randn(r, c), -1, False), {}
 
 
+def _gelu_backward(e: int) -> Call:
+    return (torch.randn(e), torch.randn(e)), {}  # grad, input
+
+
+def _layer_norm_backward(r: int, c: int) -> Call:
+    x, w, b = torch.randn(r, c), torch.randn(c), torch.randn(c)
+    _, mean, rstd = torch.ops.aten.native_layer_norm.default(x, [c], w, b, 1e-5)
+    return (torch.randn(r, c), x, [c], mean, rstd, w, b, [True, True, True]), {}
+
+
 def _layer_norm(r: int, c: int) -> Call:
     return (torch.randn(r, c), [c], torch.randn(c), torch.randn(c), 1e-5), {}
 
@@ -228,6 +238,12 @@ def _memory_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
     specs += [SweepSpec("aten._softmax.default", partial(_softmax, *rows_cols())) for _ in range(per)]
     specs += [SweepSpec("aten._log_softmax.default", partial(_softmax, *rows_cols())) for _ in range(per)]
     specs += [SweepSpec("aten.native_layer_norm.default", partial(_layer_norm, *rows_cols())) for _ in range(per)]
+    # the backward of the two most common activations' and norms' forwards above
+    specs += [SweepSpec("aten.gelu_backward.default", partial(_gelu_backward, numel())) for _ in range(per)]
+    specs += [
+        SweepSpec("aten.native_layer_norm_backward.default", partial(_layer_norm_backward, *rows_cols()))
+        for _ in range(per)
+    ]
     specs += [
         SweepSpec(
             "aten.embedding.default",

@@ -72,7 +72,8 @@ def test_sweep_is_seeded_and_its_costs_come_from_the_flop_formulas() -> None:
     n = mm.args[1].shape[1]
     assert mm.flops == 2 * m * k * n
     assert mm.nbytes == 4 * (m * k + k * n + m * n)
-    assert {c.op_class for c in cases} >= {"mm", "addmm", "bmm", "convolution", "convolution_backward", "relu", "sum"}
+    assert {c.op_class for c in cases} >= {"mm", "addmm", "bmm", "convolution", "convolution_backward", "relu", "sum",
+                                          "gelu_backward", "native_layer_norm_backward"}
 
 
 def test_sweep_times_grouped_and_depthwise_convolutions_at_their_own_cost() -> None:
