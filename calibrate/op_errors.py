@@ -89,27 +89,21 @@ def op_class_errors(graph: Graph, trace: Trace, profile: Profile) -> list[ClassE
         if not op.is_view and sig not in profile.signatures:
             runs[sig] += 1
             example.setdefault(sig, op)
-    acc: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+    per_signature = []
     for sig, row in figs.signatures.items():
         if sig not in runs:
             continue
-        op = example[sig]
+        op, n = example[sig], runs[sig]
         for threads, measured in row.items():
             predicted = profile.kernel_us(op, threads)
-            a = acc[op.op_class]
-            a[0] += runs[sig]
-            a[1] += runs[sig] * measured
-            a[2] += runs[sig] * predicted
-            if measured > 0 and predicted > 0:
-                a[3] += runs[sig] * abs(math.log(predicted / measured))
-    return sorted(
-        (ClassError(cls, int(a[0]), a[1], a[2], a[3]) for cls, a in acc.items()),
-        key=lambda c: -c.measured_us,
-    )
+            off = abs(math.log(predicted / measured)) if measured > 0 and predicted > 0 else 0.0
+            per_signature.append(ClassError(op.op_class, n, n * measured, n * predicted, n * off))
+    return pooled([per_signature])
 
 
 def pooled(per_model: Iterable[Sequence[ClassError]]) -> list[ClassError]:
-    """Several traces' class errors summed class by class (largest measured first)."""
+    """Rows summed class by class, largest measured first: one trace's signatures into its
+    classes, or several traces' classes into one table."""
     acc: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
     for errors in per_model:
         for c in errors:

@@ -416,8 +416,8 @@ def _grouped_bottleneck(cin: int, cout: int, mid: int, cardinality: int, stride:
 
 class GroupedResNet(nn.Module):
     """A 3x3 stem (BatchNorm2d, ReLU), two grouped bottlenecks per stage, global average
-    pool, Linear; cross-entropy. (Added after convolutions got kernel families, and never
-    used to tune them.)"""
+    pool, Linear; cross-entropy. (Added after the calibration sweep got grouped
+    convolutions, and never used to tune anything.)"""
 
     def __init__(self, cfg: GroupedConfig) -> None:
         super().__init__()
