@@ -76,6 +76,7 @@ class FidelityRow:
     # "one-device" (this module's spread), or a multi-rank plan's kind (`calibrate.rank_fidelity`:
     # placed, data-parallel, reverse-first-k)
     plan_kind: str = "one-device"
+    round_medians_s: tuple[float, ...] = ()  # per measuring round, when there were several
 
     @property
     def error(self) -> float:
@@ -101,6 +102,9 @@ class Measurement:
 
     run: BackendRun
     foreign_cpu_frac: float | None  # None where /proc/stat cannot be read
+    # Per round, the median step time, when the plan was measured in several rounds
+    # (`calibrate.rank_fidelity.pooled_rounds`; `run` then holds every round's steps).
+    round_medians_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -203,6 +207,7 @@ def fidelity_rows(
             in_calibration=in_calibration(r.plan),
             method=method,
             foreign_cpu_frac=meas.foreign_cpu_frac,
+            round_medians_s=meas.round_medians_s,
         )
         for r, meas, pred in zip(plans, measured, predicted, strict=True)
     ]

@@ -237,20 +237,44 @@ def rank_cases(
 
 def measure_ranks(
     workload: str, cases: Sequence[RankCase], machine: Machine, steps: int, warmup: int,
-    progress: Callable[[], None] | None = None,
+    progress: Callable[[], None] | None = None, rounds: int = 1,
 ) -> list[Measurement]:
-    """Each case on the multi-process executor: `warmup` untimed steps, then `steps` timed."""
+    """Each case on the multi-process executor: `warmup` untimed steps, then `steps` timed;
+    in `rounds` rounds over all the cases (round-robin, so a slow spell of the host falls
+    on every plan alike rather than on one), pooled per case (`pooled_rounds`)."""
     from schedlab.exec import DistBackend
 
-    out: list[Measurement] = []
-    for case in cases:
-        before, children0 = snapshot(), _children_s()
-        run = DistBackend(case.inputs, warmup=warmup, workload=workload).run(
-            case.graph, case.resolved, machine, steps=steps)
-        out.append(Measurement(run=run, foreign_cpu_frac=_foreign_frac(before, snapshot(), _children_s() - children0)))
-        if progress is not None:
-            progress()
-    return out
+    if rounds < 1:
+        raise SchedlabError(f"rounds must be at least 1, got {rounds}")
+    per_round: list[list[Measurement]] = [[] for _ in cases]
+    for _ in range(rounds):
+        for case, taken in zip(cases, per_round, strict=True):
+            before, children0 = snapshot(), _children_s()
+            run = DistBackend(case.inputs, warmup=warmup, workload=workload).run(
+                case.graph, case.resolved, machine, steps=steps)
+            taken.append(Measurement(
+                run=run, foreign_cpu_frac=_foreign_frac(before, snapshot(), _children_s() - children0)))
+            if progress is not None:
+                progress()
+    return [pooled_rounds(taken) for taken in per_round]
+
+
+def pooled_rounds(taken: Sequence[Measurement]) -> Measurement:
+    """One plan's rounds as one Measurement: every round's timed steps (their median is the
+    plan's time), the trace of the round whose median is nearest that, the busiest round's
+    foreign CPU share, and each round's median. One round is returned as it is."""
+    from dataclasses import replace
+    from statistics import median
+
+    if len(taken) == 1:
+        return taken[0]
+    steps = tuple(t for m in taken for t in m.run.step_times_s)
+    medians = tuple(m.run.step_time_s for m in taken)
+    whole = median(steps)
+    typical = min(taken, key=lambda m: abs(m.run.step_time_s - whole))
+    foreign = [m.foreign_cpu_frac for m in taken if m.foreign_cpu_frac is not None]
+    return Measurement(run=replace(typical.run, step_times_s=steps), foreign_cpu_frac=max(foreign, default=None),
+                       round_medians_s=medians)
 
 
 def _children_s() -> float:
@@ -308,9 +332,11 @@ def rank_fidelity(
     steps: int = 3,
     warmup: int = RANK_WARMUP,
     progress: Callable[[], None] | None = None,
+    rounds: int = 1,
 ) -> RankFidelity:
-    """Measure every spec on `devices` local ranks once; predict each with every method
-    (`PROFILE_ONLY`: `profile` alone; `TRACE_CALIBRATED`: `trace_calibrated`)."""
+    """Measure every spec on `devices` local ranks (in `rounds` round-robin rounds,
+    `measure_ranks`); predict each with every method (`PROFILE_ONLY`: `profile` alone;
+    `TRACE_CALIBRATED`: `trace_calibrated`)."""
     from schedlab.sim.cost import op_cost_us
 
     unknown = set(methods) - {PROFILE_ONLY, TRACE_CALIBRATED}
@@ -318,7 +344,7 @@ def rank_fidelity(
         raise SchedlabError(f"methods must be among {PROFILE_ONLY}, {TRACE_CALIBRATED}; got {list(methods)}")
     machine = apply_link_fit(host_ranks(devices), profile)
     cases = rank_cases(workload, step_of, specs, machine, op_cost_us(profile))
-    measured = measure_ranks(workload, cases, machine, steps, warmup, progress)
+    measured = measure_ranks(workload, cases, machine, steps, warmup, progress, rounds=rounds)
     out = RankFidelity(workload)
     for method in methods:
         cost = profile

@@ -86,6 +86,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="with --devices: only these plans of the multi-rank spread (repeatable; default all)",
     )
     p.add_argument(
+        "--rounds", type=int, default=1, metavar="R",
+        help="with --devices: measure the whole spread R times, round-robin, and score each plan on the median of "
+        "every round's steps (a slow spell of a shared host then falls on all plans alike; the rounds' medians "
+        "are in the JSON); default 1",
+    )
+    p.add_argument(
         "--backend", choices=("torch", "tensorflow"), default="torch",
         help="the runtime predicted: torch (schedlab's executor, default) or tensorflow (TensorFlow's own runtime, "
         "each threading setting, intra-op 1 and all cores x inter-op 1 and all cores, in a fresh process; "
@@ -131,6 +137,8 @@ def chosen_models(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise SchedlabError("--steps must be >= 1")
+    if args.rounds < 1:
+        raise SchedlabError(f"--rounds must be >= 1, got {args.rounds}")
     if args.held_out and args.no_trace_calibration:
         raise SchedlabError("--held-out reports profile-only and trace-calibrated errors both; drop --no-trace-calibration")
     if args.backend == "tensorflow":
@@ -149,6 +157,9 @@ def run(args: argparse.Namespace) -> int:
         return run_ranks(args, models)
     if args.plan_list:
         raise SchedlabError("--plans chooses plans of the multi-rank spread; give --devices N too")
+    if args.rounds != 1:
+        raise SchedlabError("--rounds measures the multi-rank spread in rounds; give --devices N too "
+                            "(on one device, compare runs with --held-out --rescore)")
     return run_held_out(args, models) if args.held_out else run_builtin(args, models)
 
 

@@ -55,7 +55,7 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
     machine = detect_host()
     results = []
     skipped: dict[str, list[str]] = {}
-    with tqdm(total=len(models) * len(specs), desc=f"fidelity on {args.devices} ranks", unit="plan", file=sys.stderr,
+    with tqdm(total=len(models) * len(specs) * args.rounds, desc=f"fidelity on {args.devices} ranks", unit="plan", file=sys.stderr,
               disable=None) as bar:
         for model in models:
             bar.set_postfix_str(model)
@@ -74,14 +74,14 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
             left_out = [sp.name for sp in specs if sp not in fitting]
             if left_out:
                 skipped[model] = left_out
-                bar.update(len(left_out))
+                bar.update(len(left_out) * args.rounds)
                 print(f"schedlab fidelity: {model}: left out {', '.join(left_out)}: its batch does not split into "
                       "their replicas x micro-batches", file=sys.stderr)
             if not fitting:
                 continue
             results.append(rank_fidelity(
                 model, step_of, fitting, profile, args.devices, methods=methods, steps=args.steps,
-                progress=lambda: bar.update(1),
+                progress=lambda: bar.update(1), rounds=args.rounds,
             ))
     if not results:
         raise SchedlabError("no plan of the spread fits any of these models' batches; give other --plans or --size")
@@ -109,6 +109,7 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
         "plans_per_model": len(specs),
         "skipped_plans": skipped,
         "warmup_per_plan": RANK_WARMUP,
+        "rounds": args.rounds,
         "plan_specs": [{"name": s.name, "kind": s.kind, "placement": s.placement, "replicas": s.n_replicas(args.devices),
                         "bucket_mb": s.bucket_mb, "order": s.order, "threads": s.threads, "steps": s.steps,
                         "schedule": s.schedule, "micro_batches": s.micro_batches}
@@ -138,7 +139,8 @@ def print_ranks(result: dict[str, Any], cpu: Any, out: Path) -> None:
     keys = [m.replace("-", "_") for m in methods]
     print(f"fidelity on {result['devices']} local ranks of {cpu} ({result['cores']} cores; rank cores "
           f"{result['rank_cores']}), size {result['size']}, {result['steps_per_plan']} steps/plan after "
-          f"{result.get('warmup_per_plan', 1)} untimed, links: "
+          f"{result.get('warmup_per_plan', 1)} untimed"
+          f"{', in ' + str(result['rounds']) + ' rounds' if result.get('rounds', 1) > 1 else ''}, links: "
           f"{'fitted' if result['link_model'] == 'fit' else 'machine defaults'}"
           f"{', host costs measured' if result['host_costs'] else ''}")
     head = "".join(f"{m + ' ms':>20}{'error':>8}" for m in methods)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from schedlab.backend import BackendRun
 from schedlab.calibrate.comm_host import host_costs_of
-from schedlab.calibrate.fidelity import PROFILE_ONLY, TRACE_CALIBRATED, FidelityRow
+from schedlab.calibrate.fidelity import PROFILE_ONLY, TRACE_CALIBRATED, FidelityRow, Measurement
 from schedlab.calibrate.rank_fidelity import (
     DATA_PARALLEL,
     PIPELINE,
@@ -20,6 +21,7 @@ from schedlab.calibrate.rank_fidelity import (
     RankFidelity,
     RankPlanSpec,
     layers_cut_at,
+    pooled_rounds,
     rank_cases,
     rank_plan_spread,
     rank_summary,
@@ -30,6 +32,7 @@ from schedlab.errors import SchedlabError
 from schedlab.machine import detect_host, host_ranks
 from schedlab.microbatch import PipelineStep
 from schedlab.plan import DEFAULT_STEADY_STEPS
+from schedlab.trace import Trace
 from tests.calibrate.factories import make_profile
 from tests.calibrate.test_comm_host import _points
 from tests.calibrate.test_links import synthetic_fits
@@ -160,8 +163,35 @@ def test_two_rank_fidelity_command(capsys, tmp_path: Path, links_profile: Path) 
     assert d["plan_specs"][2]["schedule"] == "1f1b" and d["plan_specs"][2]["micro_batches"] == 2
 
 
+def test_rounds_pool_every_step_and_keep_the_typical_rounds_trace() -> None:
+    def taken(times: tuple[float, ...], tag: str, foreign: float | None) -> Measurement:
+        return Measurement(BackendRun(times, Trace((), {"tag": tag})), foreign)
+
+    one = taken((1.0, 2.0), "a", 0.1)
+    assert pooled_rounds([one]) is one
+    pooled = pooled_rounds([taken((1.0, 1.1, 1.2), "fast", 0.0), taken((2.0, 2.2, 2.4), "slow", 0.3),
+                            taken((1.3, 1.4, 1.5), "typical", None)])
+    assert pooled.run.step_times_s == (1.0, 1.1, 1.2, 2.0, 2.2, 2.4, 1.3, 1.4, 1.5)
+    assert pooled.run.step_time_s == pytest.approx(1.4)  # one slow round moves the plan's time little
+    assert pooled.round_medians_s == (1.1, 2.2, 1.4)
+    assert pooled.run.trace.meta["tag"] == "typical" and pooled.foreign_cpu_frac == 0.3
+
+
+def test_two_rank_fidelity_in_rounds(capsys, tmp_path: Path, links_profile: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "ranks.json"
+    argv = ["fidelity", "mlp", "--size", "tiny", "--devices", "2", "--plans", "dp-b25", "--steps", "2", "--rounds", "2",
+            "--no-trace-calibration", "--profile", str(links_profile), "--out", str(out), "--json"]
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["rounds"] == 2
+    (row,) = d["plans"]
+    assert len(row["round_medians_s"]) == 2 and all(t > 0 for t in row["round_medians_s"])
+    assert min(row["round_medians_s"]) <= row["measured_s"] <= max(row["round_medians_s"])
+
+
 def test_two_rank_fidelity_command_errors(capsys, links_profile: Path) -> None:  # type: ignore[no-untyped-def]
-    for extra, msg in ((["--devices", "1"], "--devices must be >= 2"), (["--plans", "layers"], "give --devices")):
+    for extra, msg in ((["--devices", "1"], "--devices must be >= 2"), (["--plans", "layers"], "give --devices"),
+                       (["--rounds", "2"], "give --devices"), (["--devices", "2", "--rounds", "0"], "--rounds must be >= 1")):
         rc = main(["fidelity", "mlp", "--size", "tiny", "--profile", str(links_profile), *extra])
         assert rc != 0 and msg in capsys.readouterr().err
 
