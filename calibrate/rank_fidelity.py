@@ -24,11 +24,14 @@ Two ways to predict, as on one device (`calibrate.fidelity`): trace-calibrated (
 Profile plus the op times of one-process, one-thread runs of the model's full step, of
 its per-replica step and of its micro-batch step, none of them a scored plan), and profile-only (the Profile alone:
 what the held-out protocol reports for models calibration never saw). The measured runs
-are shared by both.
+are shared by both. Measured in several rounds (`measure_ranks`), the calibration runs
+too: one per shape at the start of each round, their steps pooled (`with_calibration`),
+so that calibration and measurement meet the same spells of a shared host.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +57,7 @@ from schedlab.machine import Machine, host_ranks
 from schedlab.order import OpCostUs
 from schedlab.pipeline_plan import with_named_schedule
 from schedlab.plan import DEFAULT_STEADY_STEPS, Plan, ResolvedPlan, resolve
+from schedlab.trace import Trace, TraceEvent
 
 PLACED = "placed"
 DATA_PARALLEL = "data-parallel"
@@ -237,17 +241,20 @@ def rank_cases(
 
 def measure_ranks(
     workload: str, cases: Sequence[RankCase], machine: Machine, steps: int, warmup: int,
-    progress: Callable[[], None] | None = None, rounds: int = 1,
+    progress: Callable[[], None] | None = None, rounds: int = 1, before_round: Callable[[], None] | None = None,
 ) -> list[Measurement]:
     """Each case on the multi-process executor: `warmup` untimed steps, then `steps` timed;
     in `rounds` rounds over all the cases (round-robin, so a slow spell of the host falls
-    on every plan alike rather than on one), pooled per case (`pooled_rounds`)."""
+    on every plan alike rather than on one; `before_round` called at the start of each),
+    pooled per case (`pooled_rounds`)."""
     from schedlab.exec import DistBackend
 
     if rounds < 1:
         raise SchedlabError(f"rounds must be at least 1, got {rounds}")
     per_round: list[list[Measurement]] = [[] for _ in cases]
     for _ in range(rounds):
+        if before_round is not None:
+            before_round()
         for case, taken in zip(cases, per_round, strict=True):
             before, children0 = snapshot(), _children_s()
             run = DistBackend(case.inputs, warmup=warmup, workload=workload).run(
@@ -263,7 +270,6 @@ def pooled_rounds(taken: Sequence[Measurement]) -> Measurement:
     """One plan's rounds as one Measurement: every round's timed steps (their median is the
     plan's time), the trace of the round whose median is nearest that, the busiest round's
     foreign CPU share, and each round's median. One round is returned as it is."""
-    from dataclasses import replace
     from statistics import median
 
     if len(taken) == 1:
@@ -273,7 +279,7 @@ def pooled_rounds(taken: Sequence[Measurement]) -> Measurement:
     whole = median(steps)
     typical = min(taken, key=lambda m: abs(m.run.step_time_s - whole))
     foreign = [m.foreign_cpu_frac for m in taken if m.foreign_cpu_frac is not None]
-    return Measurement(run=replace(typical.run, step_times_s=steps), foreign_cpu_frac=max(foreign, default=None),
+    return Measurement(run=dataclasses.replace(typical.run, step_times_s=steps), foreign_cpu_frac=max(foreign, default=None),
                        round_medians_s=medians)
 
 
@@ -302,9 +308,19 @@ def trace_calibrated(profile: Profile, step_of: StepOf, shapes: Sequence[tuple[i
     per-replica one; one micro-batch's), this
     process pinned to one core as a rank of one core runs (`calibrate.trace_cal`). None of
     them is a scored plan."""
+    return with_calibration(profile, calibration_traces(step_of, shapes, steps, warmup))
+
+
+CalibrationTraces = dict[tuple[int, int], tuple[Graph, list[Trace]]]  # shape -> its graph, its runs' traces
+
+
+def calibration_traces(step_of: StepOf, shapes: Sequence[tuple[int, int]], steps: int, warmup: int = TRACE_WARMUP,
+                       into: CalibrationTraces | None = None) -> CalibrationTraces:
+    """One calibration run per shape (`trace_calibrated`), its trace added to `into`'s."""
     from schedlab.exec import run_steps
     from schedlab.machine import detect_host
 
+    out: CalibrationTraces = {} if into is None else into
     host = detect_host()
     pin = hasattr(os, "sched_setaffinity")
     before = os.sched_getaffinity(0) if pin else set()
@@ -315,11 +331,31 @@ def trace_calibrated(profile: Profile, step_of: StepOf, shapes: Sequence[tuple[i
             step = step_of(r, m)
             captured = step.parts[0] if step.parts else step.full
             res = run_steps(captured.graph, captured.input_values, Plan(threads=1), host, steps=steps, warmup=warmup)
-            profile = profile.with_trace(res.trace, captured.graph)
+            out.setdefault((r, m), (captured.graph, []))[1].append(res.trace)
     finally:
         if pin:
             os.sched_setaffinity(0, before)
+    return out
+
+
+def with_calibration(profile: Profile, traces: CalibrationTraces) -> Profile:
+    """`profile` plus each shape's op times over all its runs' steps (`Profile.with_trace`
+    of their events together: the median per signature spans every run)."""
+    for _, (graph, runs) in sorted(traces.items()):
+        profile = profile.with_trace(joined_traces(runs), graph)
     return profile
+
+
+def joined_traces(runs: Sequence[Trace]) -> Trace:
+    """Several runs of one graph as one trace: the later runs' steps numbered after the earlier ones'."""
+    if len(runs) == 1:
+        return runs[0]
+    events: list[TraceEvent] = []
+    offset = 0
+    for tr in runs:
+        events.extend(dataclasses.replace(e, step=e.step + offset) for e in tr.events)
+        offset += 1 + max((e.step for e in tr.events), default=-1)
+    return Trace(tuple(events), {**runs[0].meta, "joined_runs": len(runs)})
 
 
 def rank_fidelity(
@@ -344,12 +380,21 @@ def rank_fidelity(
         raise SchedlabError(f"methods must be among {PROFILE_ONLY}, {TRACE_CALIBRATED}; got {list(methods)}")
     machine = apply_link_fit(host_ranks(devices), profile)
     cases = rank_cases(workload, step_of, specs, machine, op_cost_us(profile))
-    measured = measure_ranks(workload, cases, machine, steps, warmup, progress, rounds=rounds)
+    shapes = step_shapes([c.spec for c in cases], devices)
+    traces: CalibrationTraces = {}
+
+    def calibrate() -> None:  # each round, so the calibration meets the host as the rounds did
+        calibration_traces(step_of, shapes, steps, into=traces)
+
+    measured = measure_ranks(workload, cases, machine, steps, warmup, progress, rounds=rounds,
+                             before_round=calibrate if TRACE_CALIBRATED in methods and rounds > 1 else None)
+    if TRACE_CALIBRATED in methods and rounds == 1:  # after the measurements, as before rounds existed
+        calibrate()
     out = RankFidelity(workload)
     for method in methods:
         cost = profile
         if method == TRACE_CALIBRATED:
-            cost = trace_calibrated(profile, step_of, step_shapes([c.spec for c in cases], devices), steps)
+            cost = with_calibration(profile, traces)
         rows: list[FidelityRow] = []
         for case, meas in zip(cases, measured, strict=True):
             (pred,) = predict(case.graph, [case.resolved], cost, machine)

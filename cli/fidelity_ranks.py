@@ -115,7 +115,8 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
                         "schedule": s.schedule, "micro_batches": s.micro_batches}
                        for s in specs],
         "note": "errors are fractions (predicted / measured - 1); trace-calibrated: the profile plus the op times "
-        "of one-process one-thread program-order runs of the model's full and per-replica steps (no scored plan); "
+        "of one-process one-thread program-order runs of the model's full and per-replica steps (no scored plan; "
+        "with rounds, one run per round); "
         "profile-only: the profile alone",
         "mape": statistics.fmean(abs(e) for e in errs),
         "mape_unseen_plans": statistics.fmean(abs(e) for e in errs),

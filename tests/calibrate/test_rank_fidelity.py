@@ -20,6 +20,7 @@ from schedlab.calibrate.rank_fidelity import (
     REVERSE_FIRST_K,
     RankFidelity,
     RankPlanSpec,
+    joined_traces,
     layers_cut_at,
     pooled_rounds,
     rank_cases,
@@ -32,7 +33,7 @@ from schedlab.errors import SchedlabError
 from schedlab.machine import detect_host, host_ranks
 from schedlab.microbatch import PipelineStep
 from schedlab.plan import DEFAULT_STEADY_STEPS
-from schedlab.trace import Trace
+from schedlab.trace import Trace, TraceEvent
 from tests.calibrate.factories import make_profile
 from tests.calibrate.test_comm_host import _points
 from tests.calibrate.test_links import synthetic_fits
@@ -177,13 +178,24 @@ def test_rounds_pool_every_step_and_keep_the_typical_rounds_trace() -> None:
     assert pooled.run.trace.meta["tag"] == "typical" and pooled.foreign_cpu_frac == 0.3
 
 
+def test_calibration_runs_join_as_one_trace_with_their_steps_in_turn() -> None:
+    def run(steps: int, dur_ns: int) -> Trace:
+        return Trace(tuple(TraceEvent(0, "mm", "F", "cpu0", 0, 1, 0, dur_ns, k) for k in range(steps)), {"a": 1})
+
+    first = run(2, 10)
+    assert joined_traces([first]) is first
+    joined = joined_traces([first, run(3, 30)])
+    assert [(e.step, e.dur_ns) for e in joined.events] == [(0, 10), (1, 10), (2, 30), (3, 30), (4, 30)]
+    assert joined.meta == {"a": 1, "joined_runs": 2}
+
+
 def test_two_rank_fidelity_in_rounds(capsys, tmp_path: Path, links_profile: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "ranks.json"
     argv = ["fidelity", "mlp", "--size", "tiny", "--devices", "2", "--plans", "dp-b25", "--steps", "2", "--rounds", "2",
-            "--no-trace-calibration", "--profile", str(links_profile), "--out", str(out), "--json"]
+            "--profile", str(links_profile), "--out", str(out), "--json"]
     assert main(argv) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["rounds"] == 2
+    assert d["rounds"] == 2 and d["methods"] == [TRACE_CALIBRATED]  # calibrated in each round
     (row,) = d["plans"]
     assert len(row["round_medians_s"]) == 2 and all(t > 0 for t in row["round_medians_s"])
     assert min(row["round_medians_s"]) <= row["measured_s"] <= max(row["round_medians_s"])
