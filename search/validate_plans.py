@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from schedlab.backend import BackendRun
 from schedlab.data_parallel import PlanStep
 from schedlab.errors import SchedlabError
 from schedlab.machine import Machine
@@ -63,8 +64,8 @@ class _Runner(Protocol):
         """The numeric check (`exec.NumericCheck`) of one step against eager PyTorch."""
         ...
 
-    def time(self, steps: int, warmup: int) -> tuple[float, ...]:
-        """Per timed step, seconds."""
+    def time(self, steps: int, warmup: int) -> BackendRun:
+        """The timed steps (seconds each) and the trace of the run."""
         ...
 
 
@@ -90,13 +91,13 @@ class _LocalRunner:
                               {v: t.clone() for v, t in self.inputs.items()})[0]),
                           steps=self.case.resolved.steps)
 
-    def time(self, steps: int, warmup: int) -> tuple[float, ...]:
+    def time(self, steps: int, warmup: int) -> BackendRun:
         from schedlab.exec import run_steps
 
         c = self.case
         res = run_steps(self.graph, self.inputs, c.plan, c.machine, steps=steps, warmup=warmup,
                         workload=self.workload, executor=self.executor)
-        return tuple(res.step_times_s)
+        return BackendRun(tuple(res.step_times_s), res.trace)
 
 
 class _RankRunner:
@@ -121,8 +122,9 @@ class _RankRunner:
         return check_step(self.case.step.workload.module, full.graph, full.input_values, lambda iv: first,
                           steps=self.case.resolved.steps)
 
-    def time(self, steps: int, warmup: int) -> tuple[float, ...]:
-        return tuple(self._run(steps, warmup, want_outputs=False).step_times_s)
+    def time(self, steps: int, warmup: int) -> BackendRun:
+        res = self._run(steps, warmup, want_outputs=False)
+        return BackendRun(tuple(res.step_times_s), res.trace)
 
 
 def measure_cases(
@@ -135,7 +137,8 @@ def measure_cases(
     workload: str = "",
     on_progress: Callable[[], None] | None = None,
 ) -> list[Measurement]:
-    """Check, then time every case round-robin (see the module docstring); one Measurement per case."""
+    """Check, then time every case round-robin (see the module docstring); one Measurement per
+    case, its trace the last timed run's."""
     def tick() -> None:
         if on_progress is not None:
             on_progress()
@@ -163,7 +166,9 @@ def measure_cases(
             m, runner = out[i], runners[i]
             if m.error is None and runner is not None:
                 try:
-                    m.step_times_s.extend(runner.time(steps, warmup))
+                    run = runner.time(steps, warmup)
+                    m.step_times_s.extend(run.step_times_s)
+                    m.trace = run.trace
                 except Exception as e:
                     m.error = f"failed while timing: {_one_line(e)}"
             tick()
@@ -183,6 +188,19 @@ def predict(case: PlanCase, profile: Any) -> tuple[float, dict[str, str], str]:
     return res.step_time_s, dict(res.cost_sources), res.engine
 
 
+def simulated_trace(case: PlanCase, profile: Any) -> Any:
+    """The simulator's trace of `case` (as `predict` times it); None without a profile."""
+    from schedlab.calibrate.links import apply_link_fit
+    from schedlab.sim import simulate
+
+    if profile is None:
+        return None
+    graph = case.step.graph
+    machine = apply_link_fit(case.machine, profile)
+    return simulate(graph, case.resolved, machine, profile.for_graph(graph).for_slots(case.plan.slots),
+                    record=True).trace
+
+
 def validate_plans(
     cases: list[PlanCase],
     *,
@@ -194,11 +212,13 @@ def validate_plans(
     workload: str = "",
     progress: bool = True,
     notes: list[str] | None = None,
+    measured_out: list[Measurement] | None = None,
 ) -> dict[str, Any]:
     """Check, measure and predict every case; the results as one JSON object.
 
     `profile`: the Profile the predictions take (None: no predictions, a note says why).
     The baselines are the cases with `baseline` set; every other case is a plan.
+    `measured_out`: given, it receives each case's Measurement (its trace among them), in order.
     """
     from tqdm import tqdm
 
@@ -215,6 +235,8 @@ def validate_plans(
                                  workload=workload, on_progress=lambda: bar.update(1))
     finally:
         bar.close()
+    if measured_out is not None:
+        measured_out.extend(measured)
     entries = [_entry(c, m, profile, notes) for c, m in zip(cases, measured, strict=True)]
     baselines = {e["baseline"]: e for e in entries if e["baseline"] is not None}
     plans = [e for e in entries if e["baseline"] is None]

@@ -4,7 +4,7 @@
 search): the best plan of every strategy in the study, on the local ranks it was searched
 for, beside the two one-process baselines on the whole host, through the machinery of
 `search.validate_plans` (numerics against eager PyTorch, then rounds of timed steps,
-round-robin). results.json keeps the run directory's format (search/RUN_DIR.md): each
+round-robin). results.json and traces/ keep the run directory's format (search/RUN_DIR.md): each
 candidate names its strategy (``strategies``: every strategy whose best it is) with its
 prediction, measurement and spread, and ``error_pct`` = (predicted - measured) / measured.
 
@@ -32,9 +32,18 @@ import optuna
 from optuna.trial import TrialState
 
 from schedlab.errors import SchedlabError
+from schedlab.io import staging_dir, swap_dir
 from schedlab.machine import Machine, detect_host, host_ranks
 from schedlab.plan import Plan, resolve
-from schedlab.search.run_dir import RESULTS_SCHEMA, RESULTS_VERSION, RunConfig, read_run, storage_url, write_results
+from schedlab.search.run_dir import (
+    RESULTS_SCHEMA,
+    RESULTS_VERSION,
+    RunConfig,
+    RunPaths,
+    read_run,
+    storage_url,
+    write_results,
+)
 from schedlab.trace import library_versions
 
 DEFAULT_MEASURE_STEPS = 3
@@ -154,11 +163,46 @@ def validate_placement_run(
     step = step_for(1)
     for name, plan in baseline_plans(host).items():
         cases.append(PlanCase(name, plan, host, step, resolve(step.graph, plan, host, op_cost_us=weights), baseline=name))
+    measured: list[Any] = []
     raw = validate_plans(cases, profile=profile, repeats=repeats, steps=steps, warmup=warmup, timeout_s=timeout_s,
-                         workload=config.model, progress=progress)
+                         workload=config.model, progress=progress, measured_out=measured)
     results = _as_run_results(config, raw, winners)
-    write_results(run_dir, results)
+    paths = RunPaths(run_dir)
+    with staging_dir(paths.traces) as staged:
+        # traces/ and results.json are replaced together, as `search.validate` does
+        results["traces"] = _write_traces(staged, paths, cases, measured, results, profile)
+        swap_dir(staged, paths.traces, then=lambda: write_results(run_dir, results))
     return results
+
+
+def _write_traces(out_dir: Path, paths: RunPaths, cases: list[Any], measured: list[Any], results: dict[str, Any],
+                  profile: Any) -> dict[str, str]:
+    """best.exec.json (the fastest candidate's last timed run), best.sim.json (its plan
+    simulated with the searched profile) and baseline.exec.json (the faster baseline's),
+    written into `out_dir`; where each will be, under `paths.traces`. Candidates are in the
+    order of `cases` (`_as_run_results`)."""
+    from schedlab.search.validate_plans import simulated_trace
+
+    out: dict[str, str] = {}
+
+    def save(trace: Any, final: Path, key: str) -> None:
+        if trace is not None:
+            trace.save(out_dir / final.name)
+            out[key] = str(final)
+
+    candidates = results["candidates"]
+    if len(candidates) != len(cases) or len(measured) != len(cases):  # pragma: no cover - built together above
+        raise SchedlabError(f"{len(candidates)} candidates and {len(measured)} measurements for {len(cases)} plans; "
+                            "this is a schedlab bug")
+    best = results["best"]
+    if best is not None:
+        save(measured[best].trace, paths.best_exec, "best_exec")
+        save(simulated_trace(cases[best], profile), paths.best_sim, "best_sim")
+    timed = [i for i, c in enumerate(candidates) if c["baseline"] is not None and c["measured_step_time_s"]]
+    if timed:
+        save(measured[min(timed, key=lambda i: candidates[i]["measured_step_time_s"])].trace, paths.baseline_exec,
+             "baseline_exec")
+    return out
 
 
 def _as_run_results(config: RunConfig, raw: dict[str, Any], winners: list[tuple[Plan, float, int, list[str]]]) -> dict[str, Any]:
@@ -212,6 +256,6 @@ def measured_reward(
         resolved = resolve(step.graph, plan, machine, op_cost_us=weights)
         case = PlanCase(plan.name or "rl", plan, machine, step, resolved)
         runner = _RankRunner(case, config.model, timeout_s) if resolved.multi_device else _LocalRunner(case, config.model)
-        return float(statistics.median(runner.time(steps, warmup)))
+        return float(statistics.median(runner.time(steps, warmup).step_times_s))
 
     return measure

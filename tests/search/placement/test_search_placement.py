@@ -17,6 +17,7 @@ from schedlab.graph import Graph
 from schedlab.layer_split import layers_in_order
 from schedlab.machine import Machine
 from schedlab.plan import Plan, place, resolve
+from schedlab.trace import Trace
 from tests.search.test_processes import _trials
 
 PLACEMENT = ("--space", "placement", "--machine", "dgx-8gpu", "--devices", "4")
@@ -187,6 +188,14 @@ def test_validate_runs_each_strategy_winner_on_real_ranks(capsys, rank_run: Path
     assert placed and all(c["ranks"] == 2 for c in placed)  # a plan over both ranks ran on two processes
     measured = [c["measured_step_time_s"] for c in d["candidates"]]
     assert d["best"] == measured.index(min(measured))
+    # the best plan's measured and simulated traces and the faster baseline's, for the report's Gantt
+    assert set(d["traces"]) == {"best_exec", "best_sim", "baseline_exec"}
+    best = d["candidates"][d["best"]]
+    exec_trace, sim_trace = (Trace.load(rank_run / "traces" / f"best.{k}.json") for k in ("exec", "sim"))
+    assert (exec_trace.source, sim_trace.source) == ("exec", "sim")
+    assert {e.device for e in exec_trace.events} == set(best["devices"]) == {e.device for e in sim_trace.events
+                                                                           if e.kind != "OVERHEAD"}
+    assert len({e.device for e in Trace.load(rank_run / "traces" / "baseline.exec.json").events}) == 1  # one process
 
 
 def test_validate_refuses_a_placement_simulated_on_a_preset(capsys, run_dir: Path) -> None:  # type: ignore[no-untyped-def]
