@@ -120,11 +120,13 @@ def _placement_run_dir(args: argparse.Namespace, run_dir: Path) -> int:
     r = validate_placement_run(run_dir, repeats=args.repeats, steps=args.steps, warmup=args.warmup,
                                timeout_s=DEFAULT_TIMEOUT_S, progress=not args.no_progress,
                                top=3 if args.top is None else args.top)
-    r["paths"] = {"results": str(RunPaths(run_dir).results)}
+    r["paths"] = {"results": str(RunPaths(run_dir).results), **r["traces"]}
     if args.json:
         print_json(r)
         return 0
-    print(f"{r['model']}/{r['size']}: placement winners on {len(r['rank_machine']['devices'])} local ranks and the "
+    what = {"schedule": "pipeline-schedule winners", "all": "placement and schedule winners"}.get(
+        r["space"], "placement winners")
+    print(f"{r['model']}/{r['size']}: {what} on {len(r['rank_machine']['devices'])} local ranks and the "
           f"one-process baselines, {r['repeats']} rounds x {r['steps_per_repeat']} steps (median [p25, p75], ms)")
     print(f"  {'plan':34s} {'ranks':>5s} {'predicted':>9s} {'measured':>9s} {'spread':>19s} {'error':>7s}")
     for i, c in enumerate(r["candidates"]):

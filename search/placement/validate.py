@@ -224,7 +224,7 @@ def _as_run_results(config: RunConfig, raw: dict[str, Any], winners: list[tuple[
         "model": config.model,
         "size": config.size,
         "optimizer": config.optimizer,
-        "space": "placement",
+        "space": config.space,  # placement, schedule or all
         "candidates": candidates,
         "baselines": baselines,
         "best": best,

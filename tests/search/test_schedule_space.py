@@ -154,6 +154,7 @@ def test_search_and_validate_a_schedule_space_on_two_ranks(capsys, tmp_path: Pat
         assert c["error"] is None and c["numeric_ok"], c  # each pipeline checked against eager PyTorch
         assert c["measured_step_time_s"] > 0 and c["predicted_step_time_s"] > 0
     assert all(c["ranks"] == 2 for c in searched)
+    assert r["space"] == "schedule" and set(r["paths"]) == {"results", "best_exec", "best_sim", "baseline_exec"}
 
 
 def test_workers_simulate_pipeline_plans_on_the_run_directorys_micro_batch_graphs(
