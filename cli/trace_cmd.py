@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
             timeout_s=timeout_s, want_outputs=True, workload=args.model,
         )
         first = step.as_full(run_graph, dist.outputs or {})
-        check = check_step(workload.module, captured.graph, captured.input_values, lambda iv: first, steps=per_run)
+        check = check_step(workload.module, captured.graph, captured.input_values, lambda iv: first, steps=per_run,
+                           run_graph=run_graph)
         result: Any = dist
         ranks = dist.ranks
         rank_step_times = [list(t) for t in dist.rank_step_times_s]
@@ -140,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         executor = Executor(run_graph, resolved)
         check = check_step(workload.module, captured.graph, captured.input_values,
                            lambda iv: as_step_outputs(captured.graph, run_graph, executor.step(_cloned(inputs))[0]),
-                           steps=per_run)
+                           steps=per_run, run_graph=run_graph)
         unit = "step" if per_run == 1 else f"{per_run}-step run"
         bar = tqdm(total=args.warmup + runs, desc=f"trace {args.model}", unit=unit, file=sys.stderr, disable=None)
         try:

@@ -18,6 +18,7 @@ in small values. The sum of both is what assert_close uses and what this check u
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -28,6 +29,7 @@ from torch import nn
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, InputRole, OutputRole
 from schedlab.optim import OPTIMIZERS
+from schedlab.rng import EagerSeeded, seeded_random, split_batch_draws
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,7 @@ class NumericCheck:
     worst_abs_diff: float  # the worst tensor's max |diff|
     atol: float  # the worst tensor's tolerances
     rtol: float
+    note: str = ""  # what the verdict cannot tell (a split batch's random draws), or ""
 
     @property
     def numerics_ok(self) -> bool:
@@ -155,6 +158,7 @@ class NumericCheck:
         return (
             f"worst {self.worst_tensor}: max abs diff {self.worst_abs_diff:.2e}, "
             f"{self.worst_ratio:.2g}x its tolerance (atol {self.atol:g}, rtol {self.rtol:g})"
+            + (f"; {self.note}" if self.note else "")
         )
 
     def to_json(self) -> dict[str, float | str | bool]:
@@ -255,10 +259,11 @@ def output_diffs(
     if steps < 1:
         raise SchedlabError(f"steps must be >= 1, got {steps}")
     ref, user, opt = eager_reference(module, graph, input_values)
-    for _ in range(steps - 1):
-        eager_step(ref, user, opt)
-    before_last = copy.deepcopy((ref, opt))  # one deepcopy: the optimizer keeps pointing at the copy's params
-    loss = eager_step(ref, user, opt).detach()
+    with seeded_random(), EagerSeeded():  # random ops draw what the executor's check step drew
+        for _ in range(steps - 1):
+            eager_step(ref, user, opt)
+        before_last = copy.deepcopy((ref, opt))  # one deepcopy: the optimizer keeps pointing at the copy's params
+        loss = eager_step(ref, user, opt).detach()
     grads = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
     buffers = dict(ref.named_buffers())
     out: list[tuple[OutputRole, TensorDiff]] = []
@@ -292,8 +297,20 @@ def check_step(
     run_one_step: Callable[[dict[int, torch.Tensor]], dict[int, torch.Tensor]],
     tolerances: Mapping[torch.dtype, Tolerance] = TOLERANCES,
     steps: int = 1,
+    run_graph: Graph | None = None,
 ) -> NumericCheck:
     """Run one executor step (a sequence of `steps` steps back to back, for an unrolled
-    graph) and as many eager steps from the same values, and compare the last ones."""
-    outputs = run_one_step({v: t.clone() for v, t in input_values.items()})
-    return NumericCheck.of(output_diffs(module, graph, input_values, outputs, tolerances, steps))
+    graph) and as many eager steps from the same values, and compare the last ones. Random
+    ops draw the same numbers on both sides (`schedlab.rng`; a rank's run does that itself),
+    except random ops other than dropout over a split batch: `run_graph` (what the plan
+    ran, with its replicas or micro-batches) given, a failed verdict then says so."""
+    with seeded_random():
+        outputs = run_one_step({v: t.clone() for v, t in input_values.items()})
+    check = NumericCheck.of(output_diffs(module, graph, input_values, outputs, tolerances, steps))
+    draws = split_batch_draws(run_graph) if run_graph is not None and not check.ok() else []
+    if draws:
+        return dataclasses.replace(check, note=(
+            f"the model draws random numbers ({', '.join(draws)}) and this plan splits the batch: no eager step "
+            "draws the same numbers over the whole batch, so the difference may be the draws' (the check compares "
+            "a split batch's dropout only); check the plan on the model without them"))
+    return check

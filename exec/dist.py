@@ -57,6 +57,7 @@ from schedlab.exec.workers import ReadyLoop, Span, freeing
 from schedlab.graph import Graph, OpKind
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
+from schedlab.rng import random_op_index
 
 RECV_WORKER = -1  # the trace track of receives and all-reduces (the communication thread)
 SEND_WORKER = -2  # the trace track of sends
@@ -197,7 +198,8 @@ class RankExecutor:
             ops=tuple(dataclasses.replace(ops[i], id=j) for j, i in enumerate(compute)),
             values=graph.values,
         )
-        program = compile_graph(sub)
+        full_index = random_op_index(graph)
+        program = compile_graph(sub, {j: full_index[i] for j, i in enumerate(compute) if i in full_index})
         self._fn: dict[int, Callable[[list[Any]], None]] = {i: program.op_fns[j] for j, i in enumerate(compute)}
         # Sends and receives: peers and tags.
         self._peer: dict[int, int] = {}

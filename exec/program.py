@@ -25,6 +25,7 @@ import torch
 
 from schedlab.aten import decode_enum, fast_callable, resolve_overload
 from schedlab.graph import Graph
+from schedlab.rng import random_op_index, seeded
 
 
 def resolve_target(target: str) -> tuple[Callable[..., Any], bool]:
@@ -153,13 +154,20 @@ class Program:
         return ", ".join(outs) + (", = " if len(outs) == 1 else " = ") + call
 
 
-def compile_graph(graph: Graph) -> Program:
+def compile_graph(graph: Graph, random_index: Mapping[int, int] | None = None) -> Program:
+    """`graph` compiled (module docstring). Its seeded random ops draw the numbers eager
+    PyTorch draws while `schedlab.rng.seeded_random` is active; `random_index` (op id ->
+    its k, `rng.random_op_index`) is given where `graph` is part of a larger one whose ops
+    it renumbered (a rank's), else taken from `graph`."""
+    index = random_op_index(graph) if random_index is None else random_index
     em = _Emitter()
     fns: list[Callable[..., Any]] = []
     unpack: list[bool] = []
     call_src: list[str] = []
     for op in graph.ops:
         fn, multi = resolve_target(op.target)
+        if op.id in index:
+            fn = seeded(fn, index[op.id], op.target)
         fns.append(fn)
         unpack.append(multi)
 

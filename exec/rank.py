@@ -32,6 +32,7 @@ the same stages and schedule there instead (`schedlab.exec.pipelining`).
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import signal
@@ -60,6 +61,7 @@ from schedlab.exec.job import (
 from schedlab.exec.pipelining import PIPELINING_KIND, PipeliningStepper
 from schedlab.exec.rankenv import CPUS_ENV, FAULT_ENV, RankEnv, core_share, die_with_parent, pin_process, read_env
 from schedlab.exec.runner import OpFailed, next_inputs
+from schedlab.rng import seeded_random
 
 
 def _fault(spec: str, rank: int) -> tuple[str, int] | None:
@@ -155,7 +157,9 @@ def _run(job_dir: Path, env: RankEnv, state: dict[str, int | None], progress: Pr
                 dist.barrier()  # the timed steps start together
             except Exception as e:
                 raise CommFailed(f"rank {env.rank}: barrier before the timed steps failed: {e}") from e
-        out, rec = ex.run_step(inputs)
+        # the numerics check's step: random ops draw what eager PyTorch's do (`schedlab.rng`)
+        with seeded_random() if s == 0 and job.want_outputs else contextlib.nullcontext():
+            out, rec = ex.run_step(inputs)
         if s == 0 and job.want_outputs:
             outputs = {v: t.clone() for v, t in out.items()}
         inputs = next_inputs(job.graph, inputs, out)

@@ -89,7 +89,7 @@ class _LocalRunner:
         return check_step(self.case.step.workload.module, full.graph, full.input_values,
                           lambda iv: as_step_outputs(full.graph, run, self.executor.step(
                               {v: t.clone() for v, t in self.inputs.items()})[0]),
-                          steps=self.case.resolved.steps)
+                          steps=self.case.resolved.steps, run_graph=run)
 
     def time(self, steps: int, warmup: int) -> BackendRun:
         from schedlab.exec import run_steps
@@ -120,7 +120,7 @@ class _RankRunner:
         full = self.case.step.full
         first = self.case.step.as_full(self.run_graph, self._run(1, 0, want_outputs=True).outputs or {})
         return check_step(self.case.step.workload.module, full.graph, full.input_values, lambda iv: first,
-                          steps=self.case.resolved.steps)
+                          steps=self.case.resolved.steps, run_graph=self.run_graph)
 
     def time(self, steps: int, warmup: int) -> BackendRun:
         res = self._run(steps, warmup, want_outputs=False)
