@@ -14,8 +14,9 @@ included) and calls functions of torch; it returns a scalar loss.
 Stock recurrent layers are captured as eager PyTorch runs them on a CPU: `nn.LSTM` as one
 fused oneDNN op per layer each way (`schedlab.recurrent`), `nn.GRU` and `nn.RNN`, which
 eager runs as a loop of aten ops, unrolled one cell per time step: a few thousand aten
-ops, as a user's model would give. Dropout is 0 throughout: a plan must give the same
-numbers as eager PyTorch.
+ops, as a user's model would give. Dropout is 0 in the first ten (they were written when the
+numerics check could not compare random draws); `dropout-encoder`, added with `schedlab.rng`
+and never used to tune anything, keeps torch's default dropouts on.
 
 Graph sizes (ops of the captured step with SGD; parameters at size default):
 
@@ -30,6 +31,7 @@ Graph sizes (ops of the captured step with SGD; parameters at size default):
     rnn-regressor             173         1546   0.13M
     bilstm-classifier          97           97   0.91M
     grouped-resnet            176          176   0.08M   (added after the sweep's grouped convolutions)
+    dropout-encoder           201          369   0.32M   (added with random-op checking; dropouts on)
 
 At size default one step on the executor (SGD) took 19-58 ms with one slot and one thread,
 15-38 ms with both cores, on the 2-core development VM (quiet while measured, 2026-11-23;
@@ -565,6 +567,46 @@ def _attention(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
     return AttentionRegressor(cfg), (series, target)
 
 
+# ---- a pre-norm transformer with its dropouts on ------------------------------------------------
+
+
+DROPOUT_ENCODER = {
+    "tiny": EncoderConfig(batch=2, seq_len=5, vocab=40, d_model=16, heads=2, ff=32, layers=1, classes=3),
+    "default": EncoderConfig(batch=16, seq_len=48, vocab=1000, d_model=96, heads=4, ff=384, layers=2, classes=6),
+}
+
+
+class DropoutEncoder(nn.Module):
+    """Token ids -> embedding + learned positions, nn.Dropout(0.1) -> pre-norm
+    nn.TransformerEncoder (ReLU, its default dropout of 0.1 in attention and MLP) -> first
+    token -> nn.Dropout(0.2) -> class logits; cross-entropy. The one held-out model whose
+    step draws random numbers, as most users' transformers do in training."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(cfg.vocab, cfg.d_model)
+        self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.drop_in = nn.Dropout(0.1)
+        layer = nn.TransformerEncoderLayer(cfg.d_model, cfg.heads, cfg.ff, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, cfg.layers, enable_nested_tensor=False)
+        self.drop_out = nn.Dropout(0.2)
+        self.head = nn.Linear(cfg.d_model, cfg.classes)
+
+    def forward(self, tokens: Tensor, labels: Tensor) -> Tensor:
+        # tokens: [B, T] int64; labels: [B] int64
+        positions = torch.arange(tokens.shape[1], device=tokens.device)  # [T]
+        x = self.drop_in(self.embed(tokens) + self.pos(positions))  # [B, T, C]
+        x = self.encoder(x)  # [B, T, C]
+        return F.cross_entropy(self.head(self.drop_out(x[:, 0])), labels)  # []
+
+
+def _dropout_encoder(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
+    cfg = DROPOUT_ENCODER[size]
+    tokens = torch.randint(cfg.vocab, (cfg.batch, cfg.seq_len))
+    labels = torch.randint(cfg.classes, (cfg.batch,))
+    return DropoutEncoder(cfg), (tokens, labels)
+
+
 # ---- the registry ------------------------------------------------------------------------------
 
 HELDOUT: dict[str, Factory] = {
@@ -578,6 +620,7 @@ HELDOUT: dict[str, Factory] = {
     "rnn-regressor": _rnn_regressor,
     "bilstm-classifier": _bilstm,
     "grouped-resnet": _grouped,
+    "dropout-encoder": _dropout_encoder,
 }
 # Their MODEL specs, in the order `schedlab fidelity --held-out` runs them.
 HELDOUT_WORKLOADS: tuple[str, ...] = tuple(PREFIX + name for name in HELDOUT)

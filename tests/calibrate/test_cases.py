@@ -73,7 +73,8 @@ def test_sweep_is_seeded_and_its_costs_come_from_the_flop_formulas() -> None:
     assert mm.flops == 2 * m * k * n
     assert mm.nbytes == 4 * (m * k + k * n + m * n)
     assert {c.op_class for c in cases} >= {"mm", "addmm", "bmm", "convolution", "convolution_backward", "relu", "sum",
-                                          "gelu_backward", "native_layer_norm_backward"}
+                                          "gelu_backward", "native_layer_norm_backward", "native_dropout",
+                                          "native_dropout_backward", "_safe_softmax", "_softmax_backward_data"}
 
 
 def test_sweep_times_grouped_and_depthwise_convolutions_at_their_own_cost() -> None:
