@@ -8,7 +8,7 @@ refuse every plan of the model, baselines included.
 
 While `seeded_random()` is active, both sides draw the same numbers, eager under
 `EagerSeeded` (a dispatch mode) and the executor through `seeded` (which wraps a random
-op's callable; off the check it only tests a flag, so timed steps pay nothing):
+op's callable; off the check it costs a timed step one flag test per random op):
 
 - a dropout keeps every element: ``native_dropout`` draws the mask of all ones (its output
   the input over 1 - p, as a real draw of that mask gives) and a ``bernoulli`` all ones
@@ -54,15 +54,11 @@ class _Seeding:
 _STATE = _Seeding()
 
 
-def is_seeded_random(target: str) -> bool:
-    """Whether the aten op `target` ("aten.native_dropout.default") draws from a generator."""
-    return _seeded(target)
-
-
 _SEEDED_CACHE: dict[str, bool] = {}
 
 
 def _seeded(target: str) -> bool:
+    """Whether the aten op `target` ("aten.native_dropout.default") draws from a generator."""
     hit = _SEEDED_CACHE.get(target)
     if hit is None:
         try:
@@ -77,10 +73,6 @@ def random_op_index(graph: Graph) -> dict[int, int]:
     """op id -> its k: its place among the graph's seeded random ops, by op id."""
     ids = sorted(op.id for op in graph.ops if _seeded(op.target))
     return {i: k for k, i in enumerate(ids)}
-
-
-def has_random_ops(graph: Graph) -> bool:
-    return any(_seeded(op.target) for op in graph.ops)
 
 
 def split_batch_draws(graph: Graph) -> list[str]:
