@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from schedlab.exec.program import Extern, compile_graph
+from schedlab.exec.threads import set_intra_op_threads
 from schedlab.graph import Graph
 from tests.conftest import captured_workload
 
@@ -26,7 +27,11 @@ def run_line(graph: Graph, inputs: dict[int, torch.Tensor], items: list[Any], ke
     for v, t in inputs.items():
         V[v] = t.clone()
     T = [0] * (len(items) + 1)
-    line(V, T)
+    before = set_intra_op_threads(1)
+    try:
+        line(V, T)  # sets this thread's intra-op threads per op, as a rank's one-slot line does
+    finally:
+        set_intra_op_threads(before)  # the tests after this one run eager PyTorch at the machine's count
     return V, T
 
 
