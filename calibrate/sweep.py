@@ -20,7 +20,7 @@ import torch
 from schedlab.calibrate.aten_call import fast_callable, resolve_target
 from schedlab.calibrate.cases import Case
 from schedlab.calibrate.signature import signature_of
-from schedlab.capture import _dtype_name, tensor_meta
+from schedlab.capture import dtype_name, tensor_meta
 from schedlab.flops import op_cost
 from schedlab.graph import op_class_of
 from schedlab.recurrent import LSTM_MODE, fused_layer_args
@@ -261,9 +261,10 @@ def _memory_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
         SweepSpec("aten.native_layer_norm_backward.default", partial(_layer_norm_backward, *rows_cols()))
         for _ in range(per)
     ]
-    # dropout in training draws a random mask (measured 2026-11-26 on a held-out encoder with
-    # its dropouts on: 1.3 ms a call for 74 K elements, which the profile, never having timed
-    # one, predicted at 35 us); attention's masked softmax (nn.MultiheadAttention) and softmax's backward
+    # dropout in training draws a random mask (measured 2026-11-26 on heldout:dropout-encoder:
+    # its 10 dropouts, of 1.5 K to 295 K elements, took 13.4 ms a step, which the profile,
+    # never having timed one, predicted at 0.35); attention's masked softmax
+    # (nn.MultiheadAttention) and softmax's backward
     specs += [SweepSpec("aten.native_dropout.default", partial(_dropout, numel(), rng.choice((0.1, 0.2, 0.5))))
               for _ in range(per)]
     specs += [
@@ -304,7 +305,7 @@ def _encode(a: Any) -> Any:
     if isinstance(a, (list, tuple)):
         return [_encode(x) for x in a]
     if isinstance(a, torch.dtype):  # as `schedlab.capture` encodes one
-        return {"dtype": _dtype_name(a)}
+        return {"dtype": dtype_name(a)}
     return a
 
 

@@ -62,14 +62,14 @@ def _strip(name: str) -> str:
     return name[2:] if name.startswith("m.") else name
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
 def tensor_meta(t: Any) -> TensorMeta | None:
     if not isinstance(t, torch.Tensor):
         return None
-    return TensorMeta(shape=tuple(int(s) for s in t.shape), dtype=_dtype_name(t.dtype), nbytes=int(t.numel() * t.element_size()))
+    return TensorMeta(shape=tuple(int(s) for s in t.shape), dtype=dtype_name(t.dtype), nbytes=int(t.numel() * t.element_size()))
 
 
 class _Importer:
@@ -102,7 +102,7 @@ class _Importer:
         if isinstance(a, (list, tuple)):
             return [self.encode(x, env, used) for x in a]
         if isinstance(a, torch.dtype):
-            return {"dtype": _dtype_name(a)}
+            return {"dtype": dtype_name(a)}
         if isinstance(a, torch.device):
             return {"device": str(a)}
         if isinstance(a, torch.layout):

@@ -31,6 +31,7 @@ random ops other than dropout `split_batch_draws` says so, and the check cannot 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -54,19 +55,16 @@ class _Seeding:
 _STATE = _Seeding()
 
 
-_SEEDED_CACHE: dict[str, bool] = {}
+DROPOUT = "aten.native_dropout.default"
 
 
+@functools.cache
 def _seeded(target: str) -> bool:
     """Whether the aten op `target` ("aten.native_dropout.default") draws from a generator."""
-    hit = _SEEDED_CACHE.get(target)
-    if hit is None:
-        try:
-            hit = torch.Tag.nondeterministic_seeded in resolve_overload(target).tags
-        except SchedlabError:
-            hit = False
-        _SEEDED_CACHE[target] = hit
-    return hit
+    try:
+        return torch.Tag.nondeterministic_seeded in resolve_overload(target).tags
+    except SchedlabError:
+        return False
 
 
 def random_op_index(graph: Graph) -> dict[int, int]:
@@ -82,9 +80,6 @@ def split_batch_draws(graph: Graph) -> list[str]:
     if not split:
         return []
     return sorted({op.target for op in graph.ops if _seeded(op.target) and not _kept(op.target)})
-
-
-DROPOUT = "aten.native_dropout.default"
 
 
 def _kept(target: str) -> bool:

@@ -408,8 +408,7 @@ def _write_traces(
     out: dict[str, str] = {}
 
     def save(trace: Trace, final: Path, key: str) -> None:
-        trace.save(out_dir / final.name)
-        out[key] = str(final)
+        stage_trace(trace, out_dir, final, key, out)
 
     if best is not None:
         m = measured[contenders[best].plan.hash]
@@ -425,6 +424,14 @@ def _write_traces(
         if bt is not None:
             save(bt, paths.baseline_exec, "baseline_exec")
     return out
+
+
+def stage_trace(trace: Trace | None, out_dir: Path, final: Path, key: str, paths_out: dict[str, str]) -> None:
+    """Write `trace` into the staged traces folder `out_dir` under `final`'s name and record
+    in `paths_out[key]` where it will be once the folder is swapped in; nothing for None."""
+    if trace is not None:
+        trace.save(out_dir / final.name)
+        paths_out[key] = str(final)
 
 
 def _searched_op_costs(config: RunConfig, machine: Machine, notes: list[str]) -> OpCostUs | None:

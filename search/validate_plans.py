@@ -179,26 +179,22 @@ def measure_cases(
 
 def predict(case: PlanCase, profile: Any) -> tuple[float, dict[str, str], str]:
     """(predicted step s, which model costed each device, engine) of `case` (see the module docstring)."""
-    from schedlab.calibrate.links import apply_link_fit
-    from schedlab.sim import simulate
-
-    graph = case.step.graph
-    machine = apply_link_fit(case.machine, profile)
-    res = simulate(graph, case.resolved, machine, profile.for_graph(graph).for_slots(case.plan.slots), record=False)
+    res = _simulate(case, profile, record=False)
     return res.step_time_s, dict(res.cost_sources), res.engine
 
 
 def simulated_trace(case: PlanCase, profile: Any) -> Any:
     """The simulator's trace of `case` (as `predict` times it); None without a profile."""
+    return None if profile is None else _simulate(case, profile, record=True).trace
+
+
+def _simulate(case: PlanCase, profile: Any, record: bool) -> Any:
     from schedlab.calibrate.links import apply_link_fit
     from schedlab.sim import simulate
 
-    if profile is None:
-        return None
     graph = case.step.graph
     machine = apply_link_fit(case.machine, profile)
-    return simulate(graph, case.resolved, machine, profile.for_graph(graph).for_slots(case.plan.slots),
-                    record=True).trace
+    return simulate(graph, case.resolved, machine, profile.for_graph(graph).for_slots(case.plan.slots), record=record)
 
 
 def validate_plans(

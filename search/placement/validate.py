@@ -181,14 +181,13 @@ def _write_traces(out_dir: Path, paths: RunPaths, cases: list[Any], measured: li
     simulated with the searched profile) and baseline.exec.json (the faster baseline's),
     written into `out_dir`; where each will be, under `paths.traces`. Candidates are in the
     order of `cases` (`_as_run_results`)."""
+    from schedlab.search.validate import stage_trace
     from schedlab.search.validate_plans import simulated_trace
 
     out: dict[str, str] = {}
 
     def save(trace: Any, final: Path, key: str) -> None:
-        if trace is not None:
-            trace.save(out_dir / final.name)
-            out[key] = str(final)
+        stage_trace(trace, out_dir, final, key, out)
 
     candidates = results["candidates"]
     if len(candidates) != len(cases) or len(measured) != len(cases):  # pragma: no cover - built together above
