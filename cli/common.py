@@ -84,10 +84,9 @@ def capture_for_plan(args: argparse.Namespace, replicas: int, cache: bool = True
 def plan_step_of(
     spec: str, size: str, optimizer: str, seed: int, *, replicas: int, cache: bool, micro_batches: int = 1
 ) -> Any:
-    """Capture a model spec for a plan with `replicas` (`schedlab.data_parallel.plan_step`) or
-    `micro_batches` (`schedlab.microbatch.pipeline_step`), through the graph cache unless
-    `cache` is False."""
-    from schedlab.data_parallel import plan_step
+    """Capture a model spec for a plan with `replicas` and `micro_batches`
+    (`schedlab.microbatch.pipeline_step`; with one micro-batch `data_parallel.plan_step`),
+    through the graph cache unless `cache` is False."""
     from schedlab.graph_cache import GraphCacheWarning, capture_cached
     from schedlab.microbatch import pipeline_step
     from schedlab.workloads import load_workload
@@ -95,9 +94,7 @@ def plan_step_of(
     workload = load_workload(spec, size, seed=seed)
     root = graph_cache_dir() if cache else None
     with warnings_on_stderr(GraphCacheWarning):
-        if micro_batches != 1:
-            return pipeline_step(workload, micro_batches, lambda w: capture_cached(w, optimizer, seed, root))
-        return plan_step(workload, replicas, lambda w: capture_cached(w, optimizer, seed, root))
+        return pipeline_step(workload, micro_batches, lambda w: capture_cached(w, optimizer, seed, root), replicas)
 
 
 def plan_ranks(plan: Any) -> int:

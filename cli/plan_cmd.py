@@ -78,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
     machine = load_machine(args.machine, devices=args.devices)
     if args.replicas < 1:
         raise SchedlabError(f"--replicas must be >= 1, got {args.replicas}")
+    if len(machine.devices) % args.replicas:
+        raise SchedlabError(f"--replicas {args.replicas}: does not divide the {len(machine.devices)} devices "
+                            f"({', '.join(d.id for d in machine.devices)}); use a divisor, or other --devices")
     pipelined = any(x is not None for x in (args.micro_batches, args.stages, args.schedule, args.stage_map)) or (
         args.stage_cuts != "equal")
     schedule = read_schedule_arg(args.schedule) if pipelined else None
@@ -161,7 +164,8 @@ def _with_pipeline(
     plan: Plan, args: argparse.Namespace, graph: Any, machine: Any, schedule: Any, micro_batches: int
 ) -> Plan:
     """`plan` with the pipeline flags: its devices (every device of the machine, one schedule
-    row each), stages, stage map and schedule."""
+    row each; with --replicas R, the first of R equal groups, the others running the
+    replicas), stages, stage map and schedule."""
     from dataclasses import replace
 
     from schedlab.pipeline import stage_devices
@@ -169,7 +173,8 @@ def _with_pipeline(
     from schedlab.pipeline_plan import with_named_schedule
     from schedlab.search.tessel.model import TESSEL
 
-    devices = tuple(d.id for d in machine.devices)
+    every = [d.id for d in machine.devices]
+    devices = tuple(every[: len(every) // args.replicas])
     P = len(devices)
     if args.schedule == TESSEL:  # Tessel's search on the model's stage times
         from schedlab.search.tessel.model import with_tessel_schedule

@@ -80,18 +80,31 @@ def uses_batch_stats(graph: Graph) -> bool:
 
 
 def buckets(
-    graph: Graph, bucket_bytes: int, ready_rank: Callable[[int], int] | None = None
+    graph: Graph, bucket_bytes: int, ready_rank: Callable[[int], int] | None = None,
+    bucket_key: Callable[[int], int] | None = None,
 ) -> list[list[GraphOutput]]:
     """GRAD outputs grouped into all-reduce buckets in the order they become ready.
 
     `ready_rank(op_id)` is where the plan's op order runs each op: gradients are taken in
     the order their producers run, as DDP rebuilds its buckets after the first iteration
     from the order it saw them ready. Without it, reverse parameter order (DDP's first
-    guess)."""
+    guess). `bucket_key(op_id)` keeps gradients whose producers have different keys in
+    different buckets, each key bucketed on its own as one DDP instance per pipeline
+    stage does; the keys come in the order of their first ready gradient."""
     grads = list(reversed([o for o in graph.outputs if o.role is OutputRole.GRAD]))
     if ready_rank is not None:
         order = {o.value: k for k, o in enumerate(grads)}
         grads.sort(key=lambda o: (ready_rank(graph.producer[o.value]) if o.value in graph.producer else -1, order[o.value]))
+    if bucket_key is None:
+        return _bucketed(graph, grads, bucket_bytes)
+    keyed: dict[int, list[GraphOutput]] = {}  # in order of each key's first gradient
+    for o in grads:
+        keyed.setdefault(bucket_key(graph.producer[o.value]) if o.value in graph.producer else -1, []).append(o)
+    return [b for part in keyed.values() for b in _bucketed(graph, part, bucket_bytes)]
+
+
+def _bucketed(graph: Graph, grads: Sequence[GraphOutput], bucket_bytes: int) -> list[list[GraphOutput]]:
+    """`grads`, in order, cut into buckets: the first of at most 1 MiB, the others of at most `bucket_bytes`."""
     out: list[list[GraphOutput]] = []
     cur: list[GraphOutput] = []
     cur_bytes = 0
@@ -118,6 +131,20 @@ def replicate(
 ) -> Expanded:
     """R copies of `graph` (replica r's ops on `op_device[r]`), joined by gradient all-reduces;
     values crossing devices inside a replica then get send/recv ops (`distribute.expand`)."""
+    joined, device = replica_copies(graph, op_device, bucket_bytes, ready_rank)
+    n, R = len(graph.ops), len(op_device)
+    ex = expand(joined, device, expanded_from=graph.hash)
+    out = replace(ex.graph, meta={**ex.graph.meta, "base_ops": n, "replicas": R})
+    return Expanded(graph=out, device=ex.device, base_ops=n)
+
+
+def replica_copies(
+    graph: Graph, op_device: Sequence[Sequence[str]], bucket_bytes: int, ready_rank: Callable[[int], int] | None = None,
+    bucket_key: Callable[[int], int] | None = None,
+) -> tuple[Graph, list[str]]:
+    """`replicate`'s graph before its send/recv ops, and the device of each op. Replica r's
+    copy of op i is op ``r * len(graph.ops) + i``; the all-reduces follow, bucket by bucket,
+    one per replica (`buckets` with `ready_rank` and `bucket_key`)."""
     R = len(op_device)
     n, V = len(graph.ops), len(graph.values)
     ops: list[Op] = []
@@ -133,7 +160,7 @@ def replicate(
             ops.append(_shifted(op, r * n, off, r))
             device.append(op_device[r][op.id])
     averaged: dict[int, int] = {}  # replica grad value -> its averaged value
-    for b, bucket in enumerate(buckets(graph, bucket_bytes, ready_rank)):
+    for b, bucket in enumerate(buckets(graph, bucket_bytes, ready_rank, bucket_key)):
         group = [op_device[r][graph.producer[bucket[0].value]] for r in range(R)]
         for r in range(R):
             ins = tuple(o.value + r * V for o in bucket)
@@ -164,9 +191,7 @@ def replicate(
         name=graph.name, inputs=tuple(inputs), outputs=tuple(outputs), ops=tuple(ops), values=tuple(values),
         meta={**graph.meta, "expanded_from": graph.hash, "base_ops": n, "replicas": R},
     )
-    ex = expand(joined, device, expanded_from=graph.hash)
-    out = replace(ex.graph, meta={**ex.graph.meta, "base_ops": n, "replicas": R})
-    return Expanded(graph=out, device=ex.device, base_ops=n)
+    return joined, device
 
 
 def _shifted(op: Op, id_off: int, value_off: int, r: int) -> Op:
@@ -181,13 +206,29 @@ def _shifted(op: Op, id_off: int, value_off: int, r: int) -> Op:
     )
 
 
+REPLICA_SUFFIX = "@r"  # replica r >= 1's copy of an input NAME is NAME@rR
+
+
+def replica_of(name: str) -> tuple[str, int]:
+    """An input name of a replicated graph as (the name in one replica's graph, its replica)."""
+    head, sep, tail = name.rpartition(REPLICA_SUFFIX)
+    return (head, int(tail)) if sep and tail.isdigit() else (name, 0)
+
+
 def replica_inputs(
     joined: Graph, per_replica: Sequence[dict[int, torch.Tensor]], base: Graph
 ) -> dict[int, torch.Tensor]:
-    """Input tensors of the replicated graph `joined`, from each replica's captured inputs."""
-    V = len(base.values)
-    out = {i.value + r * V: vals[i.value] for r, vals in enumerate(per_replica) for i in base.inputs}
-    missing = [i.name for i in joined.inputs if i.value not in out]
+    """Input tensors of the replicated graph `joined`, from each replica's captured inputs
+    (matched by name: replica r's copy of input NAME is NAME@rR)."""
+    by_name = {i.name: i.value for i in base.inputs}
+    out: dict[int, torch.Tensor] = {}
+    missing = []
+    for i in joined.inputs:
+        name, r = replica_of(i.name)
+        if name in by_name and r < len(per_replica):
+            out[i.value] = per_replica[r][by_name[name]]
+        else:
+            missing.append(i.name)
     if missing:
         raise SchedlabError(f"replicated graph inputs without values: {missing[:3]}")
     return out

@@ -19,7 +19,15 @@ from functools import cached_property
 import torch
 
 from schedlab.capture import Captured
-from schedlab.data_parallel import PlanStep, split_batch
+from schedlab.data_parallel import (
+    PlanStep,
+    full_batch_outputs,
+    plan_step,
+    replica_graph,
+    replica_of,
+    split_batch,
+    split_workload,
+)
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, InputRole
 from schedlab.steps import as_step_outputs
@@ -48,40 +56,59 @@ def micro_graph(graph: Graph, micro_batches: int) -> Graph:
 class PipelineStep(PlanStep):
     """The full-batch step and one micro-batch's, with every micro-batch's input tensors.
 
-    `parts` holds micro-batch 0's capture; `micro_inputs[m]` maps its graph's input value
-    ids to micro-batch m's tensors (its own user inputs, the shared parameters)."""
+    `parts` holds micro-batch 0's capture; `micro_inputs[r * M + m]` maps its graph's input
+    value ids to replica r's micro-batch m's tensors (its own user inputs, the shared
+    parameters). With `replicas` > 1 the batch is first split among the replicas, then each
+    replica's part into M micro-batches (`schedlab.pipeline_replicas`)."""
 
     micro_inputs: tuple[dict[int, torch.Tensor], ...] = ()
+    replicas: int = 1
 
     @cached_property
     def graph(self) -> Graph:  # type: ignore[override]
-        return micro_graph(self.parts[0].graph, len(self.micro_inputs))
+        g = micro_graph(self.parts[0].graph, len(self.micro_inputs) // self.replicas)
+        return replica_graph(g, self.replicas) if self.replicas > 1 else g
 
     def inputs_for(self, run_graph: Graph) -> dict[int, torch.Tensor]:
         base = {i.name: i.value for i in self.parts[0].graph.inputs}
+        M = len(self.micro_inputs) // self.replicas
         out: dict[int, torch.Tensor] = {}
         for i in run_graph.inputs:
-            name, m = i.name, 0
-            head, sep, tail = i.name.rpartition(MICRO_SUFFIX)
+            name, r = replica_of(i.name) if self.replicas > 1 else (i.name, 0)
+            m = 0
+            head, sep, tail = name.rpartition(MICRO_SUFFIX)
             if sep and tail.isdigit() and head in base:
                 name, m = head, int(tail)
-            if name not in base or m >= len(self.micro_inputs):
+            if name not in base or m >= M or r >= self.replicas:
                 raise SchedlabError(f"pipelined graph input {i.name!r} is not an input of micro-batch {m}'s step")
-            out[i.value] = self.micro_inputs[m][base[name]]
+            out[i.value] = self.micro_inputs[r * M + m][base[name]]
         return out
 
     def as_full(self, run_graph: Graph, outputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        if self.replicas > 1:
+            return full_batch_outputs(run_graph, self.full.graph, outputs)
         return as_step_outputs(self.full.graph, run_graph, outputs)
 
 
-def pipeline_step(workload: Workload, micro_batches: int, capture_fn: Callable[[Workload], Captured]) -> PlanStep:
+def pipeline_step(
+    workload: Workload, micro_batches: int, capture_fn: Callable[[Workload], Captured], replicas: int = 1
+) -> PlanStep:
     """Capture `workload` for a plan with `micro_batches` (through `capture_fn`, e.g. the
     graph cache): the full step and, with micro-batches, micro-batch 0's step, captured
-    once; the other micro-batches' inputs are their slices of the user inputs."""
-    full = capture_fn(workload)
+    once; the other micro-batches' inputs are their slices of the user inputs. With
+    `replicas`, the batch is split among them first, and each replica's part into
+    micro-batches (one micro-batch: the data-parallel step, `data_parallel.plan_step`)."""
     if micro_batches == 1:
-        return PlanStep(workload, full)
-    parts = split_micro_batches(workload, micro_batches)
+        return plan_step(workload, replicas, capture_fn)
+    full = capture_fn(workload)
+    per_replica = split_workload(workload, replicas)
+    try:
+        parts = [p for r in per_replica for p in split_micro_batches(r, micro_batches)]
+    except SchedlabError as e:
+        if replicas == 1:
+            raise
+        raise SchedlabError(f"{e} (each of the {replicas} replicas splits its part of the batch, "
+                            f"so the batch must divide by {replicas} x {micro_batches})") from None
     first = capture_fn(parts[0])
     users = {i.value: _user_index(i.name) for i in first.graph.inputs if i.role is InputRole.USER}
     micro_inputs: list[dict[int, torch.Tensor]] = []
@@ -94,7 +121,7 @@ def pipeline_step(workload: Workload, micro_batches: int, capture_fn: Callable[[
                 )
             values[v] = part.inputs[k]
         micro_inputs.append(values)
-    return PipelineStep(workload, full, (first,), tuple(micro_inputs))
+    return PipelineStep(workload, full, (first,), tuple(micro_inputs), replicas)
 
 
 def _user_index(name: str) -> int:

@@ -51,6 +51,7 @@ class Pipelined:
     action: tuple[str, ...]  # per op: the schedule action it runs in ("1F3"), or NO_ACTION
     copy_of: tuple[int, ...]  # per op: the captured op it copies, or -1 (accumulation)
     base_ops: int  # ops of the captured graph (micro-batch 0's keep their ids)
+    stage: tuple[int, ...] = ()  # per op: the stage whose work or update it is
 
 
 def micro_name(name: str, m: int) -> str:
@@ -70,7 +71,8 @@ def pipeline_graph(graph: Graph, split: StageSplit, schedule: Schedule, devices:
         if split.part[i] is Part.OPT and any(v in mean for v in b.ops[i].inputs):
             b.ops[i] = rewire(b.ops[i], mean)
     stage_device = tuple(devices[st.devices[0]] for st in schedule.shape.stages)
-    device = tuple(stage_device[b.key_of[i][0] if i in b.key_of else split.stage[i]] for i in range(len(b.ops)))
+    stage = tuple(b.key_of[i][0] if i in b.key_of else split.stage[i] for i in range(len(b.ops)))
+    device = tuple(stage_device[s] for s in stage)
     orders, action = _orders(b, graph, split, groups, extra, device)
     out = Graph(
         name=graph.name,
@@ -82,7 +84,7 @@ def pipeline_graph(graph: Graph, split: StageSplit, schedule: Schedule, devices:
     )
     out.validate()
     copy_of = (*b.copy_of, *[-1] * (len(b.ops) - len(b.copy_of)))
-    return Pipelined(graph=out, device=device, orders=orders, action=action, copy_of=copy_of, base_ops=n)
+    return Pipelined(graph=out, device=device, orders=orders, action=action, copy_of=copy_of, base_ops=n, stage=stage)
 
 
 @dataclass

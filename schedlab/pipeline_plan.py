@@ -25,12 +25,13 @@ from itertools import pairwise
 
 from schedlab.distribute import RECV, SEND, expand
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph
+from schedlab.graph import Graph, OpKind
 from schedlab.machine import Machine
 from schedlab.pipeline import STAGE_MAPS, Schedule, check_schedule, infer_chain, stage_devices
 from schedlab.pipeline.generators import default_shape, generate, parse_name, schedule_names
 from schedlab.pipeline.schedule import n_microbatches_of, orders_from_rows
 from schedlab.pipeline_expand import NO_ACTION, Pipelined, pipeline_graph
+from schedlab.pipeline_replicas import replica_rows, replicate_pipeline
 from schedlab.pipeline_stages import split_stages
 from schedlab.plan import Plan, PlanError, ResolvedPlan, check_memory, device_settings, list_schedule, op_threads
 
@@ -231,8 +232,6 @@ def resolve_pipeline(graph: Graph, plan: Plan, machine: Machine, steps: int = 1)
     One clear PlanError per problem."""
     from schedlab.data_parallel import uses_batch_stats
 
-    if plan.replicas != 1:
-        raise PlanError("replicas", "a pipeline plan with data-parallel replicas is not supported yet; use replicas 1")
     if plan.layer_devices or plan.op_devices:
         raise PlanError(
             "placement",
@@ -251,21 +250,36 @@ def resolve_pipeline(graph: Graph, plan: Plan, machine: Machine, steps: int = 1)
             f"the graph was captured for {captured_for} micro-batch(es), the plan has {M}: "
             "capture one micro-batch's step (schedlab.microbatch.pipeline_step, as the CLI does)",
         )
-    if M > 1 and uses_batch_stats(graph) and not plan.split_batch_stats:
+    devices = plan_devices(plan, machine)
+    R = plan.replicas
+    rows = replica_rows(machine, devices, R)
+    captured_replicas = int(graph.meta.get("replicas", 1))
+    if captured_replicas != R:
         raise PlanError(
-            "micro_batches",
-            "this model normalises over the batch (batch norm in training): each micro-batch would "
+            "replicas",
+            f"the graph was captured for {captured_replicas} replica(s), the plan has {R}: capture one replica's "
+            "micro-batch step (schedlab.microbatch.pipeline_step with replicas, as the CLI does)",
+        )
+    if (M > 1 or R > 1) and uses_batch_stats(graph) and not plan.split_batch_stats:
+        part = "micro-batch" if M > 1 else "replica"
+        raise PlanError(
+            "micro_batches" if M > 1 else "replicas",
+            f"this model normalises over the batch (batch norm in training): each {part} would "
             "see statistics of its part only, which changes results; set split_batch_stats to accept that",
         )
-    devices = plan_devices(plan, machine)
     schedule = plan_schedule(plan, len(devices))
     pipe = pipeline_graph(graph, split_stages(graph, plan.stages), schedule, devices)
+    if R > 1:
+        pipe = replicate_pipeline(pipe, rows, int(plan.bucket_mb * (1 << 20)))
     label = f"schedule {plan.schedule!r}" if isinstance(plan.schedule, str) else "the plan's schedule"
     check_order(pipe, label)
     n = pipe.base_ops
-    slots_of, default_threads = device_settings(plan, machine, devices)
+    slots_of, default_threads = device_settings(plan, machine, tuple(d for row in rows for d in row))
     base = op_threads(graph, plan, machine, pipe.device[:n], default_threads)
-    threads = tuple(base[c] if c >= 0 else default_threads[pipe.device[i]] for i, c in enumerate(pipe.copy_of))
+    threads = tuple(
+        1 if pipe.graph.ops[i].kind is OpKind.COMM else base[c] if c >= 0 else default_threads[pipe.device[i]]
+        for i, c in enumerate(pipe.copy_of)
+    )
     check_memory(pipe.graph, pipe.device, machine)
     ex = expand(pipe.graph, pipe.device, expanded_from=graph.hash)
     comm = len(ex.graph.ops) - len(pipe.graph.ops)

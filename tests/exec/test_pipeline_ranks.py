@@ -75,3 +75,22 @@ def test_pipelines_on_two_ranks_match_eager_slow(
 ) -> None:
     _, check, _ = run_pipeline(model, micro_batches, schedule, stages, optimizer, slots)
     assert check.ok(), check.describe()  # type: ignore[attr-defined]
+
+
+def test_a_pipeline_with_replicas_on_four_ranks_matches_eager_on_the_full_batch() -> None:
+    """2 replicas x 2 stages: each replica's 1F1B on its own pair of ranks, each stage's
+    gradients averaged over the two ranks that hold it."""
+    w = load_workload("mlp", "tiny")
+    step = pipeline_step(w, 2, lambda part: capture(part, "sgd"), replicas=2)
+    machine = host_ranks(4, Machine("h", (Device("cpu0", "cpu", 4, 8 * 2**30),)))
+    plan = Plan(threads=1, micro_batches=2, stages=2, schedule="1f1b", pipeline_devices=("cpu0", "cpu1"), replicas=2)
+    r = resolve(step.graph, plan, machine)
+    run_graph = r.run_graph(step.graph)
+    res = run_ranks(step.graph, r, machine, step.inputs_for(run_graph), steps=1, warmup=1, timeout_s=90,
+                    want_outputs=True, workload="mlp")
+    check = check_step(w.module, step.full.graph, step.full.input_values,
+                       lambda iv: step.as_full(run_graph, res.outputs or {}))
+    assert check.ok(), check.describe()
+    assert res.ranks == 4
+    reduces = {e.rank for e in res.trace.events if e.name.startswith("all_reduce")}
+    assert reduces == {0, 1, 2, 3}  # every rank averages its stage's gradients with its replica's peer

@@ -49,6 +49,26 @@ def test_plan_then_simulate_and_trace_a_two_rank_pipeline(capsys, tmp_path: Path
     assert rc == 0 and tr["numerics_ok"] and tr["ranks"] == 2 and tr["ops"] == sim["ops"]
 
 
+def test_a_pipeline_with_replicas_runs_its_rows_on_the_first_group_of_ranks(capsys, tmp_path: Path, profile_file: Path) -> None:  # type: ignore[no-untyped-def]
+    plan = tmp_path / "p.json"
+    rc, _, err = _run(capsys, "plan", "mlp", "--size", "tiny", "--devices", "4", "--replicas", "2", "--stages", "2",
+                      "--micro-batches", "2", "--threads", "1", "-o", str(plan))
+    assert rc == 0 and "replicas=2" in err and "on 4 devices" in err, err
+    d = json.loads(plan.read_text())
+    assert (d["replicas"], d["micro_batches"], d["pipeline_devices"]) == (2, 2, ["cpu0", "cpu1"])
+    assert plan_ranks(Plan.load(plan)) == 4
+    rc, out, _ = _run(capsys, "simulate", "mlp", "--size", "tiny", "--profile", str(profile_file), "--plan", str(plan),
+                      "--out", str(tmp_path / "s.sim.json"), "--json")
+    sim = json.loads(out)
+    assert rc == 0 and sim["ranks"] == 4 and sim["predicted_step_time_s"] > 0
+    assert {e.device for e in Trace.load(sim["trace"]).events} == {"cpu0", "cpu1", "cpu2", "cpu3"}
+    rc, _, err = _run(capsys, "plan", "mlp", "--size", "tiny", "--devices", "4", "--replicas", "3", "--stages", "2",
+                      "-o", str(tmp_path / "bad.json"))
+    assert rc != 0 and "--replicas 3" in err and "Traceback" not in err and not (tmp_path / "bad.json").exists()
+    rc, _, err = _run(capsys, "bench", "mlp", "--size", "tiny", "--plan", str(plan), "--pipelining")
+    assert rc != 0 and "without data-parallel replicas" in err and "schedlab trace" in err
+
+
 def test_a_tessel_plan_holds_the_searched_actions_and_runs_on_two_ranks(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     plan = tmp_path / "p.json"
     rc, _, err = _run(capsys, "plan", "mlp", "--size", "tiny", "--devices", "2", "--micro-batches", "2",
