@@ -57,7 +57,7 @@ from schedlab.calibrate.host_load import CpuSnapshot, snapshot
 from schedlab.calibrate.link_ranks import RankTask, WorldResult, rank_cores, run_world
 from schedlab.collectives import p2p_s, ring_allreduce_s
 from schedlab.errors import SchedlabError
-from schedlab.machine import Machine, detect_host, usable_cores
+from schedlab.machine import LOOPBACK_LINK, Machine, detect_host, usable_cores
 
 if TYPE_CHECKING:
     from schedlab.calibrate.profile import Profile
@@ -471,7 +471,7 @@ def apply_link_fit(machine: Machine, profile: Profile) -> Machine:
     if profile.links is None:
         return machine
     latency_s, bw = link_latency_bw(profile.links)
-    return machine.with_link_fit(latency_s, bw, name="loopback")
+    return machine.with_link_fit(latency_s, bw, name=LOOPBACK_LINK)
 
 
 # ---- measuring ----------------------------------------------------------------------------

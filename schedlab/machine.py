@@ -34,6 +34,7 @@ _KIND_ALIASES = {"gpu": "cuda"}
 # = 52.5 us + bytes / 2.76 GB/s (fit MAPE 7.2%). A calibrated Profile's link fit replaces
 # it (`calibrate.links.apply_link_fit`).
 LOOPBACK_LATENCY_S = 52.5e-6
+LOOPBACK_LINK = "loopback"  # the name of the links between local ranks, which calibration measures
 LOOPBACK_BW_BYTES_PER_S = 2.76e9
 
 
@@ -119,7 +120,7 @@ class Machine:
         links = tuple(lk for lk in self.links if lk.src in ids and lk.dst in ids)
         return Machine(name=f"{self.name}[:{n}]", devices=keep, links=links, host=self.host)
 
-    def with_link_fit(self, latency_s: float, bw_bytes_per_s: float, *, name: str = "loopback") -> Machine:
+    def with_link_fit(self, latency_s: float, bw_bytes_per_s: float, *, name: str = LOOPBACK_LINK) -> Machine:
         """This machine with every link named `name` given a calibrated latency and bandwidth."""
         links = tuple(
             Link(lk.src, lk.dst, bw_bytes_per_s, latency_s, lk.name) if lk.name == name else lk for lk in self.links
@@ -330,7 +331,7 @@ def host_ranks(n: int, host: Machine | None = None) -> Machine:
         Device(id=f"cpu{i}", kind="cpu", cores=cores, memory_bytes=base.memory_bytes // n, process=i) for i in range(n)
     )
     links = tuple(
-        Link(f"cpu{i}", f"cpu{j}", LOOPBACK_BW_BYTES_PER_S, LOOPBACK_LATENCY_S, name="loopback")
+        Link(f"cpu{i}", f"cpu{j}", LOOPBACK_BW_BYTES_PER_S, LOOPBACK_LATENCY_S, name=LOOPBACK_LINK)
         for i in range(n)
         for j in range(n)
         if i != j

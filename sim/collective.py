@@ -12,8 +12,10 @@ not contend.
 
 A cost model that measured collectives (a Profile with link fits, `calibrate.links`)
 answers `allreduce_us(nbytes, n_ranks)` (`CollectiveCost`); its value at 0 bytes is then
-the latency part and the rest the bandwidth part. A None answer (no fits) falls back to
-the ring model on the machine's links.
+the latency part and the rest the bandwidth part. The fit was measured between local
+ranks, so it prices a ring only of such links (`LOOPBACK_LINK`, as `host_ranks` names
+them); a ring over other links (a preset's NVLink or PCIe), or a None answer (no fits),
+takes the ring model on the machine's links.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Protocol, runtime_checkable
 
 from schedlab.collectives import ring_allreduce_s
 from schedlab.errors import SchedlabError
-from schedlab.machine import Link, Machine
+from schedlab.machine import LOOPBACK_LINK, Link, Machine
 
 __all__ = ["CollectiveCost", "CollectiveTime", "allreduce_time", "link_index", "ring_links"]
 
@@ -80,7 +82,7 @@ def allreduce_time(machine: Machine, group: Sequence[str], nbytes: int, cost: ob
     n = len(group)
     if n <= 1:
         return CollectiveTime(links, 0.0, 0.0, "ring")
-    if isinstance(cost, CollectiveCost):
+    if isinstance(cost, CollectiveCost) and all(machine.links[i].name == LOOPBACK_LINK for i in links):
         lat, total = cost.allreduce_us(0, n), cost.allreduce_us(nbytes, n)
         if lat is not None and total is not None:
             lat = max(0.0, float(lat))

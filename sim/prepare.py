@@ -173,7 +173,7 @@ def prepare(
     comm_costs: tuple[CommOpCost | None, ...] = ()
     if structure.comm is not None:
         dispatch_us, kernel_us, done_us, done_kernel_us, comm_costs = comm_host_costs(
-            graph, structure.comm, cost, dispatch_us, kernel_us)
+            graph, structure.comm, cost, dispatch_us, kernel_us, [not is_gpu[d] for d in op_device])
     return Prepared(
         device_ids=tuple(d.id for d in machine.devices),
         device_is_gpu=is_gpu,
@@ -199,20 +199,23 @@ def prepare(
 
 
 def comm_host_costs(
-    graph: Graph, comm: CommStructure, cost: CostModel, dispatch_us: list[float], kernel_us: list[float]
+    graph: Graph, comm: CommStructure, cost: CostModel, dispatch_us: list[float], kernel_us: list[float],
+    on_cpu: Sequence[bool],
 ) -> tuple[list[float], list[float], tuple[float, ...], tuple[float, ...], tuple[CommOpCost | None, ...]]:
     """(dispatch, kernel, done, done kernel) µs of every op and each COMM op's cost as
     measured (None where it was not; `sim.comm.CommOpCost`), the COMM ops' from the cost model
-    when it measured them (`sim.comm.CommHostCost`). Otherwise a COMM op keeps its dispatch
-    and kernel, and an all-reduce pays them again when it finishes (done = dispatch, done
-    kernel = kernel); a recv's done part is then 0. The lists given are not changed."""
+    when it measured them (`sim.comm.CommHostCost`) and the op runs on a CPU device
+    (`on_cpu[op]`: the host costs are gloo's between CPU ranks, not a GPU's NCCL). Otherwise
+    a COMM op keeps its dispatch and kernel, and an all-reduce pays them again when it
+    finishes (done = dispatch, done kernel = kernel); a recv's done part is then 0. The
+    lists given are not changed."""
     n = len(graph.ops)
     done, done_kernel = [0.0] * n, [0.0] * n
     measured: list[CommOpCost | None] = [None] * n
     dispatch, kernel = list(dispatch_us), list(kernel_us)
     host = cost if isinstance(cost, CommHostCost) else None
     for o in comm.comm_ops:
-        c = host.comm_host_us(graph.ops[o]) if host is not None else None
+        c = host.comm_host_us(graph.ops[o]) if host is not None and on_cpu[o] else None
         if c is not None:
             dispatch[o], kernel[o], done[o], done_kernel[o] = c.post_us, c.post_kernel_us, c.done_us, c.done_kernel_us
             measured[o] = c

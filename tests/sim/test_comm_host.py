@@ -199,3 +199,24 @@ def test_the_ops_after_a_blocking_recv_and_a_send_start_later_by_their_cold_cost
     # A cost model that measured no cold cost: q starts when the recv ends.
     warm = by_name(simulate(g, resolved, m, HostCost(default_kernel_us=10.0, dispatch=0.0)))
     assert us(warm["q"].start_ns) == pytest.approx(1028)
+
+
+def test_what_local_cpu_ranks_measured_does_not_price_gpus_on_other_links() -> None:
+    """The fitted all-reduce and the host costs were measured between local CPU ranks
+    (gloo on loopback): two GPUs on NVLink take the ring model and their dispatch instead."""
+    from schedlab.machine import LOOPBACK_LINK, Device, Link, Machine
+    from schedlab.sim.collective import allreduce_time
+
+    g, devices = all_reduce_graph(1)
+    cpus = machine((0, 1))
+    gpus = Machine("two-gpus", tuple(Device(n, "cuda", 1, 2**40, process=p, peak_flops=1e12, mem_bw_bytes_per_s=1e12)
+                                    for n, p in (("a", 0), ("b", 1))),
+                   (Link("a", "b", 100e9, 2e-6, "nvlink"),))
+    cost = HostCost(default_kernel_us=10.0, dispatch=0.0)
+    assert allreduce_time(cpus, ["a", "b"], 10**6, cost).source == "fit"
+    on_gpus = allreduce_time(gpus, ["a", "b"], 10**6, cost)
+    assert on_gpus.source == "ring" and on_gpus.alone_us < 40.0  # 10 µs of bytes and 4 of latency, not the fit's 1040
+    unmeasured = dataclasses.replace(cost, measured=False)
+    assert us(by_name(simulate(g, hand_resolved(g, devices), gpus, cost))["ar0a"].end_ns) == us(
+        by_name(simulate(g, hand_resolved(g, devices), gpus, unmeasured))["ar0a"].end_ns)
+    assert LOOPBACK_LINK in {lk.name for lk in cpus.links}

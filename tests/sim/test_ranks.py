@@ -10,7 +10,7 @@ import pytest
 from schedlab.distribute import ALL_REDUCE, RECV, SEND
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, Op, OpKind
-from schedlab.machine import Device, Link, Machine, host_ranks, load_machine
+from schedlab.machine import LOOPBACK_LINK, Device, Link, Machine, host_ranks, load_machine
 from schedlab.plan import Plan, ResolvedPlan, list_schedule, resolve
 from schedlab.sim import SimResult, Simulator, simulate
 from schedlab.sim.testing import GraphBuilder, TableCost, random_cost, random_dag, random_plan
@@ -24,9 +24,10 @@ LAT = 5e-6  # 5 µs
 
 
 def machine(
-    processes: Sequence[int], links: Sequence[tuple[str, str, str]] = (("a", "b", "wire"),), cores: int = 1
+    processes: Sequence[int], links: Sequence[tuple[str, str, str]] = (("a", "b", LOOPBACK_LINK),), cores: int = 1
 ) -> Machine:
-    """CPU devices "a", "b", ... driven by `processes`, joined by `links` (src, dst, name)."""
+    """CPU devices "a", "b", ... driven by `processes`, joined by `links` (src, dst, name):
+    by default one loopback wire, as between local ranks (where a fitted all-reduce applies)."""
     names = "abcd"[: len(processes)]
     devs = tuple(
         Device(id=n, kind="cpu", cores=cores, memory_bytes=2**40, process=p) for n, p in zip(names, processes, strict=True)
