@@ -228,14 +228,15 @@ def _calibrate_micro_batches(args: argparse.Namespace, profile: Any, graph: Any,
     ``--space all`` places only), run in one process pinned to one core as a rank runs it
     (`calibrate.rank_fidelity.trace_calibrated`): a pipeline plan's ops are these."""
     from schedlab.calibrate.rank_fidelity import trace_calibrated
-    from schedlab.search.schedule_space import searched_micro_batches
+    from schedlab.search.schedule_space import searched_shapes
 
-    counts = [m for m in searched_micro_batches(args.space, graph, machine, profile) if m > 1]
-    if not counts:
+    shapes = [s for s in searched_shapes(args.space, graph, machine, profile) if s != (1, 1)]
+    if not shapes:
         return profile
-    print(f"schedlab search: timing one micro-batch's step of {args.model} for {', '.join(map(str, counts))} "
-          "micro-batches", file=sys.stderr)
-    return trace_calibrated(profile, _steps(args), [(1, m) for m in counts], steps=3)
+    named = ", ".join(f"{m}" if r == 1 else f"{r}x{m}" for r, m in shapes)
+    print(f"schedlab search: timing one micro-batch's step of {args.model} for {named} (replicas x) micro-batches",
+          file=sys.stderr)
+    return trace_calibrated(profile, _steps(args), shapes, steps=3)
 
 
 def _steps(args: argparse.Namespace) -> Any:
@@ -251,10 +252,10 @@ def _steps(args: argparse.Namespace) -> Any:
 
 
 def micro_graphs(args: argparse.Namespace) -> Any:
-    """M -> the graph a plan of M micro-batches of the model resolves against (one
-    micro-batch's step)."""
+    """(M, R) -> the graph a plan of M micro-batches and R replicas of the model resolves
+    against (one replica's micro-batch step)."""
     step_of = _steps(args)
-    return lambda micro_batches: step_of(1, micro_batches).graph
+    return lambda micro_batches, replicas=1: step_of(replicas, micro_batches).graph
 
 
 def search_machine(spec: str, devices: int | None, profile: Any, host: Any) -> tuple[Any, Any]:

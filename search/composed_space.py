@@ -41,6 +41,7 @@ class ComposedSpace:
         self.devices = tuple(machine.devices)
         self.choices = (PLACEMENT, PIPELINE) if schedule is not None else (PLACEMENT,)
         self.micro_batches = schedule.micro_batches if schedule is not None else (1,)
+        self.shapes = schedule.shapes if schedule is not None else ((1, 1),)
 
     def suggest(self, trial: Any) -> Plan:
         kind = trial.suggest_categorical("parallelism", self.choices)

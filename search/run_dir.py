@@ -32,9 +32,11 @@ class RunPaths:
     def graph(self) -> Path:
         return self.root / "graph.json"
 
-    def micro_graph(self, micro_batches: int) -> Path:
-        """The graph a plan of `micro_batches` (> 1) resolves against: one micro-batch's step."""
-        return self.root / "graphs" / f"m{micro_batches}.json"
+    def micro_graph(self, micro_batches: int, replicas: int = 1) -> Path:
+        """The graph a plan of `micro_batches` and `replicas` (not both 1) resolves against:
+        one replica's micro-batch step."""
+        name = f"m{micro_batches}" if replicas == 1 else f"r{replicas}-m{micro_batches}"
+        return self.root / "graphs" / f"{name}.json"
 
     @property
     def study_db(self) -> Path:

@@ -108,7 +108,7 @@ def run_search(
     progress: bool = True,
     baseline_machine: Machine | None = None,
     rl: RLOptions | None = None,
-    graph_of: Callable[[int], Graph] | None = None,
+    graph_of: Callable[[int, int], Graph] | None = None,
 ) -> dict[str, Any]:
     """Run the search `config` asks for (resuming whatever the study already has).
 
@@ -167,7 +167,7 @@ def run_search(
             else:
                 from schedlab.search.workers import run_workers
 
-                graphs.fill(getattr(space, "micro_batches", ()))  # the workers capture nothing
+                graphs.fill(getattr(space, "shapes", ()))  # the workers capture nothing
                 run_workers(run_dir, workers, study, strategy, space_name, target, on_progress=on_trial)
         else:
             if strategy not in PLACEMENT_STRATEGIES and len(machine.devices) > 1:
@@ -213,13 +213,13 @@ def check_schedule_search(machine: Machine, strategy: str) -> None:
         raise SchedlabError(f"--space schedule is searched by optuna; strategy {strategy} is not a schedule search")
 
 
-def _capture_of(config: RunConfig) -> Callable[[int], Graph]:
-    """M -> one micro-batch's step of the run's model, captured (`graph_of`'s default)."""
+def _capture_of(config: RunConfig) -> Callable[[int, int], Graph]:
+    """(M, R) -> one replica's micro-batch step of the run's model, captured (`graph_of`'s default)."""
 
-    def capture(micro_batches: int) -> Graph:
+    def capture(micro_batches: int, replicas: int) -> Graph:
         from schedlab.search.placement.validate import plan_step
 
-        return plan_step(config, micro_batches).graph  # type: ignore[no-any-return]
+        return plan_step(config, micro_batches, replicas).graph  # type: ignore[no-any-return]
 
     return capture
 

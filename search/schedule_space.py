@@ -79,6 +79,16 @@ def micro_batch_counts(graph: Graph) -> tuple[int, ...]:
     return micro_batch_choices(batch_size(graph))
 
 
+def replica_counts(graph: Graph, n_devices: int) -> tuple[int, ...]:
+    """The data-parallel degrees the space searches pipelines at on `n_devices`: those that
+    divide the devices into groups of at least two (a pipeline each) and split `graph`'s
+    batch evenly; only 1 when it normalises over the batch."""
+    if uses_batch_stats(graph):  # each replica would see statistics of its part only
+        return (1,)
+    batch = batch_size(graph)
+    return tuple(r for r in range(1, n_devices // 2 + 1) if n_devices % r == 0 and batch % r == 0)
+
+
 def searches_pipelines(space: str, machine: Machine) -> bool:
     """Whether `space` on `machine` holds pipeline plans, each simulated on its micro-batch
     count's graph: ``schedule``, and ``all`` on several devices (`search.composed_space`)."""
@@ -103,24 +113,35 @@ class ScheduleSpace:
         self.devices = tuple(d.id for d in machine.devices)
         n_layers = len(layers_in_order(graph))
         P = len(self.devices)
-        self.stages = {f: P if f == TESSEL else P * stages_per_device(f, P) for f in families}
+        self.stages = {f: _stage_count(f, P) for f in families}  # without replicas: a stage on every device
         self.families = tuple(f for f in families if self.stages[f] <= n_layers)
         if not self.families:
             raise SchedlabError(f"{graph.name!r} has {n_layers} layer(s): too few for a stage on each of {P} devices")
         self.micro_batches = micro_batch_counts(graph)
+        self.replicas = replica_counts(graph, P)
+        # per replica count, the micro-batch counts that split each replica's part of the batch
+        self.micro_batches_of = {r: self.micro_batches if r == 1 else tuple(
+            m for m in self.micro_batches if batch_size(graph) % (r * m) == 0) for r in self.replicas}
+        self.shapes = tuple((r, m) for r in self.replicas for m in self.micro_batches_of[r])  # (replicas, micro-batches)
         self._cuts: dict[int, tuple[int, ...]] = {}
-        self._tessel: dict[tuple[int, int | tuple[int, ...]], Plan] = {}
+        self._tessel: dict[tuple[int, int, int | tuple[int, ...]], Plan] = {}
         self._graph, self._op_cost_us = graph, op_cost_us(cost)
 
     def suggest(self, trial: Any) -> Plan:
         family = trial.suggest_categorical("schedule", self.families)
-        m = trial.suggest_categorical("micro_batches", self.micro_batches)
+        r = trial.suggest_categorical("replicas", self.replicas) if len(self.replicas) > 1 else 1
+        # each replica count its own micro-batch parameter: the counts that fit differ
+        m = trial.suggest_categorical("micro_batches" if r == 1 else f"micro_batches_r{r}", self.micro_batches_of[r])
         cuts = trial.suggest_categorical("stage_cuts", STAGE_CUTS)
-        return self.plan(family, m, cuts)
+        return self.plan(family, m, cuts, r)
 
-    def plan(self, family: str, micro_batches: int, cuts: str) -> Plan:
-        """The pipeline plan of one point of the space."""
-        n = self.stages[family]
+    def plan(self, family: str, micro_batches: int, cuts: str, replicas: int = 1) -> Plan:
+        """The pipeline plan of one point of the space: with `replicas` R, each replica's
+        pipeline on its group of len(devices) / R devices (`schedlab.pipeline_replicas`)."""
+        if replicas not in self.replicas:
+            raise SchedlabError(f"{replicas} replicas are not in the space; it has {', '.join(map(str, self.replicas))}")
+        devices = self.devices[: len(self.devices) // replicas]
+        n = _stage_count(family, len(devices))
         if cuts == "equal":
             stages: int | tuple[int, ...] = n
         elif cuts == "balanced":
@@ -130,20 +151,20 @@ class ScheduleSpace:
         else:
             raise SchedlabError(f"unknown stage cuts {cuts!r}; use one of: {', '.join(STAGE_CUTS)}")
         if family == TESSEL:
-            return self._tessel_plan(micro_batches, stages)
-        return with_named_schedule(Plan(), self.devices, family, micro_batches, stages)
+            return self._tessel_plan(micro_batches, stages, replicas)
+        return with_named_schedule(Plan(replicas=replicas), devices, family, micro_batches, stages)
 
-    def _tessel_plan(self, micro_batches: int, stages: int | tuple[int, ...]) -> Plan:
+    def _tessel_plan(self, micro_batches: int, stages: int | tuple[int, ...], replicas: int) -> Plan:
         """Tessel's schedule for these stages (weighed on the full step, whose shares a
-        micro-batch keeps), searched once per (micro-batches, stages)."""
-        key = (micro_batches, stages)
+        micro-batch keeps), searched once per (replicas, micro-batches, stages)."""
+        key = (replicas, micro_batches, stages)
         if key not in self._tessel:
             last = ""
             for factor in TESSEL_MEMORY_FACTORS:
                 try:
                     self._tessel[key], _ = with_tessel_schedule(
-                        Plan(), self.devices, self._graph, micro_batches, stages, self._op_cost_us,
-                        memory_factor=factor,
+                        Plan(replicas=replicas), self.devices[: len(self.devices) // replicas], self._graph,
+                        micro_batches, stages, self._op_cost_us, memory_factor=factor,
                     )
                     break
                 except SchedlabError as e:
@@ -151,6 +172,11 @@ class ScheduleSpace:
             else:  # pragma: no cover - a chain has a repetend when memory is not limited
                 raise SchedlabError(f"Tessel's search found no schedule for {self._graph.name!r}: {last}")
         return self._tessel[key]
+
+
+def _stage_count(family: str, n_devices: int) -> int:
+    """The stages `family` runs on `n_devices` (Tessel's search here: one per device)."""
+    return n_devices if family == TESSEL else n_devices * stages_per_device(family, n_devices)
 
 
 def optional_schedule_space(graph: Graph, machine: Machine, cost: CostModel) -> ScheduleSpace | None:
@@ -163,15 +189,16 @@ def optional_schedule_space(graph: Graph, machine: Machine, cost: CostModel) -> 
         return None
 
 
-def searched_micro_batches(space: str, graph: Graph, machine: Machine, cost: CostModel) -> tuple[int, ...]:
-    """The micro-batch counts a search of `space` simulates pipeline plans at: none where it
-    holds no pipelines; for ``schedule`` a model it cannot pipeline is its one clear error."""
+def searched_shapes(space: str, graph: Graph, machine: Machine, cost: CostModel) -> tuple[tuple[int, int], ...]:
+    """The (replicas, micro-batches) a search of `space` simulates pipeline plans at: none
+    where it holds no pipelines; for ``schedule`` a model it cannot pipeline is its one
+    clear error."""
     if not searches_pipelines(space, machine):
         return ()
     if space == SCHEDULE_SPACE:
-        return ScheduleSpace(graph, machine, cost).micro_batches
+        return ScheduleSpace(graph, machine, cost).shapes
     piped = optional_schedule_space(graph, machine, cost)
-    return piped.micro_batches if piped is not None else ()
+    return piped.shapes if piped is not None else ()
 
 
 class MicroBatchEvaluator:
@@ -181,18 +208,20 @@ class MicroBatchEvaluator:
     three searches): each distinct plan is simulated once (the simulator is
     deterministic) and its evaluation reused under the new trial's name."""
 
-    def __init__(self, graph_of: Callable[[int], Graph], machine: Machine, cost: CostModel) -> None:
+    def __init__(self, graph_of: Callable[..., Graph], machine: Machine, cost: CostModel) -> None:
         self.graph_of, self.machine, self.cost = graph_of, machine, cost
-        self._evaluators: dict[int, Evaluator] = {}
+        self._evaluators: dict[tuple[int, int], Evaluator] = {}
         self._seen: dict[tuple[str, bool], Evaluation] = {}
 
-    def evaluator(self, micro_batches: int) -> Evaluator:
-        if micro_batches not in self._evaluators:
-            self._evaluators[micro_batches] = Evaluator(self.graph_of(micro_batches), self.machine, self.cost)
-        return self._evaluators[micro_batches]
+    def evaluator(self, micro_batches: int, replicas: int = 1) -> Evaluator:
+        key = (replicas, micro_batches)
+        if key not in self._evaluators:
+            graph = self.graph_of(micro_batches) if replicas == 1 else self.graph_of(micro_batches, replicas=replicas)
+            self._evaluators[key] = Evaluator(graph, self.machine, self.cost)
+        return self._evaluators[key]
 
     def evaluate(self, plan: Plan, record: bool = False) -> Evaluation:
         key = (plan.hash, record)
         if key not in self._seen:
-            self._seen[key] = self.evaluator(plan.micro_batches).evaluate(plan, record=record)
+            self._seen[key] = self.evaluator(plan.micro_batches, plan.replicas).evaluate(plan, record=record)
         return dataclasses.replace(self._seen[key], plan=plan)

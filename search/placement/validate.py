@@ -113,18 +113,16 @@ def plans_to_validate(study: optuna.Study, space: str, top: int) -> list[tuple[P
     return sorted([*winners, *more], key=lambda w: (w[1], w[2]))
 
 
-def plan_step(config: RunConfig, micro_batches: int = 1) -> Any:
-    """The run's model captured as one step (`data_parallel.PlanStep`, one replica), or with
-    `micro_batches` > 1 the full step and one micro-batch's (`microbatch.pipeline_step`)."""
+def plan_step(config: RunConfig, micro_batches: int = 1, replicas: int = 1) -> Any:
+    """The run's model captured for a plan of `micro_batches` and `replicas`
+    (`microbatch.pipeline_step`): one step (`data_parallel.PlanStep`), or the full step and
+    one replica's micro-batch step."""
     from schedlab.capture import capture
-    from schedlab.data_parallel import plan_step as make_step
     from schedlab.microbatch import pipeline_step
     from schedlab.workloads import load_workload
 
     workload = load_workload(config.model, config.size, seed=config.seed)
-    if micro_batches != 1:
-        return pipeline_step(workload, micro_batches, lambda w: capture(w, config.optimizer))
-    return make_step(workload, 1, lambda w: capture(w, config.optimizer))
+    return pipeline_step(workload, micro_batches, lambda w: capture(w, config.optimizer), replicas)
 
 
 def validate_placement_run(
@@ -146,18 +144,18 @@ def validate_placement_run(
     winners = plans_to_validate(study, config.space, top)
     if not winners:
         raise SchedlabError(f"{run_dir}: the study holds no complete trial to validate")
-    steps_by_m: dict[int, Any] = {}
+    steps_by_shape: dict[tuple[int, int], Any] = {}
 
-    def step_for(micro_batches: int) -> Any:
-        if micro_batches not in steps_by_m:
-            steps_by_m[micro_batches] = plan_step(config, micro_batches)
-        return steps_by_m[micro_batches]
+    def step_for(micro_batches: int, replicas: int = 1) -> Any:
+        if (replicas, micro_batches) not in steps_by_shape:
+            steps_by_shape[replicas, micro_batches] = plan_step(config, micro_batches, replicas)
+        return steps_by_shape[replicas, micro_batches]
 
     weights = op_cost_us(profile)
     cases: list[PlanCase] = []
     for plan, _, trial, names in winners:
         label = f"trial {trial} ({', '.join(names)})"
-        s = step_for(plan.micro_batches)
+        s = step_for(plan.micro_batches, plan.replicas)
         cases.append(PlanCase(label, plan, machine, s, resolve(s.graph, plan, machine, op_cost_us=weights)))
     host = detect_host()
     step = step_for(1)

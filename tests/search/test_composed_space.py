@@ -101,14 +101,14 @@ def test_search_all_on_two_ranks_then_validate_both_kinds(capsys, tmp_path: Path
 
 def test_calibration_times_micro_batch_steps_only_where_the_space_pipelines() -> None:
     from schedlab.errors import SchedlabError
-    from schedlab.search.schedule_space import searched_micro_batches
+    from schedlab.search.schedule_space import searched_shapes
 
     graph, cost = graph_of(1), fake_profile()
-    assert searched_micro_batches("all", graph, host_ranks(2), cost)[1:]  # mlp/tiny splits its batch
-    assert searched_micro_batches("all", graph, host_ranks(1), cost) == ()  # one device: no pipeline
-    assert searched_micro_batches("placement", graph, host_ranks(2), cost) == ()
+    assert searched_shapes("all", graph, host_ranks(2), cost)[1:]  # mlp/tiny splits its batch
+    assert searched_shapes("all", graph, host_ranks(1), cost) == ()  # one device: no pipeline
+    assert searched_shapes("placement", graph, host_ranks(2), cost) == ()
     four = load_machine("dgx-8gpu", 4)  # mlp/tiny's 3 layers cannot fill a stage on each of 4 devices
-    assert searched_micro_batches("all", graph, four, cost) == ()  # so `all` only places it
+    assert searched_shapes("all", graph, four, cost) == ()  # so `all` only places it
     assert make_space("all", graph, four, cost).choices == (PLACEMENT,)  # type: ignore[arg-type, attr-defined]
     with pytest.raises(SchedlabError, match="too few"):
-        searched_micro_batches("schedule", graph, four, cost)  # type: ignore[arg-type]
+        searched_shapes("schedule", graph, four, cost)  # type: ignore[arg-type]

@@ -136,6 +136,35 @@ def test_each_micro_batch_count_is_simulated_on_its_own_graph() -> None:
     assert again.sim_wall_s == two.sim_wall_s
 
 
+def test_on_four_devices_pipelines_with_replicas_are_searched_each_on_its_own_graph(tmp_path: Path) -> None:
+    from schedlab.search.micro_graphs import MicroGraphs
+
+    four = host_ranks(4)
+
+    def step_graph(m: int, replicas: int = 1) -> Graph:
+        return plan_step_of("transformer", "tiny", "sgd", 0, replicas=replicas, cache=True, micro_batches=m).graph
+
+    full = step_graph(1)
+    space = ScheduleSpace(full, four, fake_profile())  # type: ignore[arg-type]
+    assert space.replicas == (1, 2) and (2, 1) in space.shapes  # 2 replicas x 2 stages; the batch splits in 2 only
+    assert all(r * m <= 2 for r, m in space.shapes)
+    trial = optuna.trial.FixedTrial({"schedule": "1f1b", "replicas": 2, "micro_batches_r2": 1, "stage_cuts": "equal"})
+    plan = space.suggest(trial)
+    assert (plan.replicas, plan.micro_batches, plan.pipeline_devices, plan.n_stages) == (2, 1, ("cpu0", "cpu1"), 2)
+    graphs = MicroGraphs(tmp_path, full, lambda m, r: step_graph(m, r))
+    graphs.fill(space.shapes)
+    assert (tmp_path / "graphs" / "r2-m1.json").exists() and (tmp_path / "graphs" / "m2.json").exists()
+    ev = MicroBatchEvaluator(graphs, four, fake_profile())  # type: ignore[arg-type]
+    hybrid, single = ev.evaluate(plan), ev.evaluate(space.plan("1f1b", 1, "equal"))
+    assert hybrid.ok and single.ok, (hybrid.error, single.error)
+    assert set(resolve(graphs(1, 2), plan, four).device) == {"cpu0", "cpu1", "cpu2", "cpu3"}
+    assert hybrid.step_time_s != single.step_time_s  # half the batch per pipeline, and the all-reduces
+    for family in space.families:  # every family fits each replica's devices
+        assert resolve(graphs(1, 2), space.plan(family, 1, "balanced", replicas=2), four).plan.replicas == 2
+    with pytest.raises(SchedlabError, match="3 replicas are not in the space"):
+        space.plan("1f1b", 1, "equal", replicas=3)
+
+
 def test_search_and_validate_a_schedule_space_on_two_ranks(capsys, tmp_path: Path, profile_path: Path) -> None:  # type: ignore[no-untyped-def]
     d = tmp_path / "sched"
     argv = ["search", "mlp", "--size", "tiny", "--run-dir", str(d), "--profile", str(profile_path), "--no-progress",
