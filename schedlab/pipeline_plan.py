@@ -31,7 +31,7 @@ from schedlab.pipeline import STAGE_MAPS, Schedule, check_schedule, infer_chain,
 from schedlab.pipeline.generators import default_shape, generate, parse_name, schedule_names
 from schedlab.pipeline.schedule import n_microbatches_of, orders_from_rows
 from schedlab.pipeline_expand import NO_ACTION, Pipelined, pipeline_graph
-from schedlab.pipeline_replicas import replica_rows, replicate_pipeline
+from schedlab.pipeline_replicas import mirrored, replica_rows, replicate_pipeline
 from schedlab.pipeline_stages import split_stages
 from schedlab.plan import Plan, PlanError, ResolvedPlan, check_memory, device_settings, list_schedule, op_threads
 
@@ -274,7 +274,9 @@ def resolve_pipeline(graph: Graph, plan: Plan, machine: Machine, steps: int = 1)
     label = f"schedule {plan.schedule!r}" if isinstance(plan.schedule, str) else "the plan's schedule"
     check_order(pipe, label)
     n = pipe.base_ops
-    slots_of, default_threads = device_settings(plan, machine, tuple(d for row in rows for d in row))
+    alike = replace(plan, device_slots=mirrored(plan.device_slots, rows),
+                    device_threads=mirrored(plan.device_threads, rows))  # every replica runs as the first
+    slots_of, default_threads = device_settings(alike, machine, tuple(d for row in rows for d in row))
     base = op_threads(graph, plan, machine, pipe.device[:n], default_threads)
     threads = tuple(
         1 if pipe.graph.ops[i].kind is OpKind.COMM else base[c] if c >= 0 else default_threads[pipe.device[i]]

@@ -51,6 +51,13 @@ def replica_rows(machine: Machine, rows: tuple[str, ...], replicas: int) -> list
     return [tuple(ids[r * k + group0.index(d)] for d in rows) for r in range(replicas)]
 
 
+def mirrored(settings: dict[str, int], rows: Sequence[tuple[str, ...]]) -> dict[str, int]:
+    """Per-device `settings` (co-run slots, threads) with each other replica's device given
+    its first-replica twin's, unless it has its own: every replica runs alike."""
+    out = {rows[r][d]: settings[dev] for r in range(1, len(rows)) for d, dev in enumerate(rows[0]) if dev in settings}
+    return {**out, **settings}
+
+
 def replicate_pipeline(pipe: Pipelined, rows: Sequence[tuple[str, ...]], bucket_bytes: int) -> Pipelined:
     """`pipe` (one replica's pipelined step, its schedule rows on `rows[0]`) as R =
     len(`rows`) replicas joined by per-stage gradient all-reduces (module docstring); no

@@ -124,6 +124,19 @@ def test_the_simulator_prices_the_replicas_all_reduces_on_the_links() -> None:
     assert extra_s(slow_bw) > extra_s(1e18) + 2e-4
 
 
+def test_every_replica_runs_with_the_first_replicas_per_device_slots_and_threads() -> None:
+    step = step_of("mlp", 2, 2)
+    eight = host_ranks(4, Machine("eight", (Device("cpu0", "cpu", 8, 8 * 2**30),)))  # 2 cores a rank
+    plan = dataclasses.replace(hybrid_plan("1f1b", 2, 2), device_slots={"cpu1": 2}, device_threads={"cpu0": 2})
+    r = resolve(step.graph, plan, eight)
+    assert r.device_slots == {"cpu0": 1, "cpu1": 2, "cpu2": 1, "cpu3": 2}
+    run = r.run_graph(step.graph)
+    threads = {(r.device[op.id], r.threads[op.id]) for op in run.ops if op.kind is not OpKind.COMM}
+    assert threads == {("cpu0", 2), ("cpu1", 1), ("cpu2", 2), ("cpu3", 1)}
+    own = dataclasses.replace(plan, device_slots={"cpu1": 2, "cpu3": 1})  # a replica's own setting stands
+    assert resolve(step.graph, own, eight).device_slots["cpu3"] == 1
+
+
 @pytest.mark.parametrize(
     ("plan", "msg"),
     [
