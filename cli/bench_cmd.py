@@ -160,11 +160,6 @@ def run_pipelining(args: argparse.Namespace) -> int:
         )
     if args.steps is not None:
         raise SchedlabError("--pipelining times one step at a time; drop --steps")
-    if plan.replicas > 1:
-        raise SchedlabError(
-            f"--pipelining runs torch's pipeline stages without data-parallel replicas; this plan has "
-            f"{plan.replicas}. Time it with `schedlab trace MODEL --plan {args.plan}`, or compare the plan "
-            "without replicas")
     torch_schedule_name(plan.schedule)  # refuse an unsupported schedule before capturing anything
     machine = host_ranks(plan_ranks(plan))
     results = {}

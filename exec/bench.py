@@ -289,6 +289,7 @@ def compare_with_pipelining(
         "schedule": str(plan.schedule), "micro_batches": plan.micro_batches,
         "stage_layers": [list(st) for st in stage_layers(graph, plan.stages)],
         "stage_ranks": list(stage_ranks(plan, machine)), "want_params": want_params,
+        "replicas": plan.replicas, "bucket_mb": plan.bucket_mb,
     }
     dist, ours, theirs, ratio, spread = _side_by_side(
         step, resolved, machine, spec, side, repeats=repeats, warmup=warmup, timeout_s=timeout_s

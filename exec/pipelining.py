@@ -25,6 +25,16 @@ Everything else matches the plan: the same full batch split into the same micro-
 and learning rate of the captured step, and the plan's intra-op threads. The pipeline's
 point-to-point transfers run on their own group of all ranks (made on every rank at the
 same point, as DDP's is), so they can never be matched against a schedlab transfer.
+
+With R data-parallel replicas (`replicas` in the spec; `schedlab.pipeline_replicas`),
+replica r is ranks r*P .. r*P+P-1, each its own pipeline group, on its share of the batch
+(`torch.chunk` into R, then micro-batches). Each written-out stage module is wrapped in
+DistributedDataParallel over the group of the R ranks that hold it (the plan's
+`bucket_mb` as `bucket_cap_mb`), which torch's pipelining stage runs under `no_sync`
+until a step's last backward, as its documentation has stages combined with DDP. A
+traced stage cannot be wrapped (torch's traced stage reads its graph module's graph), so
+its gradients are averaged by hand after the schedule's step: one flat all-reduce per
+stage over the same group, without DDP's overlap with the last backward.
 """
 
 from __future__ import annotations
@@ -322,16 +332,23 @@ class PipeliningStepper:
         if not dist.is_initialized():
             raise SchedlabError("PipeliningStepper runs inside a rank: initialise the default process group first")
         ranks = [int(r) for r in spec["stage_ranks"]]
-        if sorted(set(ranks)) != list(range(world)):
-            raise SchedlabError(f"the plan's stages run on ranks {ranks}; torch's pipeline needs every one of {world}")
+        R = int(spec.get("replicas", 1))
+        if R < 1 or world % R:
+            raise SchedlabError(f"{R} replicas do not divide the {world} ranks")
+        P = world // R  # ranks per pipeline; replica r is ranks r*P .. r*P+P-1
+        if sorted(set(ranks)) != list(range(P)):
+            raise SchedlabError(f"the plan's stages run on ranks {ranks}; torch's pipeline needs every one of {P}")
         name = str(spec["schedule"])
         cls_name = torch_schedule_name(name)
-        # Every rank, at the same point (see the module doc); each transfer waits at most `timeout`
-        # (the job's collective timeout, as the rank's default group's).
-        group = dist.new_group(list(range(world)), timeout=timeout)
+        # Every rank makes every group, in one order (see the module doc); each transfer waits at
+        # most `timeout` (the job's collective timeout, as the rank's default group's).
+        pipes = [dist.new_group(list(range(r * P, (r + 1) * P)), timeout=timeout) for r in range(R)]
+        peers = [dist.new_group([r * P + d for r in range(R)], timeout=timeout) for d in range(P)] if R > 1 else []
+        replica, local = divmod(rank, P)
+        group = pipes[replica]
         workload = load_workload(str(spec["spec"]), str(spec["size"]), seed=int(spec["seed"]))
         model = workload.module
-        mine = [s for s, r in enumerate(ranks) if r == rank]
+        mine = [s for s, r in enumerate(ranks) if r == local]
         layers = [list(x) for x in spec["stage_layers"]]
         M = int(spec["micro_batches"])
         cpu = torch.device("cpu")
@@ -341,15 +358,28 @@ class PipeliningStepper:
             modules = {s: pieces[s] for s in mine}
             stages = [pipelining.PipelineStage(pieces[s], s, len(pieces), cpu, group=group) for s in mine]
             loss = SEGMENTS[str(spec["spec"])][1]
-            x, target = workload.inputs
+            x, target = (t.chunk(R)[replica] for t in workload.inputs)
             inputs: tuple[Tensor, ...] = (x,)
         else:  # torch's tracer cuts the model, whose forward returns its loss
-            pipe = traced_stages(model, workload.inputs, layers, M)
+            inputs = tuple(t.chunk(R)[replica] for t in workload.inputs)
+            pipe = traced_stages(model, inputs, layers, M)  # traced at this replica's micro-batch
             modules = {s: pipe.get_stage_module(s) for s in mine}
             stages = [pipe.build_stage(s, cpu, group=group) for s in mine]
             loss = _own_loss
-            inputs = tuple(workload.inputs)
             target = torch.zeros(inputs[0].shape[0])  # a stand-in, split as the batch is
+        self.reduce_by_hand: list[tuple[list[Tensor], Any]] = []  # traced stages: (params, group)
+        if R > 1 and str(spec["spec"]) not in SEGMENTS:  # a traced stage runs its graph module itself
+            self.reduce_by_hand = [([p for p in m.parameters() if p.requires_grad], peers[local])
+                                   for m in modules.values()]
+        elif R > 1:  # each stage's gradients averaged over its replicas, once per step
+            for stage in stages:
+                if any(p.requires_grad for p in stage.submod.parameters()):
+                    # find_unused_parameters: without it DDP records every micro-batch's
+                    # backward (no_sync ones too) for its bucket rebuild, and its reducer
+                    # then fails an internal assert on the second step (torch 2.13)
+                    stage.submod = nn.parallel.DistributedDataParallel(
+                        stage.submod, process_group=peers[local], bucket_cap_mb=float(spec.get("bucket_mb", 25.0)),
+                        find_unused_parameters=True)
         n = len(layers)
         cls = getattr(pipelining, cls_name)
         base = name.partition(":")[0]
@@ -372,6 +402,16 @@ class PipeliningStepper:
         args = self.inputs if self.first else ()
         kwargs = {"target": self.target, "losses": []} if self.last else {}
         self.schedule.step(*args, **kwargs)
+        for params, group in self.reduce_by_hand:  # a traced stage's gradients: one flat all-reduce
+            grads = [p.grad for p in params if p.grad is not None]
+            if grads:
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                dist.all_reduce(flat, group=group)
+                flat.div_(dist.get_world_size(group))
+                k = 0
+                for g in grads:
+                    g.copy_(flat[k : k + g.numel()].view_as(g))
+                    k += g.numel()
         self.optimizer.step()
 
     def timed_step(self, steps: int = 1) -> tuple[int, int]:
@@ -392,9 +432,11 @@ class PipeliningStepper:
 
 def check_pipelining_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """A job's pipelining side-by-side spec: the workload (spec, size, seed), optimizer, lr,
-    threads, the plan's schedule name and micro-batches, each stage's layers and rank."""
+    threads, the plan's schedule name and micro-batches, each stage's layers and rank (in
+    the first replica), and optionally its replicas and their gradient bucket size."""
     missing = [k for k in PIPELINING_KEYS if k not in spec]
     if missing:
         raise SchedlabError(f"the job's pipelining spec lacks {', '.join(missing)}")
     return {"kind": PIPELINING_KIND, **{k: spec[k] for k in PIPELINING_KEYS},
-            "want_params": bool(spec.get("want_params", False))}
+            "want_params": bool(spec.get("want_params", False)), "replicas": int(spec.get("replicas", 1)),
+            "bucket_mb": float(spec.get("bucket_mb", 25.0))}

@@ -84,13 +84,14 @@ def test_a_cut_torch_cannot_trace_is_one_clear_error() -> None:
 
 
 def _bench_tiny(model: str, schedule: str, repeats: int, want_params: bool = False,
-                micro_batches: int = 2) -> tuple[Any, Any, Any, Any]:
+                micro_batches: int = 2, replicas: int = 1) -> tuple[Any, Any, Any, Any]:
     """(result, the ranks' run, the workload, its pipelined step) of `bench --pipelining` on
-    `model` at tiny size: 2 stages on 2 ranks, `micro_batches`, under `schedule`."""
-    plan = Plan(micro_batches=micro_batches, stages=2, schedule=schedule, pipeline_devices=("cpu0", "cpu1"))
-    machine = host_ranks(2)
+    `model` at tiny size: 2 stages on 2 ranks (per replica), `micro_batches`, under `schedule`."""
+    plan = Plan(micro_batches=micro_batches, stages=2, schedule=schedule, pipeline_devices=("cpu0", "cpu1"),
+                replicas=replicas)
+    machine = host_ranks(2 * replicas)
     w = load_workload(model, "tiny", seed=0)
-    step = pipeline_step(w, micro_batches, capture)
+    step = pipeline_step(w, micro_batches, capture, replicas)
     resolved = resolve(step.graph, plan, machine)
     res, dist = compare_with_pipelining(step, resolved, machine, spec=model, size="tiny", seed=0, repeats=repeats,
                                         warmup=1, want_params=want_params)
@@ -111,6 +112,34 @@ def test_torch_pipelines_a_held_out_model_to_eagers_full_batch_step(model: str, 
     # torch's stages after one step on 2 micro-batches = eager's parameters after one full-batch step
     assert dist.ddp_params is not None
     got = {re.sub(r"^stage\d+\.(model\.)?", "", n): t for n, t in dist.ddp_params.items()}
+    full = step.full
+    ref, user, opt = eager_reference(w.module, full.graph, full.input_values)
+    eager_step(ref, user, opt)
+    expected = {n: p.detach() for n, p in ref.named_parameters()}
+    assert set(got) == set(expected)
+    for name, p in expected.items():
+        tol = TOLERANCES[p.dtype]
+        torch.testing.assert_close(got[name], p, atol=tol.atol, rtol=tol.rtol, msg=name)
+
+
+@pytest.mark.parametrize(("model", "schedule", "micro_batches"), [("heldout:mixer", "gpipe", 1), ("mlp", "1f1b", 2)])
+def test_torch_pipelines_with_replicas_reach_eagers_full_batch_step(model: str, schedule: str,
+                                                                   micro_batches: int) -> None:
+    """2 replicas x 2 stages on 4 ranks, each stage's gradients averaged over its 2 ranks
+    (a written-out stage in DDP, a traced one by hand): torch's side of `bench
+    --pipelining` for a plan with replicas, checked as schedlab's is."""
+    res, dist, w, step = _bench_tiny(model, schedule, repeats=1, want_params=True, micro_batches=micro_batches,
+                                     replicas=2)
+    assert res.ranks == 4 and res.pipelining_step_s > 0 and math.isfinite(res.ratio_vs_pipelining)
+    assert dist.ddp_params is not None
+    if model in SEGMENTS:  # the pieces hold the model's own modules: name them as the model does
+        layers = [list(st) for st in stage_layers(capture(w).graph, 2)]
+        model_name = {id(p): n for n, p in w.module.named_parameters()}
+        as_model = {f"stage{s}.{n}": model_name[id(p)]
+                    for s, m in enumerate(stage_modules(w.module, model, layers)) for n, p in m.named_parameters()}
+        got = {as_model[n]: t for n, t in dist.ddp_params.items()}
+    else:
+        got = {re.sub(r"^stage\d+\.(model\.)?", "", n): t for n, t in dist.ddp_params.items()}
     full = step.full
     ref, user, opt = eager_reference(w.module, full.graph, full.input_values)
     eager_step(ref, user, opt)

@@ -65,8 +65,6 @@ def test_a_pipeline_with_replicas_runs_its_rows_on_the_first_group_of_ranks(caps
     rc, _, err = _run(capsys, "plan", "mlp", "--size", "tiny", "--devices", "4", "--replicas", "3", "--stages", "2",
                       "-o", str(tmp_path / "bad.json"))
     assert rc != 0 and "--replicas 3" in err and "Traceback" not in err and not (tmp_path / "bad.json").exists()
-    rc, _, err = _run(capsys, "bench", "mlp", "--size", "tiny", "--plan", str(plan), "--pipelining")
-    assert rc != 0 and "without data-parallel replicas" in err and "schedlab trace" in err
 
 
 def test_a_tessel_plan_holds_the_searched_actions_and_runs_on_two_ranks(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
