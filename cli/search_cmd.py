@@ -233,9 +233,12 @@ def _calibrate_micro_batches(args: argparse.Namespace, profile: Any, graph: Any,
     shapes = [s for s in searched_shapes(args.space, graph, machine, profile) if s != (1, 1)]
     if not shapes:
         return profile
-    named = ", ".join(f"{m}" if r == 1 else f"{r}x{m}" for r, m in shapes)
-    print(f"schedlab search: timing one micro-batch's step of {args.model} for {named} (replicas x) micro-batches",
-          file=sys.stderr)
+    counts: dict[int, list[str]] = {}
+    for r, m in shapes:
+        counts.setdefault(r, []).append(str(m))
+    named = "; ".join(f"{', '.join(ms)} micro-batches" + ("" if r == 1 else f" of each of {r} replicas")
+                      for r, ms in counts.items())
+    print(f"schedlab search: timing one micro-batch's step of {args.model} for {named}", file=sys.stderr)
     return trace_calibrated(profile, _steps(args), shapes, steps=3)
 
 
