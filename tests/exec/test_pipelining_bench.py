@@ -98,6 +98,18 @@ def _bench_tiny(model: str, schedule: str, repeats: int, want_params: bool = Fal
     return res, dist, w, step
 
 
+def assert_eagers_step(got: dict[str, torch.Tensor], w: Any, step: Any) -> None:
+    """`got` (parameters by the model's names) are eager PyTorch's after one full-batch step."""
+    full = step.full
+    ref, user, opt = eager_reference(w.module, full.graph, full.input_values)
+    eager_step(ref, user, opt)
+    expected = {n: p.detach() for n, p in ref.named_parameters()}
+    assert set(got) == set(expected)
+    for name, p in expected.items():
+        tol = TOLERANCES[p.dtype]
+        torch.testing.assert_close(got[name], p, atol=tol.atol, rtol=tol.rtol, msg=name)
+
+
 @pytest.mark.parametrize(("model", "schedule", "cls"), [
     ("heldout:gru-tagger", "gpipe", "ScheduleGPipe"),
     # nn.LSTM(batch_first=True)'s output, which crosses the cut, is a transposed view (one that
@@ -112,14 +124,7 @@ def test_torch_pipelines_a_held_out_model_to_eagers_full_batch_step(model: str, 
     # torch's stages after one step on 2 micro-batches = eager's parameters after one full-batch step
     assert dist.ddp_params is not None
     got = {re.sub(r"^stage\d+\.(model\.)?", "", n): t for n, t in dist.ddp_params.items()}
-    full = step.full
-    ref, user, opt = eager_reference(w.module, full.graph, full.input_values)
-    eager_step(ref, user, opt)
-    expected = {n: p.detach() for n, p in ref.named_parameters()}
-    assert set(got) == set(expected)
-    for name, p in expected.items():
-        tol = TOLERANCES[p.dtype]
-        torch.testing.assert_close(got[name], p, atol=tol.atol, rtol=tol.rtol, msg=name)
+    assert_eagers_step(got, w, step)
 
 
 @pytest.mark.parametrize(("model", "schedule", "micro_batches"), [("heldout:mixer", "gpipe", 1), ("mlp", "1f1b", 2)])
@@ -140,14 +145,7 @@ def test_torch_pipelines_with_replicas_reach_eagers_full_batch_step(model: str, 
         got = {as_model[n]: t for n, t in dist.ddp_params.items()}
     else:
         got = {re.sub(r"^stage\d+\.(model\.)?", "", n): t for n, t in dist.ddp_params.items()}
-    full = step.full
-    ref, user, opt = eager_reference(w.module, full.graph, full.input_values)
-    eager_step(ref, user, opt)
-    expected = {n: p.detach() for n, p in ref.named_parameters()}
-    assert set(got) == set(expected)
-    for name, p in expected.items():
-        tol = TOLERANCES[p.dtype]
-        torch.testing.assert_close(got[name], p, atol=tol.atol, rtol=tol.rtol, msg=name)
+    assert_eagers_step(got, w, step)
 
 
 def test_a_cut_inside_a_piece_is_refused() -> None:
