@@ -25,30 +25,22 @@ from schedlab.data_parallel import replica_copies
 from schedlab.errors import SchedlabError
 from schedlab.machine import Machine
 from schedlab.pipeline_expand import NO_ACTION, Pipelined
-from schedlab.plan import PlanError
+from schedlab.plan import PlanError, replica_groups
 
 
 def replica_rows(machine: Machine, rows: tuple[str, ...], replicas: int) -> list[tuple[str, ...]]:
     """Per replica, the device of each schedule row: replica 0's are `rows`, which must lie
     in the machine's first group of len(devices) / `replicas`; replica r's are the devices
     at the same places in the r-th group."""
-    ids = [d.id for d in machine.devices]
-    if replicas < 1:
-        raise PlanError("replicas", f"must be >= 1, got {replicas}")
-    if len(ids) % replicas:
-        raise PlanError(
-            "replicas", f"{replicas} replicas do not divide the {len(ids)} devices of machine {machine.name!r} "
-            f"({', '.join(ids)}); use a divisor of {len(ids)}"
-        )
-    k = len(ids) // replicas
-    group0 = ids[:k]
+    groups = replica_groups(machine, replicas)
+    group0 = groups[0]
     stray = [d for d in rows if d not in group0]
     if stray:
         raise PlanError(
             "pipeline_devices", f"with {replicas} replicas, the schedule's rows run on the first replica's devices "
-            f"({', '.join(group0)}); replica r runs on the r-th group of {k}. Not: {', '.join(stray)}"
+            f"({', '.join(group0)}); replica r runs on the r-th group of {len(group0)}. Not: {', '.join(stray)}"
         )
-    return [tuple(ids[r * k + group0.index(d)] for d in rows) for r in range(replicas)]
+    return [tuple(group[group0.index(d)] for d in rows) for group in groups]
 
 
 def mirrored(settings: dict[str, int], rows: Sequence[tuple[str, ...]]) -> dict[str, int]:

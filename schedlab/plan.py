@@ -556,14 +556,7 @@ def _replica_devices(
     R = plan.replicas
     if R == 1:
         return None
-    if R < 1:
-        raise PlanError("replicas", f"must be >= 1, got {R}")
-    ids = [d.id for d in machine.devices]
-    if len(ids) % R:
-        raise PlanError(
-            "replicas", f"{R} replicas do not divide the {len(ids)} devices of machine {machine.name!r} "
-            f"({', '.join(ids)}); use a divisor of {len(ids)}"
-        )
+    groups = replica_groups(machine, R)
     if graph.meta.get("replicas") != R:
         raise PlanError(
             "replicas", f"the graph was captured for {graph.meta.get('replicas', 1)} replica(s), the plan has {R}: "
@@ -577,16 +570,30 @@ def _replica_devices(
             "statistics of its part of the batch only, which changes results; set split_batch_stats "
             "(`schedlab plan --split-batch-stats`) to accept that"
         )
-    k = len(ids) // R
-    group0 = ids[:k]
+    group0 = groups[0]
     stray = sorted(set(op_device) - set(group0))
     if stray:
         raise PlanError(
             "placement", f"with {R} replicas, place ops on the first replica's devices ({', '.join(group0)}); "
-            f"replica r runs on the r-th group of {k}. Not: {', '.join(stray)}"
+            f"replica r runs on the r-th group of {len(group0)}. Not: {', '.join(stray)}"
         )
     index = {d: j for j, d in enumerate(group0)}
-    return [tuple(ids[r * k + index[d]] for d in op_device) for r in range(R)]
+    return [tuple(groups[r][index[d]] for d in op_device) for r in range(R)]
+
+
+def replica_groups(machine: Machine, replicas: int) -> list[tuple[str, ...]]:
+    """The machine's devices cut into `replicas` equal groups, in order: replica r runs on
+    the r-th. One clear PlanError when they do not divide."""
+    if replicas < 1:
+        raise PlanError("replicas", f"must be >= 1, got {replicas}")
+    ids = [d.id for d in machine.devices]
+    if len(ids) % replicas:
+        raise PlanError(
+            "replicas", f"{replicas} replicas do not divide the {len(ids)} devices of machine {machine.name!r} "
+            f"({', '.join(ids)}); use a divisor of {len(ids)}"
+        )
+    k = len(ids) // replicas
+    return [tuple(ids[r * k : (r + 1) * k]) for r in range(replicas)]
 
 
 def _check_threads(k: int, cores: int, dev_id: str, field_name: str) -> None:
