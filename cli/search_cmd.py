@@ -236,8 +236,8 @@ def _calibrate_micro_batches(args: argparse.Namespace, profile: Any, graph: Any,
     counts: dict[int, list[str]] = {}
     for r, m in shapes:
         counts.setdefault(r, []).append(str(m))
-    named = "; ".join(f"{', '.join(ms)} micro-batches" + ("" if r == 1 else f" of each of {r} replicas")
-                      for r, ms in counts.items())
+    named = "; ".join(f"{', '.join(ms)} micro-batch{'' if ms == ['1'] else 'es'}"
+                      + ("" if r == 1 else f" of each of {r} replicas") for r, ms in counts.items())
     print(f"schedlab search: timing one micro-batch's step of {args.model} for {named}", file=sys.stderr)
     return trace_calibrated(profile, _steps(args), shapes, steps=3)
 

@@ -18,6 +18,7 @@ import math
 import os
 import platform
 import socket
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -316,6 +317,10 @@ def cpu_index(device_id: str) -> int | None:
     return None
 
 
+class SharedCoresWarning(UserWarning):
+    """More local ranks than the host has cores (`host_ranks`)."""
+
+
 def host_ranks(n: int, host: Machine | None = None) -> Machine:
     """This host as `n` local ranks: CPU devices cpu0..cpu{n-1}, one process each, the
     usable cores split between them (at least one core each), and one shared loopback
@@ -326,6 +331,11 @@ def host_ranks(n: int, host: Machine | None = None) -> Machine:
     base = host.default_device
     if n == 1:
         return host
+    if n > base.cores:
+        warnings.warn(SharedCoresWarning(
+            f"{n} ranks on {base.cores} core(s): ranks share cores, which the simulator does not model (it gives "
+            "each rank a core of its own), so its predictions for them come out fast; measured steps are real"
+        ), stacklevel=2)
     cores = max(1, base.cores // n)
     devices = tuple(
         Device(id=f"cpu{i}", kind="cpu", cores=cores, memory_bytes=base.memory_bytes // n, process=i) for i in range(n)
