@@ -8,7 +8,10 @@ the model's layers cannot fill are left out), a micro-batch count (the divisors 
 stage cuts: ``equal`` shares of layers, or ``balanced`` by the cost model's layer times
 (`schedlab.layer_split.balanced_stage_cuts`). Each stage count is the family's own on the
 machine's devices (one stage per device for 1F1B, two for ZBV, ...), one schedule row per
-device. The plan is built by `schedlab.pipeline_plan.with_named_schedule`, so it is the
+device. On 4 or more devices a trial also picks a data-parallel degree R (`replica_counts`:
+each replica's pipeline on len(devices) / R >= 2 devices, `schedlab.pipeline_replicas`),
+with its own micro-batch parameter ``micro_batches_r{R}`` (the counts that split a
+replica's share of the batch); with one degree possible the parameters are as before. The plan is built by `schedlab.pipeline_plan.with_named_schedule`, so it is the
 plan `schedlab plan --schedule ... --micro-batches ... --stage-cuts ...` writes; a
 tessel plan carries the searched actions as its schedule rows (one search per stage cuts
 and micro-batch count, under 1F1B's activation memory, else twice it, else none).
