@@ -35,8 +35,8 @@ _KIND_ALIASES = {"gpu": "cuda"}
 # = 52.5 us + bytes / 2.76 GB/s (fit MAPE 7.2%). A calibrated Profile's link fit replaces
 # it (`calibrate.links.apply_link_fit`).
 LOOPBACK_LATENCY_S = 52.5e-6
-LOOPBACK_LINK = "loopback"  # the name of the links between local ranks, which calibration measures
 LOOPBACK_BW_BYTES_PER_S = 2.76e9
+LOOPBACK_LINK = "loopback"  # the name of the links between local ranks, which calibration measures
 
 
 @dataclass(frozen=True)

@@ -64,14 +64,18 @@ class PipelineStep(PlanStep):
     micro_inputs: tuple[dict[int, torch.Tensor], ...] = ()
     replicas: int = 1
 
+    @property
+    def micro_batches(self) -> int:
+        return len(self.micro_inputs) // self.replicas
+
     @cached_property
     def graph(self) -> Graph:  # type: ignore[override]
-        g = micro_graph(self.parts[0].graph, len(self.micro_inputs) // self.replicas)
+        g = micro_graph(self.parts[0].graph, self.micro_batches)
         return replica_graph(g, self.replicas) if self.replicas > 1 else g
 
     def inputs_for(self, run_graph: Graph) -> dict[int, torch.Tensor]:
         base = {i.name: i.value for i in self.parts[0].graph.inputs}
-        M = len(self.micro_inputs) // self.replicas
+        M = self.micro_batches
         out: dict[int, torch.Tensor] = {}
         for i in run_graph.inputs:
             name, r = replica_of(i.name) if self.replicas > 1 else (i.name, 0)

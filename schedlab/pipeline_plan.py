@@ -33,7 +33,16 @@ from schedlab.pipeline.schedule import n_microbatches_of, orders_from_rows
 from schedlab.pipeline_expand import NO_ACTION, Pipelined, pipeline_graph
 from schedlab.pipeline_replicas import mirrored, replica_rows, replicate_pipeline
 from schedlab.pipeline_stages import split_stages
-from schedlab.plan import Plan, PlanError, ResolvedPlan, check_memory, device_settings, list_schedule, op_threads
+from schedlab.plan import (
+    Plan,
+    PlanError,
+    ResolvedPlan,
+    check_captured_replicas,
+    check_memory,
+    device_settings,
+    list_schedule,
+    op_threads,
+)
 
 
 def plan_devices(plan: Plan, machine: Machine) -> tuple[str, ...]:
@@ -253,13 +262,9 @@ def resolve_pipeline(graph: Graph, plan: Plan, machine: Machine, steps: int = 1)
     devices = plan_devices(plan, machine)
     R = plan.replicas
     rows = replica_rows(machine, devices, R)
-    captured_replicas = int(graph.meta.get("replicas", 1))
-    if captured_replicas != R:
-        raise PlanError(
-            "replicas",
-            f"the graph was captured for {captured_replicas} replica(s), the plan has {R}: capture one replica's "
-            "micro-batch step (schedlab.microbatch.pipeline_step with replicas, as the CLI does)",
-        )
+    check_captured_replicas(
+        graph, R, "one replica's micro-batch step (schedlab.microbatch.pipeline_step with replicas, as the CLI does)"
+    )
     if (M > 1 or R > 1) and uses_batch_stats(graph) and not plan.split_batch_stats:
         part = "micro-batch" if M > 1 else "replica"
         raise PlanError(

@@ -557,11 +557,7 @@ def _replica_devices(
     if R == 1:
         return None
     groups = replica_groups(machine, R)
-    if graph.meta.get("replicas") != R:
-        raise PlanError(
-            "replicas", f"the graph was captured for {graph.meta.get('replicas', 1)} replica(s), the plan has {R}: "
-            "capture the per-replica step (schedlab.data_parallel.split_workload, as the CLI does)"
-        )
+    check_captured_replicas(graph, R, "the per-replica step (schedlab.data_parallel.split_workload, as the CLI does)")
     from schedlab.data_parallel import uses_batch_stats
 
     if uses_batch_stats(graph) and not plan.split_batch_stats:
@@ -579,6 +575,16 @@ def _replica_devices(
         )
     index = {d: j for j, d in enumerate(group0)}
     return [tuple(groups[r][index[d]] for d in op_device) for r in range(R)]
+
+
+def check_captured_replicas(graph: Graph, replicas: int, capture_what: str) -> None:
+    """One clear PlanError when `graph` was captured for another replica count than the
+    plan's; `capture_what` says which step to capture instead."""
+    captured = int(graph.meta.get("replicas", 1))
+    if captured != replicas:
+        raise PlanError(
+            "replicas", f"the graph was captured for {captured} replica(s), the plan has {replicas}: capture {capture_what}"
+        )
 
 
 def replica_groups(machine: Machine, replicas: int) -> list[tuple[str, ...]]:

@@ -53,11 +53,6 @@ def actions_on(r: ResolvedPlan, run: Graph, dev: str) -> list[str]:
     return out
 
 
-def stage_of_value(run: Graph, v: int) -> str:
-    """The stage (its first device in replica 0) whose ops make value v: its producer's device."""
-    return str(run.ops[run.producer[v]].name)
-
-
 def test_each_replica_runs_the_schedule_on_its_group_and_each_stage_is_averaged_over_its_copies() -> None:
     step = step_of("mlp", 2, 2)
     r = resolve(step.graph, hybrid_plan("1f1b", 2, 2), FOUR)
