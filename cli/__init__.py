@@ -63,12 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from schedlab.allocator import tune_malloc
 
     tune_malloc()
-    from schedlab.cli.common import warnings_on_stderr
-    from schedlab.machine import SharedCoresWarning
-
     try:
-        with warnings_on_stderr(SharedCoresWarning, on_error=False):  # beside an error it is noise
-            return int(args.handler(args) or 0)
+        return int(args.handler(args) or 0)
     except SchedlabError as e:
         print(f"schedlab {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -126,26 +126,21 @@ def load_profile(path: str | None, machine_is_host: bool = True):  # type: ignor
 
 
 @contextmanager
-def warnings_on_stderr(*categories: type[Warning], on_error: bool = True) -> Iterator[None]:
+def warnings_on_stderr(*categories: type[Warning]) -> Iterator[None]:
     """Warnings of `categories` raised inside, as one `schedlab: warning: ...` line each on
     stderr (no source line, no traceback; each message once); other warnings pass on as
-    usual. Shown after an error inside too, unless `on_error` is False."""
+    usual. Shown after an error inside too."""
     caught: list[warnings.WarningMessage] = []
     said: set[str] = set()
-    failed = False
     try:
         with warnings.catch_warnings(record=True) as caught:
             for category in categories:
                 warnings.simplefilter("always", category)
-            try:
-                yield
-            except BaseException:
-                failed = True
-                raise
+            yield
     finally:  # an error inside still shows the warnings that came before it
         for w in caught:
             if issubclass(w.category, categories):
-                if str(w.message) not in said and (on_error or not failed):
+                if str(w.message) not in said:
                     said.add(str(w.message))
                     print(f"schedlab: warning: {w.message}", file=sys.stderr)
             else:  # outside catch_warnings: shown (or filtered) as if never caught

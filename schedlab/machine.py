@@ -10,6 +10,13 @@ A *process* is what has one interpreter lock, one worker pool and one ready queu
 of the multi-process executor. Each device names the process that drives it (`process`);
 devices of one process share its lock (a CPU and the GPUs one Python process drives).
 Device kinds are "cpu" and "cuda" ("gpu" is read as "cuda").
+
+A *core pool* is a set of cores that the processes of several CPU devices share, unpinned:
+the ranks of one host that runs more ranks than it has cores. Each such device names its
+pool (`core_pool`), the machine says how many cores each pool has (`core_pools`), and the
+simulator runs the kernels of all of a pool's devices on those cores, processor-shared, as
+the operating system time-slices the ranks' threads. A device in no pool has its `cores` to
+itself.
 """
 
 from __future__ import annotations
@@ -18,8 +25,7 @@ import math
 import os
 import platform
 import socket
-import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +43,7 @@ _KIND_ALIASES = {"gpu": "cuda"}
 LOOPBACK_LATENCY_S = 52.5e-6
 LOOPBACK_BW_BYTES_PER_S = 2.76e9
 LOOPBACK_LINK = "loopback"  # the name of the links between local ranks, which calibration measures
+_HOST_POOL = "host"  # the core pool of local ranks that outnumber the host's cores
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,7 @@ class Device:
     peak_flops: float = 0.0  # device peak, FLOP/s (0: unknown, the Profile decides)
     mem_bw_bytes_per_s: float = 0.0  # device memory bandwidth (0: unknown)
     process: int = 0  # the process (rank) that drives it: one interpreter lock per process
+    core_pool: str = ""  # CPU devices naming the same pool share its cores (Machine.core_pools)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", _KIND_ALIASES.get(self.kind, self.kind))
@@ -86,6 +94,11 @@ class Machine:
     devices: tuple[Device, ...]
     links: tuple[Link, ...] = ()
     host: dict[str, Any] = field(default_factory=dict)  # cpu model, sockets, hostname...
+    core_pools: dict[str, int] = field(default_factory=dict)  # pool name -> cores its devices share
+
+    def pool_cores(self, device: Device) -> int:
+        """The cores `device`'s kernels run on: its pool's, else its own capacity."""
+        return self.core_pools[device.core_pool] if device.core_pool else device.capacity
 
     def device(self, device_id: str) -> Device:
         for d in self.devices:
@@ -119,14 +132,15 @@ class Machine:
         keep = self.devices[:n]
         ids = {d.id for d in keep}
         links = tuple(lk for lk in self.links if lk.src in ids and lk.dst in ids)
-        return Machine(name=f"{self.name}[:{n}]", devices=keep, links=links, host=self.host)
+        pools = {d.core_pool: self.core_pools[d.core_pool] for d in keep if d.core_pool}
+        return replace(self, name=f"{self.name}[:{n}]", devices=keep, links=links, core_pools=pools)
 
     def with_link_fit(self, latency_s: float, bw_bytes_per_s: float, *, name: str = LOOPBACK_LINK) -> Machine:
         """This machine with every link named `name` given a calibrated latency and bandwidth."""
         links = tuple(
             Link(lk.src, lk.dst, bw_bytes_per_s, latency_s, lk.name) if lk.name == name else lk for lk in self.links
         )
-        return Machine(name=self.name, devices=self.devices, links=links, host=self.host)
+        return replace(self, links=links)
 
     @property
     def fingerprint(self) -> dict[str, Any]:
@@ -145,6 +159,7 @@ class Machine:
             "devices": [d.to_json() for d in self.devices],
             "links": [lk.to_json() for lk in self.links],
             "host": self.host,
+            **({"core_pools": self.core_pools} if self.core_pools else {}),
         }
 
     @staticmethod
@@ -172,6 +187,7 @@ class Machine:
                         peak_flops=_number(x, "peak_flops", float, 0.0),
                         mem_bw_bytes_per_s=_number(x, "mem_bw_bytes_per_s", float, 0.0),
                         process=_number(x, "process", int, 0),
+                        core_pool=str(x.get("core_pool", "")),
                     )
                 )
             links = []
@@ -186,8 +202,14 @@ class Machine:
                         name=str(x.get("name", "")),
                     )
                 )
+            where = "core_pools"
+            pools = d.get("core_pools", {})
+            if not isinstance(pools, dict):
+                raise ValueError(f"must map pool names to core counts, got {pools!r}")
+            core_pools = {str(k): _number(pools, k, int) for k in pools}
             where = ""
-            m = Machine(name=str(d["name"]), devices=tuple(devices), links=tuple(links), host=dict(d.get("host", {})))
+            m = Machine(name=str(d["name"]), devices=tuple(devices), links=tuple(links), host=dict(d.get("host", {})),
+                        core_pools=core_pools)
         except (KeyError, TypeError, ValueError) as e:
             detail = f"missing field {e}" if isinstance(e, KeyError) else str(e)
             raise SchedlabError(f"corrupt machine description: {where + ': ' if where else ''}{detail}") from None
@@ -208,6 +230,16 @@ class Machine:
             for key, value, least in (("cores", d.cores, 1), ("streams", d.streams, 1), ("memory_bytes", d.memory_bytes, 1)):
                 if value < least:
                     raise SchedlabError(f"device {d.id}: {key} must be >= {least}, got {value}")
+            if d.core_pool and d.core_pool not in self.core_pools:
+                raise SchedlabError(
+                    f"device {d.id}: core_pool {d.core_pool!r} is not in the machine's core_pools "
+                    f"({', '.join(self.core_pools) or 'none'}); add it with its core count"
+                )
+            if d.core_pool and d.kind != "cpu":
+                raise SchedlabError(f"device {d.id}: only CPU devices share a core pool, not a {d.kind!r} one")
+        for name, cores in self.core_pools.items():
+            if cores < 1:
+                raise SchedlabError(f"core pool {name!r}: cores must be >= 1, got {cores}")
         procs = self.processes
         if procs != tuple(range(len(procs))):
             raise SchedlabError(f"machine {self.name!r}: process ids must be 0..{len(procs) - 1}, got {list(procs)}")
@@ -317,28 +349,23 @@ def cpu_index(device_id: str) -> int | None:
     return None
 
 
-class SharedCoresWarning(UserWarning):
-    """More local ranks than the host has cores (`host_ranks`)."""
-
-
 def host_ranks(n: int, host: Machine | None = None) -> Machine:
     """This host as `n` local ranks: CPU devices cpu0..cpu{n-1}, one process each, the
     usable cores split between them (at least one core each), and one shared loopback
-    wire between every pair (gloo over TCP on one host: transfers contend)."""
+    wire between every pair (gloo over TCP on one host: transfers contend). More ranks than
+    cores: each rank runs one thread, and all of them share the host's cores (one core
+    pool), which the simulator time-slices as the operating system does."""
     host = host or detect_host()
     if n < 1:
         raise SchedlabError(f"--devices must be >= 1, got {n}")
     base = host.default_device
     if n == 1:
         return host
-    if n > base.cores:
-        warnings.warn(SharedCoresWarning(
-            f"{n} ranks on {base.cores} core(s): ranks share cores, which the simulator does not model (it gives "
-            "each rank a core of its own), so its predictions for them come out fast; measured steps are real"
-        ), stacklevel=2)
     cores = max(1, base.cores // n)
+    pool = _HOST_POOL if n > base.cores else ""  # more ranks than cores: they time-share the host's
     devices = tuple(
-        Device(id=f"cpu{i}", kind="cpu", cores=cores, memory_bytes=base.memory_bytes // n, process=i) for i in range(n)
+        Device(id=f"cpu{i}", kind="cpu", cores=cores, memory_bytes=base.memory_bytes // n, process=i, core_pool=pool)
+        for i in range(n)
     )
     links = tuple(
         Link(f"cpu{i}", f"cpu{j}", LOOPBACK_BW_BYTES_PER_S, LOOPBACK_LATENCY_S, name=LOOPBACK_LINK)
@@ -346,7 +373,8 @@ def host_ranks(n: int, host: Machine | None = None) -> Machine:
         for j in range(n)
         if i != j
     )
-    return Machine(name=f"host-{n}ranks", devices=devices, links=links, host={**host.host, "ranks": n})
+    return Machine(name=f"host-{n}ranks", devices=devices, links=links, host={**host.host, "ranks": n},
+                   core_pools={pool: base.cores} if pool else {})
 
 
 def _manycore_68() -> Machine:

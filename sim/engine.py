@@ -138,7 +138,7 @@ class Simulator:
             return None
         for i, d in enumerate(self.machine.devices):
             if d.id == devices[0]:
-                return i if d.kind == "cpu" else None
+                return i if d.kind == "cpu" and not d.core_pool else None
         raise SchedlabError(f"resolved plan places an op on device {devices[0]!r}, not in machine {self.machine.name!r}")
 
     def _flat(self, graph: Graph | None = None) -> FlatStructure:

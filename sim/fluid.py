@@ -24,7 +24,7 @@ calls, gives bit-identical floats in the SimPy engine and in the fast loop.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 # Float slack when deciding that a projected finish time has been reached (µs): far below
 # a nanosecond at any step length a simulation meets, far above float rounding.
@@ -177,6 +177,29 @@ class FluidShare:
             if t < next_at:
                 next_at = t
         self._next_at = next_at
+
+
+class PooledShare(FluidShare):
+    """A FluidShare whose jobs belong to groups (the devices of a core pool, their jobs keyed
+    by op), with the busy capacity also kept per group: `busy_by_group[g]` integrates the
+    capacity group g's jobs hold, so the groups' figures sum to `busy_unit_us`."""
+
+    __slots__ = ("_group_of", "busy_by_group")
+
+    def __init__(self, capacity: int, slowdown: SlowdownFn | None, group_of: Sequence[int], n_groups: int) -> None:
+        super().__init__(capacity, slowdown)
+        self._group_of = group_of
+        self.busy_by_group = [0.0] * n_groups
+
+    def _advance(self, now_us: float) -> list[int]:
+        dt = now_us - self._last_us
+        if dt > 0.0:
+            td = self._total_demand
+            share = 1.0 if td <= self.capacity else self.capacity / td
+            busy, group_of = self.busy_by_group, self._group_of
+            for key, demand in zip(self._keys, self._demands, strict=True):
+                busy[group_of[key]] += demand * share * dt
+        return super()._advance(now_us)
 
 
 _NONE: list[int] = []  # shared empty result; callers only iterate it

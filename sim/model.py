@@ -87,7 +87,7 @@ from simpy.resources.resource import Request
 from schedlab.errors import SchedlabError
 from schedlab.machine import Machine
 from schedlab.sim.comm import RECV_TRACK, SEND_TRACK, CommOpCost, Role
-from schedlab.sim.fluid import FluidShare
+from schedlab.sim.fluid import FluidShare, PooledShare
 from schedlab.sim.interconnect import Network
 from schedlab.sim.memory import MemoryTracker
 from schedlab.sim.prepare import PINNED, Prepared, Structure
@@ -125,10 +125,7 @@ class _SimpyRun:
     def __init__(self, prep: Prepared, machine: Machine) -> None:
         self.prep = prep
         self.env = env = simpy.Environment()
-        self.servers = [
-            SimServer(env, FluidShare(cap, prep.slowdown[d], max_jobs=cap if prep.device_is_gpu[d] else None))
-            for d, cap in enumerate(prep.capacity)
-        ]
+        self.servers = _servers(env, prep)
         self.network = Network(env, machine)
         self.st = st = prep.structure
         self.comm = st.comm
@@ -588,8 +585,34 @@ def _check_bucket_order(in_sequence: list[list[int]], st: Structure, device_ids:
             last[spec.group] = spec.bucket
 
 
+def _servers(env: simpy.Environment, prep: Prepared) -> list[SimServer]:
+    """Per device, the server its kernels run on: its own cores (or streams), or the one
+    server of the core pool it shares with other devices' processes (the pool's cores,
+    processor-shared by every member's kernels, each slowed by its own device's co-run rule)."""
+    op_device, slowdown = prep.structure.op_device, prep.slowdown
+    n_dev = len(prep.device_ids)
+    pools: dict[int, SimServer] = {}
+
+    def pooled(op: int, busy_others: int) -> float:  # each op as its own device's co-run rule says
+        return slowdown[op_device[op]](op, busy_others)
+
+    out = []
+    for d, cap in enumerate(prep.capacity):
+        p = prep.core_pool[d] if prep.core_pool else -1
+        if p < 0:
+            out.append(SimServer(env, FluidShare(cap, prep.slowdown[d], max_jobs=cap if prep.device_is_gpu[d] else None)))
+            continue
+        if p not in pools:
+            pools[p] = SimServer(env, PooledShare(cap, pooled, op_device, n_dev))
+        out.append(pools[p])
+    return out
+
+
 def run_simpy(prep: Prepared, machine: Machine) -> tuple[Timeline, MemoryTracker, list[float]]:
     """Simulate one step with the general SimPy model. Returns times, memory, busy unit-µs per device."""
     r = _SimpyRun(prep, machine)
     r.run()
-    return r.tl, r.mem, [s.fluid.busy_unit_us for s in r.servers]
+    return r.tl, r.mem, [
+        s.fluid.busy_by_group[d] if isinstance(s.fluid, PooledShare) else s.fluid.busy_unit_us
+        for d, s in enumerate(r.servers)
+    ]

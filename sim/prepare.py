@@ -91,7 +91,7 @@ class Prepared:
 
     device_ids: tuple[str, ...]
     device_is_gpu: tuple[bool, ...]
-    capacity: tuple[int, ...]  # cores (cpu) or streams (gpu)
+    capacity: tuple[int, ...]  # cores (cpu) or streams (gpu); a pooled device's: its pool's
     memory_bytes: tuple[int, ...]
     device_process: tuple[int, ...]  # the process (rank) that drives each device
     device_slots: tuple[int, ...]  # co-run slots (workers) of each device
@@ -113,6 +113,11 @@ class Prepared:
     # CPU, its cold cost), else None
     comm_costs: tuple[CommOpCost | None, ...] = ()
     cost_sources: tuple[str, ...] = ()  # per device that runs ops: which model costs its kernels (sim.device_cost)
+    core_pool: tuple[int, ...] = ()  # per device: the index of the core pool it shares (Machine.core_pools), or -1
+
+    def pooled(self, device: int) -> bool:
+        """Whether `device` shares a core pool with other devices' processes."""
+        return bool(self.core_pool) and self.core_pool[device] >= 0
 
     @property
     def n_ops(self) -> int:
@@ -123,7 +128,8 @@ class Prepared:
         """All ops on one CPU device and no transfers: the fast loop applies."""
         st = self.structure
         devs = set(st.op_device)
-        return not st.transfers and st.comm is None and len(devs) <= 1 and not any(self.device_is_gpu[d] for d in devs)
+        return (not st.transfers and st.comm is None and len(devs) <= 1
+                and not any(self.device_is_gpu[d] or self.pooled(d) for d in devs))
 
 
 def op_devices(resolved: ResolvedPlan, machine: Machine) -> tuple[int, ...]:
@@ -156,7 +162,8 @@ def prepare(
                                     tuple(d.id for d in machine.devices))
     op_device = structure.op_device
     is_gpu = tuple(d.is_gpu for d in machine.devices)
-    capacity = tuple(d.capacity for d in machine.devices)
+    capacity = tuple(machine.pool_cores(d) for d in machine.devices)
+    pools = list(machine.core_pools)
     threads = list(resolved.threads)
     if dispatch_us is None:
         dispatch_us = [float(cost.dispatch_us(op)) for op in ops]
@@ -195,6 +202,7 @@ def prepare(
         done_kernel_us=done_kernel_us,
         comm_costs=comm_costs,
         cost_sources=tuple(cost_source(cost, d) if i in used else "" for i, d in enumerate(machine.devices)),
+        core_pool=tuple(pools.index(d.core_pool) if d.core_pool else -1 for d in machine.devices),
     )
 
 
@@ -416,12 +424,13 @@ def build_structure(
 def slowdown_fns(
     graph: Graph, machine: Machine, cost: CostModel, memo: bool = False
 ) -> tuple[Callable[[int, int], float], ...]:
-    """Per device: (op id, busy units of the others) -> co-run slowdown.
+    """Per device: (op id, busy units of the others) -> co-run slowdown, on the cores its
+    kernels run on (a pooled device's: its pool's).
 
     A FluidShare memoises within one run; `memo` keeps the values across runs too, for a
     Simulator that simulates many plans with one cost model.
     """
-    return tuple(_slowdown_fn(graph, device_corun(cost, d), d.capacity, memo) for d in machine.devices)
+    return tuple(_slowdown_fn(graph, device_corun(cost, d), machine.pool_cores(d), memo) for d in machine.devices)
 
 
 def _slowdown_fn(

@@ -5,8 +5,6 @@ the simulator prices the all-reduces, and bad plans get one clear error."""
 from __future__ import annotations
 
 import dataclasses
-import warnings
-from pathlib import Path
 
 import pytest
 
@@ -15,7 +13,7 @@ from schedlab.data_parallel import PlanStep
 from schedlab.distribute import ALL_REDUCE
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, OpKind, OutputRole
-from schedlab.machine import Device, Machine, host_ranks, usable_cores
+from schedlab.machine import Device, Machine, host_ranks
 from schedlab.microbatch import PipelineStep, pipeline_step
 from schedlab.pipeline.generators import parse_name
 from schedlab.plan import Plan, PlanError, ResolvedPlan, resolve
@@ -150,20 +148,3 @@ def test_bad_pipeline_plans_with_replicas_give_one_clear_error(plan: Plan, msg: 
 def test_a_batch_the_replicas_micro_batches_do_not_divide_says_both_counts() -> None:
     with pytest.raises(SchedlabError, match="batch must divide by 2 x 3"):
         pipeline_step(load_workload("mlp", "tiny"), 3, lambda w: capture(w, "sgd"), replicas=2)
-
-
-def test_more_ranks_than_cores_is_said_once(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from schedlab.cli import main
-    from schedlab.machine import SharedCoresWarning
-
-    two_cores = Machine("two-cores", (Device("cpu0", "cpu", 2, 8 * 2**30),))
-    with pytest.warns(SharedCoresWarning, match="4 ranks on 2 core"):
-        host_ranks(4, two_cores)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", SharedCoresWarning)
-        host_ranks(2, two_cores)  # a core each: nothing to say
-    plan = tmp_path / "p.json"
-    more = usable_cores() + 1
-    assert main(["plan", "mlp", "--size", "tiny", "--devices", str(more), "--threads", "1", "-o", str(plan)]) == 0
-    err = capsys.readouterr().err
-    assert err.count("ranks share cores") == 1, err
