@@ -25,6 +25,13 @@ The model (time unit: microseconds):
   stretched by total_threads/cores; each kernel is further slowed by
   `cost.corun_slowdown(op, busy cores of the others, cores)`. The worker waits for its
   kernel (ATen releases the lock, so kernels of different workers overlap).
+- **Core pools.** CPU devices whose processes share a machine's core pool (more local
+  ranks than cores: `Machine.core_pools`) run their kernels on one server of the pool's
+  cores instead, processor-shared across the ranks as the operating system time-slices
+  them (a rank that idles leaves its share to the others), each kernel slowed by the
+  co-run rule of its own device at the pool's size. Their processes' Python time under
+  the lock (dispatch, posting, waits' done parts) runs there too, as one-core jobs that
+  no co-run rule slows: the interpreter needs a core as much as a kernel thread does.
 - **GPU kernels.** The worker dispatches on the host (holding the lock), launches the
   kernel and is free again; the kernel runs on one of the device's `streams` (a kernel
   queues FIFO when all are busy; co-running kernels slow each other through
@@ -126,6 +133,12 @@ class _SimpyRun:
         self.prep = prep
         self.env = env = simpy.Environment()
         self.servers = _servers(env, prep)
+        n_procs = max(prep.device_process, default=0) + 1
+        # per process: the pool server its Python time runs on (its pooled CPU device's), or None
+        self.host_server: list[SimServer | None] = [None] * n_procs
+        for d, server in enumerate(self.servers):
+            if prep.pooled(d):
+                self.host_server[prep.device_process[d]] = server
         self.network = Network(env, machine)
         self.st = st = prep.structure
         self.comm = st.comm
@@ -154,7 +167,6 @@ class _SimpyRun:
                 for k in range(prep.device_slots[d]):
                     self.worker_dev.append(d)
                     self.worker_slot.append(k)
-        n_procs = max(prep.device_process, default=0) + 1
         self.procs = [
             _Process(env, [d for d in used if prep.device_process[d] == p and not self.walks[d]]) for p in range(n_procs)
         ]
@@ -223,7 +235,7 @@ class _SimpyRun:
             if o is None:
                 lock.release(req)
                 continue
-            yield env.timeout(prep.dispatch_us[o])
+            yield self._host(d, prep.dispatch_us[o])
             lock.release(req)
             if role is not None and role[o] is Role.SEND:
                 self.tl.worker[o] = SEND_TRACK
@@ -266,7 +278,7 @@ class _SimpyRun:
                         yield self._arrival_event(o)
                         waited_us = self.env.now - t0
                 if prep.done_us[o] > 0.0:  # its wait, once the data is there
-                    yield from self._hold(lock, prep.done_us[o])
+                    yield from self._hold(lock, d, prep.done_us[o])
                 self._complete(o)
                 yield from self._cold(o, waited_us, lock)
                 continue
@@ -281,7 +293,7 @@ class _SimpyRun:
                 yield from self._issue_reduce(o, lock)
                 issued.append(o)
                 continue
-            yield from self._hold(lock, prep.dispatch_us[o], o, 0 if r is Role.COMPUTE else SEND_TRACK)
+            yield from self._hold(lock, d, prep.dispatch_us[o], o, 0 if r is Role.COMPUTE else SEND_TRACK)
             if r is Role.SEND:
                 self._send(o)
                 yield from self._cold(o, 0.0, lock)
@@ -304,7 +316,7 @@ class _SimpyRun:
         if c is not None and not self.prep.device_is_gpu[self.st.op_device[o]]:
             cold_us = c.cold_us(waited_us)
             if cold_us > 0.0:
-                yield from self._hold(lock, cold_us)
+                yield from self._hold(lock, self.st.op_device[o], cold_us)
 
     def _measured(self, o: int) -> CommOpCost | None:
         """COMM op `o`'s cost as the cost model measured it (`Prepared.comm_costs`), if it did."""
@@ -323,7 +335,7 @@ class _SimpyRun:
                 if not self.arrived[o]:
                     yield self._arrival_event(o)
                 if self.prep.done_us[o] > 0.0:  # its wait, once the data is there
-                    yield from self._hold(lock, self.prep.done_us[o])
+                    yield from self._hold(lock, d, self.prep.done_us[o])
                 self._complete(o)
             elif r is Role.ALL_REDUCE:
                 if self.pending[o]:
@@ -332,20 +344,32 @@ class _SimpyRun:
                 yield from self._finish_reduce(o, lock)
 
     def _hold(
-        self, lock: simpy.Resource | None, dur_us: float, begin: int = -1, track: int = 0
+        self, lock: simpy.Resource | None, d: int, dur_us: float, begin: int = -1, track: int = 0
     ) -> Generator[simpy.Event, Any, None]:
-        """Hold `lock` (None: uncontended) for `dur_us`; op `begin` (if any) starts once it is held."""
+        """Hold `lock` (None: uncontended) for `dur_us` of device `d`'s process's Python time;
+        op `begin` (if any) starts once it is held."""
         if lock is None:
             if begin >= 0:
                 self._begin(begin, track)
-            yield self.env.timeout(dur_us)
+            yield self._host(d, dur_us)
             return
         req = lock.request()
         yield req
         if begin >= 0:
             self._begin(begin, track)
-        yield self.env.timeout(dur_us)
+        yield self._host(d, dur_us)
         lock.release(req)
+
+    def _host(self, d: int, dur_us: float) -> simpy.Event:
+        """`dur_us` of Python time of device `d`'s process, under its lock: a wait, or, where
+        its process shares a core pool, a one-core job on the pool (the interpreter needs a
+        core as much as a kernel thread does). One process holds its lock at a time, so it
+        runs one such job at a time, keyed by its process."""
+        p = self.prep.device_process[d]
+        server = self.host_server[p]
+        if server is None or dur_us <= 0.0:
+            return self.env.timeout(dur_us)
+        return server.run(self.prep.n_ops + p, 1, dur_us)
 
     def _post_through(self, d: int, j: int, lock: simpy.Resource | None) -> Generator[simpy.Event, Any, None]:
         """Post device `d`'s receives recvs_of[d][..j] not posted yet, in order: each holds the
@@ -354,7 +378,7 @@ class _SimpyRun:
         while self.n_posted[d] <= j:
             r = recvs[self.n_posted[d]]
             self.n_posted[d] += 1
-            yield from self._hold(lock, self.prep.dispatch_us[r])
+            yield from self._hold(lock, d, self.prep.dispatch_us[r])
             self.mem.alloc(d, self.st.alloc_bytes[r])
             self.posted[r] = True
             ev = self.when_posted.pop(r, None)
@@ -365,7 +389,7 @@ class _SimpyRun:
         """Issue all-reduce `a`: dispatch under the lock, flatten its bucket (a kernel)."""
         prep, st = self.prep, self.st
         d = st.op_device[a]
-        yield from self._hold(lock, prep.dispatch_us[a], a, RECV_TRACK)
+        yield from self._hold(lock, d, prep.dispatch_us[a], a, RECV_TRACK)
         self.mem.alloc(d, st.alloc_bytes[a])  # the flat buffer; its outputs are views of it
         if prep.kernel_us[a] > 0.0:
             yield self.servers[d].run(a, prep.demand[a], prep.kernel_us[a])
@@ -382,7 +406,7 @@ class _SimpyRun:
             t0 = self.env.now
             yield self._arrival_event(a)
             waited_us = self.env.now - t0
-        yield from self._hold(lock, prep.done_us[a])
+        yield from self._hold(lock, self.st.op_device[a], prep.done_us[a])
         if prep.done_kernel_us[a] > 0.0:
             yield self.servers[self.st.op_device[a]].run(a, prep.demand[a], prep.done_kernel_us[a])
         self._complete(a)
@@ -589,12 +613,15 @@ def _servers(env: simpy.Environment, prep: Prepared) -> list[SimServer]:
     """Per device, the server its kernels run on: its own cores (or streams), or the one
     server of the core pool it shares with other devices' processes (the pool's cores,
     processor-shared by every member's kernels, each slowed by its own device's co-run rule)."""
-    op_device, slowdown = prep.structure.op_device, prep.slowdown
+    op_device, slowdown, n = prep.structure.op_device, prep.slowdown, prep.n_ops
     n_dev = len(prep.device_ids)
     pools: dict[int, SimServer] = {}
+    # Jobs keyed by op (kernels), or n + process (Python time, `_SimpyRun._host`), whose
+    # busy time is kept apart from the devices' (group n_dev).
+    group_of = list(op_device) + [n_dev] * (max(prep.device_process, default=0) + 1)
 
-    def pooled(op: int, busy_others: int) -> float:  # each op as its own device's co-run rule says
-        return slowdown[op_device[op]](op, busy_others)
+    def pooled(key: int, busy_others: int) -> float:  # a kernel as its own device's co-run rule says
+        return slowdown[op_device[key]](key, busy_others) if key < n else 1.0
 
     out = []
     for d, cap in enumerate(prep.capacity):
@@ -603,7 +630,7 @@ def _servers(env: simpy.Environment, prep: Prepared) -> list[SimServer]:
             out.append(SimServer(env, FluidShare(cap, prep.slowdown[d], max_jobs=cap if prep.device_is_gpu[d] else None)))
             continue
         if p not in pools:
-            pools[p] = SimServer(env, PooledShare(cap, pooled, op_device, n_dev))
+            pools[p] = SimServer(env, PooledShare(cap, pooled, group_of, n_dev + 1))
         out.append(pools[p])
     return out
 

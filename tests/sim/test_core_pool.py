@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -13,7 +14,8 @@ from schedlab.machine import Device, Machine, host_ranks
 from schedlab.plan import Plan, ResolvedPlan, resolve
 from schedlab.sim import simulate
 from schedlab.sim.fluid import PooledShare
-from schedlab.sim.testing import GraphBuilder, TableCost, place
+from schedlab.sim.testing import GraphBuilder, TableCost, place, random_cost
+from tests.conftest import captured_workload
 
 KERNEL_US = 100.0
 TWO_CORES = Machine("two-cores", (Device("cpu0", "cpu", 2, 8 * 2**30),))
@@ -68,6 +70,37 @@ def test_each_ranks_busy_core_time_is_its_own_work() -> None:
     g, device = chains((3, 3, 1, 1))
     res = simulate(g, placed(g, device, m), m, TableCost(default_kernel_us=KERNEL_US))
     assert res.busy_core_s == pytest.approx({"cpu0": 300e-6, "cpu1": 300e-6, "cpu2": 100e-6, "cpu3": 100e-6})
+
+
+def test_the_ranks_python_time_needs_the_pools_cores_too() -> None:
+    # 100 us of dispatch then a 100 us kernel per op, on four ranks: alone, 200 us; on
+    # two cores the four dispatches share them (200 us), then the four kernels (200 us).
+    m = four_ranks(2)
+    g, device = chains((1, 1, 1, 1))
+    cost = TableCost(default_kernel_us=KERNEL_US, dispatch=100.0)
+    res = simulate(g, placed(g, device, m), m, cost)
+    assert res.step_time_s * 1e6 == pytest.approx(400.0)
+    assert res.busy_core_s == pytest.approx({f"cpu{i}": 100e-6 for i in range(4)})  # kernels only
+    alone = four_ranks(None)
+    assert simulate(g, placed(g, device, alone), alone, cost).step_time_s * 1e6 == pytest.approx(200.0)
+
+
+def test_data_parallel_ranks_on_a_pool_never_do_more_than_its_cores_worth_of_work() -> None:
+    from schedlab.data_parallel import replica_graph
+
+    g = replica_graph(captured_workload("mlp")[1].graph, 4)  # type: ignore[attr-defined]
+    pooled = host_ranks(4, TWO_CORES)
+    free = dataclasses.replace(
+        pooled, devices=tuple(dataclasses.replace(d, core_pool="") for d in pooled.devices), core_pools={}
+    )
+    steps_us, work_us = {}, {}
+    for label, m in (("pooled", pooled), ("free", free)):
+        res = simulate(g, resolve(g, Plan(replicas=4, bucket_mb=0.002, order="w-last"), m), m, random_cost(2))
+        assert res.engine == "simpy" and res.collective_count > 1
+        steps_us[label], work_us[label] = res.step_time_s * 1e6, sum(res.busy_core_s.values()) * 1e6
+    assert steps_us["pooled"] >= work_us["pooled"] / 2  # two cores' worth at most
+    assert steps_us["free"] < work_us["free"] / 2  # four ranks of a core each do more
+    assert steps_us["pooled"] > 1.5 * steps_us["free"]
 
 
 def test_co_run_slowdown_sees_the_other_ranks_on_the_pools_cores() -> None:
