@@ -358,6 +358,12 @@ def joined_traces(runs: Sequence[Trace]) -> Trace:
     return Trace(tuple(events), {**runs[0].meta, "joined_runs": len(runs)})
 
 
+def ranks_machine(devices: int, profile: Profile) -> Machine:
+    """This host as `devices` local ranks, its links as `profile` fitted them: what the
+    spread is measured on and predicted for."""
+    return apply_link_fit(host_ranks(devices), profile)
+
+
 def rank_fidelity(
     workload: str,
     step_of: StepOf,
@@ -378,7 +384,7 @@ def rank_fidelity(
     unknown = set(methods) - {PROFILE_ONLY, TRACE_CALIBRATED}
     if unknown or not methods:
         raise SchedlabError(f"methods must be among {PROFILE_ONLY}, {TRACE_CALIBRATED}; got {list(methods)}")
-    machine = apply_link_fit(host_ranks(devices), profile)
+    machine = ranks_machine(devices, profile)
     cases = rank_cases(workload, step_of, specs, machine, op_cost_us(profile))
     shapes = step_shapes([c.spec for c in cases], devices)
     traces: CalibrationTraces = {}

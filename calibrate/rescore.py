@@ -1,11 +1,13 @@
-"""Held-out fidelity re-scored: saved measurements predicted again, the executor not run.
+"""Fidelity re-scored: saved measurements predicted again, the executor not run.
 
-Comparing two profiles (or two versions of the simulator) by running `schedlab fidelity
---held-out` once with each mixes the machine's drift between the runs into the
-comparison: on the 2-core development VM the same held-out plan measured 0.8-1.8x apart
-in clean runs minutes apart (per model, the medians 1.0-1.33x apart). Re-scoring predicts
-the plans of one or more saved held-out results files from a profile, against the median
-of their measured times, so every profile is scored on the same measurements.
+Comparing two profiles (or two versions of the simulator) by running `schedlab fidelity`
+once with each mixes the machine's drift between the runs into the comparison: on the
+2-core development VM the same held-out plan measured 0.8-1.8x apart in clean runs
+minutes apart (per model, the medians 1.0-1.33x apart). Re-scoring predicts the plans of
+one or more saved results files from a profile, against the median of their measured
+times, so every profile is scored on the same measurements. The files are one-device
+runs (the slots x threads x orders spread, `calibrate.fidelity`) or multi-rank ones
+(`--devices N`, the spread of `calibrate.rank_fidelity` on N local ranks), all alike.
 
 It also says how far each run is from that median (`run_spread`: the MAPE that a
 simulator predicting the median exactly would score against that one run), the floor
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,14 +36,16 @@ from schedlab.calibrate.fidelity import (
     resolve_all,
 )
 from schedlab.calibrate.profile import Profile
+from schedlab.calibrate.rank_fidelity import StepOf, rank_cases, rank_plan_spread
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
 from schedlab.machine import Machine
+from schedlab.plan import ResolvedPlan
 
 
 @dataclass(frozen=True)
 class SavedRuns:
-    """The measured step times of held-out results files: per (workload, plan), one per file."""
+    """The measured step times of fidelity results files: per (workload, plan), one per file."""
 
     paths: tuple[str, ...]
     size: str
@@ -49,49 +53,50 @@ class SavedRuns:
     cores: int
     times_s: dict[tuple[str, str], tuple[float, ...]]  # in file order; plans every file measured
     conditions: dict[str, Any] = field(default_factory=dict)  # the first file's machine, versions, steps per plan
+    devices: int = 1  # local ranks the plans ran on (1: the one-device spread)
+    set_name: str = "held-out"  # "held-out" or "built-in" models
 
     def workloads(self) -> list[str]:
         return list(dict.fromkeys(w for w, _ in self.times_s))
 
 
 def load_runs(paths: Sequence[str | Path]) -> SavedRuns:
-    """Read held-out results files (`schedlab fidelity --held-out` output) measured under the
-    same conditions; the plans every file measured are kept."""
+    """Read fidelity results files (`schedlab fidelity` output, one-device or `--devices N`)
+    measured under the same conditions; the plans every file measured are kept."""
     if not paths:
-        raise SchedlabError("give at least one held-out results file to re-score")
+        raise SchedlabError("give at least one fidelity results file to re-score")
     per_file: list[dict[tuple[str, str], float]] = []
-    conds: set[tuple[str, str, int]] = set()
+    conds: set[tuple[str, str, str, int, int]] = set()
     first: dict[str, Any] = {}
     for path in paths:
         d = _read(Path(path))
         first = first or {k: d[k] for k in ("machine", "versions", "steps_per_plan") if k in d}
-        conds.add((str(d["size"]), str(d["optimizer"]), int(d["cores"])))
+        conds.add((str(d["set"]), str(d["size"]), str(d["optimizer"]), int(d["cores"]), int(d.get("devices") or 1)))
         times: dict[tuple[str, str], float] = {}
         for row in d["plans"]:
-            if row.get("method") != PROFILE_ONLY:
-                continue  # each plan's measurement is in both methods' rows
             try:
                 key, t = (str(row["workload"]), str(row["plan"])), float(row["measured_s"])
             except (KeyError, TypeError, ValueError) as e:
                 raise SchedlabError(f"{path}: a plan row lacks workload, plan or measured_s ({e})") from e
             if not t > 0:
                 raise SchedlabError(f"{path}: plan {key[0]}/{key[1]} has measured_s {t}; it must be > 0")
-            times[key] = t
+            times.setdefault(key, t)  # a plan's one measurement is in every method's row
         if not times:
-            raise SchedlabError(f"{path}: no profile-only plan rows; is it a `schedlab fidelity --held-out` results file?")
+            raise SchedlabError(f"{path}: no plan rows; is it a `schedlab fidelity` results file?")
         per_file.append(times)
     if len(conds) > 1:
         raise SchedlabError(
-            "the results files were measured under different conditions (size, optimizer, cores): "
-            + "; ".join(f"{s}/{o}/{c} cores" for s, o, c in sorted(conds))
+            "the results files were measured under different conditions (models, size, optimizer, cores, ranks): "
+            + "; ".join(f"{m}/{s}/{o}/{c} cores/{n} rank(s)" for m, s, o, c, n in sorted(conds))
         )
     common = [k for k in per_file[0] if all(k in f for f in per_file[1:])]
     if not common:
         raise SchedlabError("the results files share no measured plan")
-    (size, optimizer, cores), = conds
+    (set_name, size, optimizer, cores, devices), = conds
     return SavedRuns(
         paths=tuple(str(p) for p in paths), size=size, optimizer=optimizer, cores=cores,
         times_s={k: tuple(f[k] for f in per_file) for k in common}, conditions=first,
+        devices=devices, set_name=set_name,
     )
 
 
@@ -102,41 +107,83 @@ def _read(path: Path) -> dict[str, Any]:
         raise SchedlabError(f"no results file {path}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SchedlabError(f"{path} is not a readable JSON results file: {e}") from e
-    if not isinstance(d, dict) or d.get("set") != "held-out":
-        raise SchedlabError(f"{path} is not a held-out fidelity results file (its 'set' is not 'held-out'); "
-                            "write one with `schedlab fidelity --held-out`")
+    if not isinstance(d, dict) or d.get("set") not in ("held-out", "built-in") or d.get("rescored"):
+        raise SchedlabError(f"{path} is not a fidelity results file of measured runs (its 'set' is not 'held-out' "
+                            "or 'built-in', or it is a re-scored one); write one with `schedlab fidelity`")
+    if d.get("backend", "torch") != "torch":
+        raise SchedlabError(f"{path} measured the {d['backend']} backend; re-scoring predicts schedlab's executor")
     missing = [k for k in ("size", "optimizer", "cores", "plans") if k not in d]
     if missing or not isinstance(d["plans"], list):
-        raise SchedlabError(f"{path}: a held-out results file needs {', '.join(missing) or 'a list of plans'}")
+        raise SchedlabError(f"{path}: a fidelity results file needs {', '.join(missing) or 'a list of plans'}")
     return d
 
 
-def rescore(
-    runs: SavedRuns, profile: Profile, machine: Machine, capture: Callable[[str], Graph]
-) -> dict[str, Any]:
-    """Profile-only predictions of every saved plan from `profile`, scored against the
-    median measured time; the spread of each run around that median. `capture(workload)`
-    gives the workload's graph at the runs' size and optimizer. Plain JSON."""
-    if machine.default_device.cores != runs.cores:
+@dataclass(frozen=True)
+class SavedPlan:
+    """One saved plan made again: its name in the results file, the graph it runs and the
+    plan resolved on the machine that predicts it."""
+
+    name: str
+    graph: Graph
+    resolved: ResolvedPlan
+    kind: str = "one-device"  # or a multi-rank plan's kind (placed, data-parallel, ...)
+
+    @property
+    def ops(self) -> int:
+        return len(self.resolved.run_graph(self.graph).ops)
+
+
+PlansOf = Callable[[str, Collection[str]], list[SavedPlan]]  # (workload, plan names) -> those plans
+
+
+def one_device_plans(capture: Callable[[str], Graph], machine: Machine) -> PlansOf:
+    """The one-device spread (`calibrate.fidelity.plan_spread`) of each workload's graph
+    (`capture(workload)`), resolved on `machine`, the named plans only."""
+    cores = machine.default_device.cores
+
+    def plans(workload: str, names: Collection[str]) -> list[SavedPlan]:
+        graph = capture(workload)
+        named = [(r.plan.name or r.plan.describe(), r) for r in resolve_all(graph, plan_spread(cores), machine)]
+        return [SavedPlan(name, graph, r) for name, r in named if name in names]
+
+    return plans
+
+
+def rank_plans(step_of: Callable[[str], StepOf], machine: Machine, profile: Profile) -> PlansOf:
+    """The multi-rank spread (`calibrate.rank_fidelity.rank_plan_spread`) on `machine`'s local
+    ranks, each plan on the step `step_of(workload)` gives for its replicas and micro-batches."""
+    from schedlab.sim.cost import op_cost_us
+
+    def plans(workload: str, names: Collection[str]) -> list[SavedPlan]:
+        specs = [sp for sp in rank_plan_spread(len(machine.devices)) if sp.name in names]
+        cases = rank_cases(workload, step_of(workload), specs, machine, op_cost_us(profile))
+        return [SavedPlan(c.spec.name, c.graph, c.resolved, c.spec.kind) for c in cases]
+
+    return plans
+
+
+def rescore(runs: SavedRuns, profile: Profile, machine: Machine, plans_of: PlansOf, host_cores: int) -> dict[str, Any]:
+    """Profile-only predictions on `machine` of every saved plan (`plans_of`), scored
+    against the median measured time; the spread of each run around that median. The
+    runs must have been measured on a host of `host_cores` cores, as this one. Plain JSON."""
+    if host_cores != runs.cores:
         raise SchedlabError(f"the runs were measured on {runs.cores} cores and this machine has "
-                            f"{machine.default_device.cores}: their plans are not this machine's spread")
+                            f"{host_cores}: their plans are not this machine's spread")
     models: list[dict[str, Any]] = []
     rows: list[FidelityRow] = []
     spread: list[list[float]] = [[] for _ in runs.paths]  # per run: |median / run - 1| of every plan
     for workload in runs.workloads():
-        graph = capture(workload)
-        named = [(r.plan.name or r.plan.describe(), r) for r in resolve_all(graph, plan_spread(runs.cores), machine)]
-        named = [(name, r) for name, r in named if (workload, name) in runs.times_s]
-        preds = predict(graph, [r for _, r in named], profile, machine)
+        saved = plans_of(workload, {name for w, name in runs.times_s if w == workload})
         mine = []
         own: list[list[float]] = [[] for _ in runs.paths]  # the same, this model's plans
-        for (name, _), pred in zip(named, preds, strict=True):
-            times = runs.times_s[(workload, name)]
+        for plan in saved:
+            (pred,) = predict(plan.graph, [plan.resolved], profile, machine)
+            times = runs.times_s[(workload, plan.name)]
             med = statistics.median(times)
             mine.append(FidelityRow(
-                workload=workload, plan=name, measured_s=med, measured_spread_s=(min(times), max(times)),
+                workload=workload, plan=plan.name, measured_s=med, measured_spread_s=(min(times), max(times)),
                 predicted_s=pred.step_time_s, sim_wall_s=pred.sim_wall_s, sim_cold_s=pred.sim_cold_s,
-                ops=len(graph.ops), in_calibration=False, method=PROFILE_ONLY,
+                ops=plan.ops, in_calibration=False, method=PROFILE_ONLY, plan_kind=plan.kind,
             ))
             for i, t in enumerate(times):
                 own[i].append(abs(med / t - 1.0))
@@ -144,23 +191,24 @@ def rescore(
             spread[i] += xs
         rows += mine
         models.append({
-            "workload": workload, "ops": len(graph.ops), "profile_only": error_summary(mine),
-            "run_spread": [statistics.fmean(x) for x in own],
+            "workload": workload, "ops": len(saved[0].graph.ops) if saved else 0, "profile_only": error_summary(mine),
+            "run_spread": [statistics.fmean(x) if x else 0.0 for x in own],
         })
     return {
-        "set": "held-out",
+        "set": runs.set_name,
         "rescored": True,
         **runs.conditions,
         "runs": list(runs.paths),
         "size": runs.size,
         "optimizer": runs.optimizer,
         "cores": runs.cores,
+        **({"devices": runs.devices} if runs.devices > 1 else {}),
         "note": "profile-only predictions of the saved plans, against the median of their measured step times "
         "over the runs; run_spread: per run, the MAPE of the median against that run's measurements (the error "
         "an exact prediction of the median scores against one run). Errors are fractions: predicted / measured - 1.",
         "overall": {
             "profile_only": overall_summary([r.error for r in rows], [m["profile_only"]["kendall_tau"] for m in models]),
-            "run_spread": [statistics.fmean(s) for s in spread],
+            "run_spread": [statistics.fmean(s) if s else 0.0 for s in spread],
         },
         "models": models,
         "plans": [{**r.__dict__, "error": r.error} for r in rows],

@@ -31,6 +31,7 @@ DEFAULT_RANKS_OUT = TRACES_DIR / "fidelity-ranks.json"
 DEFAULT_HELDOUT_RANKS_OUT = TRACES_DIR / "fidelity-heldout-ranks.json"
 DEFAULT_TF_OUT = TRACES_DIR / "fidelity-tf.json"
 DEFAULT_RESCORED_OUT = TRACES_DIR / "fidelity-heldout-rescored.json"
+DEFAULT_RANKS_RESCORED_OUT = TRACES_DIR / "fidelity-ranks-rescored.json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -99,10 +100,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument(
         "--rescore", action="append", default=[], metavar="RESULTS.json",
-        help="with --held-out: run nothing; predict the plans of saved held-out results files (repeatable) from "
-        "--profile, profile-only, against the median of their measured times, so profiles are compared on the "
-        "same measurements; also prints how far each run is from that median (the floor under a one-run figure); "
-        f"results in {DEFAULT_RESCORED_OUT.name}",
+        help="run nothing; predict the plans of saved results files (repeatable; one-device or --devices N runs, "
+        "built-in or held-out, all alike) from --profile, profile-only, against the median of their measured times, "
+        "so profiles or simulator versions are compared on the same measurements; also prints how far each run is "
+        f"from that median (the floor under a one-run figure); results in {DEFAULT_RESCORED_OUT.name} "
+        f"({DEFAULT_RANKS_RESCORED_OUT.name} for multi-rank runs)",
     )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(handler=run)
@@ -146,9 +148,8 @@ def run(args: argparse.Namespace) -> int:
 
         return run_tf(args, named_models(args))
     if args.rescore:
-        if not args.held_out or args.devices is not None or named_models(args):
-            raise SchedlabError("--rescore re-scores held-out results files as they are: give --held-out, "
-                                "and no models or --devices")
+        if named_models(args) or args.plan_list or args.rounds != 1:
+            raise SchedlabError("--rescore re-scores results files as they are: give no models, --plans or --rounds")
         return run_rescore(args)
     models = chosen_models(args)
     if args.devices is not None:
@@ -334,30 +335,48 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
 
 def run_rescore(args: argparse.Namespace) -> int:
     from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
-    from schedlab.calibrate.rescore import load_runs, rescore
-    from schedlab.cli.common import capture_spec, load_profile
+    from schedlab.calibrate.rank_fidelity import ranks_machine
+    from schedlab.calibrate.rescore import load_runs, one_device_plans, rank_plans, rescore
+    from schedlab.cli.common import capture_spec, load_profile, plan_step_of
     from schedlab.io import check_writable, write_json_atomic
     from schedlab.machine import detect_host
 
-    out = Path(args.out) if args.out else DEFAULT_RESCORED_OUT
+    runs = load_runs(args.rescore)
+    want = "held-out" if args.held_out else None
+    if want and runs.set_name != want:
+        raise SchedlabError(f"--held-out: the results files measured the {runs.set_name} models")
+    if args.devices is not None and args.devices != runs.devices:
+        raise SchedlabError(f"--devices {args.devices}: the results files were measured on {runs.devices} rank(s)")
+    out = Path(args.out) if args.out else (DEFAULT_RESCORED_OUT if runs.devices == 1 else DEFAULT_RANKS_RESCORED_OUT)
     if any(Path(p).resolve() == out.resolve() for p in args.rescore):
         raise SchedlabError(f"--out {out} is one of the results files re-scored; choose another path")
     check_writable(out)
-    runs = load_runs(args.rescore)
     profile = load_profile(args.profile)
-    machine = detect_host()
+    host = detect_host()
+    if runs.devices == 1:
+        machine = host
+        plans = one_device_plans(lambda w: capture_spec(w, runs.size, runs.optimizer)[1].graph, machine)
+    else:
+        machine = ranks_machine(runs.devices, profile)
+
+        def step_of(workload: str) -> Any:
+            return lambda replicas, micro_batches: plan_step_of(
+                workload, runs.size, runs.optimizer, 0, replicas=replicas, cache=True, micro_batches=micro_batches)
+
+        plans = rank_plans(step_of, machine, profile)
     result = {
         "profile": str(args.profile or DEFAULT_PROFILE_PATH),
         "profile_created_unix_s": profile.created_unix_s,
-        **rescore(runs, profile, machine, lambda w: capture_spec(w, runs.size, runs.optimizer)[1].graph),
+        **rescore(runs, profile, machine, plans, host.default_device.cores),
     }
     write_json_atomic(out, result, indent=1)
     if args.json:
         print_json(result)
         return 0
     n = len(runs.paths)
-    print(f"held-out fidelity re-scored: profile {result['profile']}, profile-only, against the median of {n} "
-          f"run(s) (size {runs.size}, {runs.cores} cores)")
+    where = f"{runs.cores} cores" + (f", {runs.devices} ranks" if runs.devices > 1 else "")
+    print(f"{runs.set_name} fidelity re-scored: profile {result['profile']}, profile-only, against the median of {n} "
+          f"run(s) (size {runs.size}, {where})")
     print(f"{'workload':<24}{'ops':>6}{'MAPE':>8}{'worst':>8}{'tau':>7}   run spread (MAPE of the median against each run)")
     for m in result["models"]:
         a = m["profile_only"]

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from schedlab.calibrate.fidelity import PROFILE_ONLY, TRACE_CALIBRATED, plan_spread, predict, resolve_all
-from schedlab.calibrate.rescore import load_runs, rescore
+from schedlab.calibrate.rank_fidelity import rank_cases, rank_plan_spread, ranks_machine
+from schedlab.calibrate.rescore import load_runs, one_device_plans, rank_plans, rescore
 from schedlab.cli import main
 from schedlab.errors import SchedlabError
 from schedlab.machine import detect_host
@@ -43,7 +44,7 @@ def test_each_plan_is_predicted_against_the_median_of_the_runs(tmp_path: Path) -
     runs = load_runs([results_file(tmp_path / "a.json", 1.0), results_file(tmp_path / "b.json", 2.0),
                       results_file(tmp_path / "c.json", 4.0)])
     machine, profile = cpu_machine(2), make_profile()
-    out = rescore(runs, profile, machine, graph_of)
+    out = rescore(runs, profile, machine, one_device_plans(graph_of, machine), 2)
     graph = graph_of(MODEL)
     expected = predict(graph, resolve_all(graph, plan_spread(2), machine), profile, machine)
     assert [p["predicted_s"] for p in out["plans"]] == [e.step_time_s for e in expected]
@@ -65,14 +66,22 @@ def test_bad_results_files_get_one_clear_error(tmp_path: Path) -> None:
     (tmp_path / "corrupt.json").write_text("{ not json")
     with pytest.raises(SchedlabError, match="not a readable JSON"):
         load_runs([tmp_path / "corrupt.json"])
+    with pytest.raises(SchedlabError, match="measured the tensorflow backend"):
+        load_runs([results_file(tmp_path / "tf.json", 1.0, backend="tensorflow")])
+    with pytest.raises(SchedlabError, match="or it is a re-scored one"):
+        load_runs([results_file(tmp_path / "again.json", 1.0, rescored=True)])
     builtin = results_file(tmp_path / "builtin.json", 1.0)
     builtin.write_text(builtin.read_text().replace('"held-out"', '"built-in"'))
-    with pytest.raises(SchedlabError, match="not a held-out fidelity results file"):
-        load_runs([builtin])
+    assert load_runs([builtin]).set_name == "built-in"
+    with pytest.raises(SchedlabError, match="different conditions"):
+        load_runs([good, builtin])
+    with pytest.raises(SchedlabError, match="different conditions"):
+        load_runs([good, results_file(tmp_path / "ranks.json", 1.0, devices=2)])
     with pytest.raises(SchedlabError, match="different conditions"):
         load_runs([good, results_file(tmp_path / "default.json", 1.0, size="default")])
     with pytest.raises(SchedlabError, match="measured on 4 cores"):
-        rescore(load_runs([results_file(tmp_path / "four.json", 1.0, cores=4)]), make_profile(), cpu_machine(2), graph_of)
+        rescore(load_runs([results_file(tmp_path / "four.json", 1.0, cores=4)]), make_profile(), cpu_machine(2),
+                one_device_plans(graph_of, cpu_machine(2)), 2)
     bad = json.loads(good.read_text())
     bad["plans"][0]["measured_s"] = 0
     (tmp_path / "zero.json").write_text(json.dumps(bad))
@@ -96,8 +105,50 @@ def test_cli_rescores_without_running_and_never_overwrites_its_inputs(capsys, tm
     from schedlab.reports.figures.fidelity import load_fidelity
 
     assert load_fidelity(out).runs == 2 and load_fidelity(a).runs == 1
-    assert main(["fidelity", "--rescore", str(a)]) == 2  # needs --held-out
-    assert "--held-out" in capsys.readouterr().err
+    assert main(["fidelity", "--rescore", str(a), "--models", "mlp"]) == 2  # the files say which models
+    assert "give no models" in capsys.readouterr().err
+    assert main(["fidelity", "--rescore", str(a), "--devices", "2", "--profile", str(profile)]) == 2
+    assert "measured on 1 rank(s)" in capsys.readouterr().err
     before = a.read_text()
     assert main(["fidelity", "--held-out", "--rescore", str(a), "--out", str(a), "--profile", str(profile)]) == 2
     assert a.read_text() == before
+
+
+def test_multi_rank_runs_are_rescored_on_the_ranks_they_ran_on(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from schedlab.cli.common import plan_step_of
+    from schedlab.sim.cost import op_cost_us
+
+    specs = [sp for sp in rank_plan_spread(2) if sp.name in ("layers", "dp-b25", "pipe-1f1b-m2")]
+    rows = [{"workload": "mlp", "plan": sp.name, "method": TRACE_CALIBRATED, "measured_s": (i + 1) * 0.01,
+             "predicted_s": 1.0, "plan_kind": sp.kind} for i, sp in enumerate(specs)]
+    cores = detect_host().default_device.cores
+    paths = []
+    for k, scale in enumerate((1.0, 3.0)):
+        scaled = [{**r, "measured_s": r["measured_s"] * scale} for r in rows]
+        paths.append(tmp_path / f"ranks{k}.json")
+        paths[-1].write_text(json.dumps({"set": "built-in", "size": "tiny", "optimizer": "sgd", "cores": cores,
+                                         "devices": 2, "plans": scaled}))
+    profile = make_profile()
+    runs = load_runs(paths)
+    assert (runs.devices, runs.set_name) == (2, "built-in")
+
+    def step_of(workload: str):  # type: ignore[no-untyped-def]
+        return lambda r, m: plan_step_of(workload, "tiny", "sgd", 0, replicas=r, cache=True, micro_batches=m)
+
+    machine = ranks_machine(2, profile)
+    out = rescore(runs, profile, machine, rank_plans(step_of, machine, profile), cores)
+    cases = rank_cases("mlp", step_of("mlp"), specs, machine, op_cost_us(profile))
+    expected = [predict(c.graph, [c.resolved], profile, machine)[0].step_time_s for c in cases]
+    assert [p["predicted_s"] for p in out["plans"]] == expected
+    assert [p["plan_kind"] for p in out["plans"]] == ["placed", "data-parallel", "pipeline"]
+    assert [p["measured_s"] for p in out["plans"]] == pytest.approx([0.02, 0.04, 0.06])  # the median of 1x and 3x
+    assert out["devices"] == 2 and out["overall"]["run_spread"] == pytest.approx([1.0, 1 / 3])
+    saved = profile.save(tmp_path / "profile.json")
+    rescored = tmp_path / "rescored.json"
+    assert main(["fidelity", "--rescore", str(paths[0]), "--rescore", str(paths[1]), "--profile", str(saved),
+                 "--out", str(rescored)]) == 0
+    printed = capsys.readouterr().out
+    assert "built-in fidelity re-scored" in printed and "2 ranks" in printed
+    assert [p["predicted_s"] for p in json.loads(rescored.read_text())["plans"]] == expected
+    assert main(["fidelity", "--held-out", "--rescore", str(paths[0]), "--profile", str(saved)]) == 2
+    assert "measured the built-in models" in capsys.readouterr().err
