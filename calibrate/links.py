@@ -72,7 +72,7 @@ class LinkConfig:
     """What the link benchmark measures and how hard (`quick_link_config` is the short one)."""
 
     sizes: tuple[int, ...] = DEFAULT_SIZES  # bytes, multiples of 4
-    allreduce_ranks: tuple[int, ...] = (2, 3)  # world sizes of the all-reduce sweeps
+    allreduce_ranks: tuple[int, ...] = (2, 3, 4)  # world sizes of the all-reduce sweeps
     target_s: float = 0.15  # timed repetitions of one size, all rounds together
     rounds: int = 3
     timeout_s: float = 120.0  # one world of ranks: start-up, rendezvous and measuring
