@@ -63,7 +63,8 @@ PLACED = "placed"
 DATA_PARALLEL = "data-parallel"
 REVERSE_FIRST_K = "reverse-first-k"
 PIPELINE = "pipeline"
-PLAN_KINDS = (PLACED, DATA_PARALLEL, REVERSE_FIRST_K, PIPELINE)
+HYBRID = "hybrid"  # pipelines with data-parallel replicas (4 or more ranks)
+PLAN_KINDS = (PLACED, DATA_PARALLEL, REVERSE_FIRST_K, PIPELINE, HYBRID)
 ONE_DEVICE = "one-device"  # the plan kind of the one-device spread's rows
 
 
@@ -180,6 +181,7 @@ RANK_PLAN_SPREAD: tuple[RankPlanSpec, ...] = (
     RankPlanSpec(PIPELINE, "pipe-1f1b-m2", schedule="1f1b", micro_batches=2),
     RankPlanSpec(PIPELINE, "pipe-1f1b-m4", schedule="1f1b", micro_batches=4),
     RankPlanSpec(PIPELINE, "pipe-gpipe-m4", schedule="gpipe", micro_batches=4),
+    RankPlanSpec(HYBRID, "pipe-r2-1f1b-m2", schedule="1f1b", micro_batches=2, replicas=2),
 )
 
 

@@ -14,6 +14,7 @@ from schedlab.calibrate.comm_host import host_costs_of
 from schedlab.calibrate.fidelity import PROFILE_ONLY, TRACE_CALIBRATED, FidelityRow, Measurement
 from schedlab.calibrate.rank_fidelity import (
     DATA_PARALLEL,
+    HYBRID,
     PIPELINE,
     PLACED,
     RANK_PLAN_SPREAD,
@@ -42,13 +43,14 @@ from tests.conftest import captured_workload
 
 def test_the_spread_has_every_kind_and_fits_its_devices() -> None:
     kinds = {s.kind for s in RANK_PLAN_SPREAD}
-    assert kinds == {PLACED, DATA_PARALLEL, REVERSE_FIRST_K, PIPELINE}
+    assert kinds == {PLACED, DATA_PARALLEL, REVERSE_FIRST_K, PIPELINE, HYBRID}
     assert len({s.name for s in RANK_PLAN_SPREAD}) == len(RANK_PLAN_SPREAD)
     assert all(s.steps == DEFAULT_STEADY_STEPS for s in RANK_PLAN_SPREAD if s.kind == REVERSE_FIRST_K)
     two = rank_plan_spread(2)
-    assert [s.name for s in two] == [s.name for s in RANK_PLAN_SPREAD]  # all of it fits 2 ranks
+    assert [s.name for s in two] == [s.name for s in RANK_PLAN_SPREAD if s.kind != HYBRID]  # replicas of pipelines: 4+
     four = {s.name for s in rank_plan_spread(4)}
     assert "layers" in four and "dp-b25" in four and "layers-30" not in four  # a cut in two needs 2 per replica
+    assert "pipe-r2-1f1b-m2" in four and "pipe-r2-1f1b-m2" not in {s.name for s in rank_plan_spread(3)}
     assert [s.name for s in rank_plan_spread(2, names=["dp-b1", "layers"])] == ["layers", "dp-b1"]
     with pytest.raises(SchedlabError, match="unknown plans"):
         rank_plan_spread(2, names=["nope"])
@@ -76,6 +78,9 @@ def test_a_pipeline_spec_runs_its_schedule_over_a_replicas_devices() -> None:
     assert plan.split_batch_stats  # a micro-batch's batch norm sees its part only: accepted, it changes no time
     shapes = step_shapes([spec, RankPlanSpec(DATA_PARALLEL, "d", replicas=0), RankPlanSpec(PLACED, "l")], 2)
     assert shapes == [(1, 1), (1, 4), (2, 1)]  # the full step, one micro-batch's, one replica's: each calibrated once
+    hybrid = RankPlanSpec(HYBRID, "h", schedule="1f1b", micro_batches=2, replicas=2)
+    plan = hybrid.plan(c.graph, ["cpu0", "cpu1", "cpu2", "cpu3"], None)
+    assert (plan.replicas, plan.micro_batches, plan.pipeline_devices) == (2, 2, ("cpu0", "cpu1"))
 
 
 def test_pipeline_cases_take_the_micro_batch_step() -> None:
