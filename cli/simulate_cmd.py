@@ -139,7 +139,10 @@ def run(args: argparse.Namespace) -> int:
         comm_ops = sum(1 for op in run_graph.ops if op.kind is OpKind.COMM)
         comm = f", {comm_ops} communication ops" if comm_ops else ""
         seq = f", {steps} steps back to back" if steps > 1 else ""
-        print(f"{args.model}/{args.size} ({len(run_graph)} ops{comm}{seq}) on {machine.name}, plan {plan.describe()}  [simulated]")
+        pools = "".join(f" ({sum(d.core_pool == name for d in machine.devices)} ranks sharing {cores} cores)"
+                        for name, cores in machine.core_pools.items())
+        print(f"{args.model}/{args.size} ({len(run_graph)} ops{comm}{seq}) on {machine.name}{pools}, plan {plan.describe()}"
+              "  [simulated]")
         print(f"  predicted step  {result.step_time_s * 1e3:.2f} ms{' (mean over the steady-state sequence)' if steps > 1 else ''}")
         if len(result.ranks) > 1:
             for r in per_rank:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -155,3 +156,14 @@ def test_a_bad_core_pool_is_one_clear_error(edit: Any, msg: str) -> None:
     edit(d)
     with pytest.raises(SchedlabError, match=msg):
         Machine.from_json(d)
+
+
+def test_simulate_says_when_the_ranks_share_the_hosts_cores(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from schedlab.cli import main
+    from schedlab.machine import usable_cores
+
+    more, plan = usable_cores() + 1, tmp_path / "p.json"
+    assert main(["plan", "mlp", "--size", "tiny", "--devices", str(more), "--placement", "layers", "--threads", "1",
+                 "-o", str(plan)]) == 0
+    assert main(["simulate", "mlp", "--size", "tiny", "--plan", str(plan), "--out", str(tmp_path / "t.json")]) == 0
+    assert f"({more} ranks sharing {usable_cores()} cores)" in capsys.readouterr().out
