@@ -30,8 +30,12 @@ DEFAULT_HELDOUT_OUT = TRACES_DIR / "fidelity-heldout.json"
 DEFAULT_RANKS_OUT = TRACES_DIR / "fidelity-ranks.json"
 DEFAULT_HELDOUT_RANKS_OUT = TRACES_DIR / "fidelity-heldout-ranks.json"
 DEFAULT_TF_OUT = TRACES_DIR / "fidelity-tf.json"
-DEFAULT_RESCORED_OUT = TRACES_DIR / "fidelity-heldout-rescored.json"
-DEFAULT_RANKS_RESCORED_OUT = TRACES_DIR / "fidelity-ranks-rescored.json"
+
+
+def rescored_out(set_name: str, devices: int) -> Path:
+    """Where re-scored runs go by default: the measured file's name (fidelity[-heldout][-ranks])
+    with -rescored."""
+    return TRACES_DIR / f"fidelity{'-heldout' if set_name == 'held-out' else ''}{'-ranks' if devices > 1 else ''}-rescored.json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -103,8 +107,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="run nothing; predict the plans of saved results files (repeatable; one-device or --devices N runs, "
         "built-in or held-out, all alike) from --profile, profile-only, against the median of their measured times, "
         "so profiles or simulator versions are compared on the same measurements; also prints how far each run is "
-        f"from that median (the floor under a one-run figure); results in {DEFAULT_RESCORED_OUT.name} "
-        f"({DEFAULT_RANKS_RESCORED_OUT.name} for multi-rank runs)",
+        "from that median (the floor under a one-run figure); results in the traces folder, named after the files "
+        "re-scored: fidelity[-heldout][-ranks]-rescored.json",
     )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(handler=run)
@@ -347,7 +351,7 @@ def run_rescore(args: argparse.Namespace) -> int:
         raise SchedlabError(f"--held-out: the results files measured the {runs.set_name} models")
     if args.devices is not None and args.devices != runs.devices:
         raise SchedlabError(f"--devices {args.devices}: the results files were measured on {runs.devices} rank(s)")
-    out = Path(args.out) if args.out else (DEFAULT_RESCORED_OUT if runs.devices == 1 else DEFAULT_RANKS_RESCORED_OUT)
+    out = Path(args.out) if args.out else rescored_out(runs.set_name, runs.devices)
     if any(Path(p).resolve() == out.resolve() for p in args.rescore):
         raise SchedlabError(f"--out {out} is one of the results files re-scored; choose another path")
     check_writable(out)
