@@ -13,7 +13,10 @@ Failures stop every rank and raise one `SchedlabError`:
   step and the end of its log; the other ranks are killed at once;
 - a hang: when no unfinished rank has begun anything new (start-up, rendezvous, a step)
   for `timeout_s`, the error names the ranks that had not finished, what each was doing
-  and where (a Python stack dump), and all are killed. Each rank's collectives and
+  and where (a Python stack dump), and all are killed. Ranks that all wrote their results
+  ("done") and only have the final barrier and exit left are not a hang of the run: after
+  `TEARDOWN_GRACE_S` they are stopped, the run keeps its results and a
+  `RankTeardownWarning` says so (gloo's teardown once hung a rank so on this VM). Each rank's collectives and
   receives also time out on their own (`collective_timeout_s`, twice `timeout_s`), for
   torchrun runs where no launcher watches.
 
@@ -34,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +45,7 @@ import torch
 
 from schedlab.distribute import input_homes
 from schedlab.errors import SchedlabError
-from schedlab.exec.job import RankResult, prepare_inputs, read_error, read_progress, read_result, write_job
+from schedlab.exec.job import DONE, RankResult, label, prepare_inputs, read_error, read_progress, read_result, write_job
 from schedlab.exec.rankenv import CPUS_ENV, PARENT_ENV, core_share
 from schedlab.graph import Graph
 from schedlab.machine import Machine
@@ -236,8 +240,17 @@ def _framework_params(results: list[RankResult]) -> dict[str, torch.Tensor] | No
     return out
 
 
+TEARDOWN_GRACE_S = 10.0  # how long ranks that wrote their results get to leave the final barrier and exit
+
+
+class RankTeardownWarning(UserWarning):
+    """Ranks that had written their results did not exit; they were stopped."""
+
+
 def wait_ranks(procs: list[subprocess.Popen[bytes]], job_dir: Path, timeout_s: float) -> None:
-    """Return when every rank has exited 0; raise (ranks left running) on a death or a hang."""
+    """Return when every rank has exited 0, or every rank left has written its result and
+    stayed in its teardown for `TEARDOWN_GRACE_S` (warned; the caller stops them); raise
+    (ranks left running) on a death or a hang."""
     started = time.time()
     waiter = _ExitWaiter(procs)
     try:
@@ -252,6 +265,13 @@ def wait_ranks(procs: list[subprocess.Popen[bytes]], job_dir: Path, timeout_s: f
             marks = [read_progress(job_dir, r) for r in unfinished]
             latest = max([started] + [m[1] for m in marks if m is not None])
             idle_s = time.time() - latest
+            if all(m is not None and m[0] == label(DONE) for m in marks) and idle_s > min(TEARDOWN_GRACE_S, timeout_s):
+                warnings.warn(RankTeardownWarning(
+                    f"rank(s) {', '.join(map(str, unfinished))} wrote their results but did not exit within "
+                    f"{min(TEARDOWN_GRACE_S, timeout_s):g} s (stuck in the final barrier or gloo's teardown); "
+                    "stopped them, the run's results are complete"
+                ), stacklevel=2)
+                return
             if idle_s > timeout_s:
                 raise _hang_error(procs, unfinished, job_dir, timeout_s)
             waiter.wait(min(1.0, timeout_s - idle_s + 0.05))

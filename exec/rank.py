@@ -186,6 +186,8 @@ def _run(job_dir: Path, env: RankEnv, state: dict[str, int | None], progress: Pr
         ddp_params=ddp_params,
     ))
     progress.mark(DONE)
+    if fault is not None and fault[1] == DONE:
+        _inject(fault[0])  # tests: a rank stuck after writing its result
     try:
         dist.barrier()  # no rank leaves while a peer may still read from it
         dist.destroy_process_group()

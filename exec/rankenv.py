@@ -15,7 +15,7 @@ from dataclasses import dataclass
 # Environment variables a rank reads besides torchrun's (the launcher sets them).
 CPUS_ENV = "SCHEDLAB_CPUS"  # cores to pin to, "0,1"
 PARENT_ENV = "SCHEDLAB_PARENT_PID"  # the launcher: die with it
-FAULT_ENV = "SCHEDLAB_TEST_FAULT"  # test hook "RANK:exit|kill|hang:STEP": fail at the start of that step
+FAULT_ENV = "SCHEDLAB_TEST_FAULT"  # test hook "RANK:exit|kill|hang:STEP": fail at the start of that step (-1: once done)
 
 
 @dataclass(frozen=True)

@@ -236,6 +236,20 @@ def test_a_hung_rank_times_out_with_one_clear_error_and_leaves_no_process(tmp_pa
     assert list(tmp_path.iterdir()) == []
 
 
+def test_ranks_stuck_after_writing_their_results_are_stopped_and_the_run_kept(tmp_path: Path) -> None:
+    from schedlab.exec.launch import TEARDOWN_GRACE_S, RankTeardownWarning
+
+    graph, resolved, machine, inputs = mlp_two_ranks()
+    t0 = time.monotonic()
+    with pytest.warns(RankTeardownWarning, match=r"rank\(s\) 0, 1 wrote their results but did not exit"):
+        res = run_ranks(graph, resolved, machine, inputs, steps=2, warmup=0, timeout_s=60, job_root=tmp_path,
+                        extra_env={"SCHEDLAB_TEST_FAULT": "0:hang:-1"})  # rank 1 then waits in the barrier
+    assert res.step_time_s > 0 and len(res.trace.events) > 0
+    assert TEARDOWN_GRACE_S <= time.monotonic() - t0 < 60  # the grace, not the hang timeout
+    assert rank_processes(tmp_path) == []
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---- the CLI and the Backend -----------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from schedlab.plan import Plan, ResolvedPlan, resolve
 from schedlab.sim import simulate
 from schedlab.sim.fluid import PooledShare
 from schedlab.sim.testing import GraphBuilder, TableCost, place, random_cost
+from tests.calibrate.factories import make_profile
 from tests.conftest import captured_workload
 
 KERNEL_US = 100.0
@@ -165,5 +166,7 @@ def test_simulate_says_when_the_ranks_share_the_hosts_cores(capsys: pytest.Captu
     more, plan = usable_cores() + 1, tmp_path / "p.json"
     assert main(["plan", "mlp", "--size", "tiny", "--devices", str(more), "--placement", "layers", "--threads", "1",
                  "-o", str(plan)]) == 0
-    assert main(["simulate", "mlp", "--size", "tiny", "--plan", str(plan), "--out", str(tmp_path / "t.json")]) == 0
+    profile = make_profile().save(tmp_path / "profile.json")  # CI's clean clone has no calibrated one
+    assert main(["simulate", "mlp", "--size", "tiny", "--plan", str(plan), "--profile", str(profile),
+                 "--out", str(tmp_path / "t.json")]) == 0
     assert f"({more} ranks sharing {usable_cores()} cores)" in capsys.readouterr().out
