@@ -26,6 +26,7 @@ apart, from one set of measurements of the spread:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -103,7 +104,7 @@ class Measurement:
     run: BackendRun
     foreign_cpu_frac: float | None  # None where /proc/stat cannot be read
     # Per round, the median step time, when the plan was measured in several rounds
-    # (`calibrate.rank_fidelity.pooled_rounds`; `run` then holds every round's steps).
+    # (`pooled_rounds`; `run` then holds every round's steps).
     round_medians_s: tuple[float, ...] = ()
 
 
@@ -150,19 +151,41 @@ def measure(
     steps: int = 3,
     warmup: int = 1,
     progress: Callable[[], None] | None = None,
+    rounds: int = 1,
 ) -> list[Measurement]:
-    """Each plan run on the executor: `warmup` untimed steps, then `steps` timed ones."""
+    """Each plan run on the executor: `warmup` untimed steps, then `steps` timed ones; in
+    `rounds` rounds over all the plans (round-robin, so the host's drift over the run falls
+    on every plan alike rather than on the ones measured last), pooled per plan
+    (`pooled_rounds`)."""
     from schedlab.exec import ExecBackend
 
+    if rounds < 1:
+        raise SchedlabError(f"rounds must be at least 1, got {rounds}")
     executor = ExecBackend(input_values, warmup=warmup, workload=workload)
-    out: list[Measurement] = []
-    for resolved in plans:
-        before = snapshot()
-        run = executor.run(graph, resolved, machine, steps=steps)
-        out.append(Measurement(run=run, foreign_cpu_frac=foreign_cpu_frac(before, snapshot())))
-        if progress is not None:
-            progress()
-    return out
+    per_round: list[list[Measurement]] = [[] for _ in plans]
+    for _ in range(rounds):
+        for resolved, taken in zip(plans, per_round, strict=True):
+            before = snapshot()
+            run = executor.run(graph, resolved, machine, steps=steps)
+            taken.append(Measurement(run=run, foreign_cpu_frac=foreign_cpu_frac(before, snapshot())))
+            if progress is not None:
+                progress()
+    return [pooled_rounds(taken) for taken in per_round]
+
+
+def pooled_rounds(taken: Sequence[Measurement]) -> Measurement:
+    """One plan's rounds as one Measurement: every round's timed steps (their median is the
+    plan's time), the trace of the round whose median is nearest that, the busiest round's
+    foreign CPU share, and each round's median. One round is returned as it is."""
+    if len(taken) == 1:
+        return taken[0]
+    steps = tuple(t for m in taken for t in m.run.step_times_s)
+    medians = tuple(m.run.step_time_s for m in taken)
+    whole = statistics.median(steps)
+    typical = min(taken, key=lambda m: abs(m.run.step_time_s - whole))
+    foreign = [m.foreign_cpu_frac for m in taken if m.foreign_cpu_frac is not None]
+    return Measurement(run=dataclasses.replace(typical.run, step_times_s=steps), foreign_cpu_frac=max(foreign, default=None),
+                       round_medians_s=medians)
 
 
 def predict(graph: Graph, plans: Sequence[ResolvedPlan], profile: Profile, machine: Machine) -> list[Prediction]:
@@ -224,12 +247,13 @@ def measure_and_predict(
     warmup: int = 1,
     calibration_threads: Sequence[int] = (),
     progress: Callable[[], None] | None = None,
+    rounds: int = 1,
 ) -> list[FidelityRow]:
     """The built-in protocol: `profile` (trace-calibrated beforehand on one-slot program-order
     runs with `calibration_threads`, or not at all when empty) predicts every plan."""
     # The two backends of one interface, asked the same thing (graph, resolved plan, machine).
     resolved = resolve_all(graph, plans, machine)
-    measured = measure(workload, graph, input_values, resolved, machine, steps, warmup, progress)
+    measured = measure(workload, graph, input_values, resolved, machine, steps, warmup, progress, rounds)
     predicted = predict(graph, resolved, profile, machine)
     method = TRACE_CALIBRATED if calibration_threads else PROFILE_ONLY
     return fidelity_rows(
@@ -288,9 +312,11 @@ def held_out_fidelity(
     steps: int = 3,
     warmup: int = 1,
     progress: Callable[[], None] | None = None,
+    rounds: int = 1,
 ) -> HeldOutResult:
-    """Measure every plan once; predict each from `profile` alone, then from `profile`
-    trace-calibrated on the measured run of the calibration plan (`CALIBRATION_PLAN`)."""
+    """Measure every plan (in `rounds` round-robin rounds, `measure`); predict each from
+    `profile` alone, then from `profile` trace-calibrated on the measured run of the
+    calibration plan (`CALIBRATION_PLAN`; with rounds, its round nearest its median)."""
     resolved = resolve_all(graph, plans, machine)
     cal = [i for i, r in enumerate(resolved) if is_calibration_plan(r.plan)]
     if not cal:
@@ -298,7 +324,7 @@ def held_out_fidelity(
             f"the plans of the held-out protocol must include the calibration plan {CALIBRATION_PLAN.describe()}"
         )
     cal_plan = resolved[cal[0]].plan
-    measured = measure(workload, graph, input_values, resolved, machine, steps, warmup, progress)
+    measured = measure(workload, graph, input_values, resolved, machine, steps, warmup, progress, rounds)
     calibrated = profile.with_trace(measured[cal[0]].run.trace, graph)
     alone = predict(graph, resolved, profile, machine)
     learnt = predict(graph, resolved, calibrated, machine)

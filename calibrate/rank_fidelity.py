@@ -45,6 +45,7 @@ from schedlab.calibrate.fidelity import (
     error_summary,
     fidelity_rows,
     overall_summary,
+    pooled_rounds,
     predict,
 )
 from schedlab.calibrate.host_load import CpuSnapshot, snapshot
@@ -266,23 +267,6 @@ def measure_ranks(
             if progress is not None:
                 progress()
     return [pooled_rounds(taken) for taken in per_round]
-
-
-def pooled_rounds(taken: Sequence[Measurement]) -> Measurement:
-    """One plan's rounds as one Measurement: every round's timed steps (their median is the
-    plan's time), the trace of the round whose median is nearest that, the busiest round's
-    foreign CPU share, and each round's median. One round is returned as it is."""
-    from statistics import median
-
-    if len(taken) == 1:
-        return taken[0]
-    steps = tuple(t for m in taken for t in m.run.step_times_s)
-    medians = tuple(m.run.step_time_s for m in taken)
-    whole = median(steps)
-    typical = min(taken, key=lambda m: abs(m.run.step_time_s - whole))
-    foreign = [m.foreign_cpu_frac for m in taken if m.foreign_cpu_frac is not None]
-    return Measurement(run=dataclasses.replace(typical.run, step_times_s=steps), foreign_cpu_frac=max(foreign, default=None),
-                       round_medians_s=medians)
 
 
 def _children_s() -> float:

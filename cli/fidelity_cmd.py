@@ -92,9 +92,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument(
         "--rounds", type=int, default=1, metavar="R",
-        help="with --devices: measure the whole spread R times, round-robin, and score each plan on the median of "
-        "every round's steps (a slow spell of a shared host then falls on all plans alike; the rounds' medians "
-        "are in the JSON); default 1",
+        help="measure the whole spread (one-device or --devices N) R times, round-robin, and score each plan on the "
+        "median of every round's steps (a slow spell of a shared host then falls on all plans alike, not on the "
+        "plans measured last; the rounds' medians are in the JSON); default 1",
     )
     p.add_argument(
         "--backend", choices=("torch", "tensorflow"), default="torch",
@@ -162,9 +162,6 @@ def run(args: argparse.Namespace) -> int:
         return run_ranks(args, models)
     if args.plan_list:
         raise SchedlabError("--plans chooses plans of the multi-rank spread; give --devices N too")
-    if args.rounds != 1:
-        raise SchedlabError("--rounds measures the multi-rank spread in rounds; give --devices N too "
-                            "(on one device, compare runs with --held-out --rescore)")
     return run_held_out(args, models) if args.held_out else run_builtin(args, models)
 
 
@@ -180,6 +177,7 @@ def conditions(set_name: str, args: argparse.Namespace, machine: Any) -> dict[st
         "size": args.size,
         "optimizer": args.optimizer,
         "steps_per_plan": args.steps,
+        "rounds": args.rounds,
     }
 
 
@@ -217,7 +215,7 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     cal_threads = () if args.no_trace_calibration else tuple(sorted({1, machine.default_device.cores}))
     rows = []
     drifts: list[dict[str, Any]] = []
-    with tqdm(total=len(models) * len(plans), desc="fidelity", unit="plan", file=sys.stderr, disable=None) as bar:
+    with tqdm(total=len(models) * len(plans) * args.rounds, desc="fidelity", unit="plan", file=sys.stderr, disable=None) as bar:
         for model in models:
             bar.set_postfix_str(model)
             _, c = capture_spec(model, args.size, args.optimizer)
@@ -228,7 +226,7 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
                                                 step_times_s=cal_steps)
             mine = measure_and_predict(
                 model, c.graph, c.input_values, plans, profile, machine, steps=args.steps,
-                calibration_threads=cal_threads, progress=lambda: bar.update(1),
+                calibration_threads=cal_threads, progress=lambda: bar.update(1), rounds=args.rounds,
             )
             drifts += calibration_drift(model, cal_steps, mine)
             rows += mine
@@ -307,13 +305,13 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
     profile = load_profile(args.profile)
     plans = plan_spread(machine.default_device.cores)
     results = []
-    with tqdm(total=len(models) * len(plans), desc="held-out fidelity", unit="plan", file=sys.stderr, disable=None) as bar:
+    with tqdm(total=len(models) * len(plans) * args.rounds, desc="held-out fidelity", unit="plan", file=sys.stderr, disable=None) as bar:
         for model in models:
             bar.set_postfix_str(model)
             _, c = capture_spec(model, args.size, args.optimizer)
             results.append(held_out_fidelity(
                 model, c.graph, c.input_values, plans, profile, machine, steps=args.steps,
-                progress=lambda: bar.update(1),
+                progress=lambda: bar.update(1), rounds=args.rounds,
             ))
     cal_name = CALIBRATION_PLAN.name
     result = {

@@ -109,7 +109,6 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
         "plans_per_model": len(specs),
         "skipped_plans": skipped,
         "warmup_per_plan": RANK_WARMUP,
-        "rounds": args.rounds,
         "plan_specs": [{"name": s.name, "kind": s.kind, "placement": s.placement, "replicas": s.n_replicas(args.devices),
                         "bucket_mb": s.bucket_mb, "order": s.order, "threads": s.threads, "steps": s.steps,
                         "schedule": s.schedule, "micro_batches": s.micro_batches}

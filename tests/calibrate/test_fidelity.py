@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from schedlab.backend import BackendRun
 from schedlab.calibrate.fidelity import (
     CALIBRATION_PLAN,
     PROFILE_ONLY,
@@ -17,6 +18,7 @@ from schedlab.calibrate.fidelity import (
     held_out_fidelity,
     measure_and_predict,
     plan_spread,
+    resolve_all,
 )
 from schedlab.cli import main
 from schedlab.cli.fidelity_cmd import chosen_models, print_held_out
@@ -169,6 +171,46 @@ def test_held_out_command_json_and_table(capsys, tmp_path: Path, profile_file: P
     text = capsys.readouterr().out
     assert f"warning: 7 of {n} plans measured while other processes used over 25%" in text
     assert f"{MODEL}/p4 and 2 more" in text and f"{MODEL}/p5" not in text
+
+
+def test_one_device_fidelity_in_rounds_scores_each_plan_on_every_rounds_steps(tmp_path: Path, profile_file: Path) -> None:
+    out = tmp_path / "f.json"
+    argv = ["fidelity", "--held-out", "--models", "mixer", "--size", "tiny", "--steps", "2", "--rounds", "2",
+            "--profile", str(profile_file), "--out", str(out), "--json"]
+    assert main(argv) == 0
+    stored = json.loads(out.read_text())
+    assert stored["rounds"] == 2
+    n = len(plan_spread(detect_host().default_device.cores))
+    assert len(stored["plans"]) == 2 * n
+    for row in stored["plans"]:
+        lo, hi = min(row["round_medians_s"]), max(row["round_medians_s"])
+        assert len(row["round_medians_s"]) == 2 and lo <= row["measured_s"] <= hi
+
+
+def test_round_robin_measures_every_plan_once_a_round_in_plan_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    from schedlab.calibrate import fidelity
+
+    graph = captured_workload(MODEL, "sgd", "tiny")[1].graph
+    machine = detect_host()
+    plans = resolve_all(graph, plan_spread(1)[:3], machine)
+    seen: list[str] = []
+
+    class FakeBackend:
+        def __init__(self, *_: Any, **__: Any) -> None:
+            self.n = 0
+
+        def run(self, _graph: Any, resolved: Any, _machine: Any, steps: int) -> Any:
+            seen.append(resolved.plan.name)
+            self.n += 1
+            return BackendRun(step_times_s=(float(self.n),) * steps, trace=None)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("schedlab.exec.ExecBackend", FakeBackend)
+    got = fidelity.measure(MODEL, graph, {}, plans, machine, steps=2, rounds=3)
+    names = [p.plan.name for p in plans]
+    assert seen == names * 3  # round-robin, not each plan three times in a row
+    assert [m.round_medians_s for m in got] == [(1.0, 4.0, 7.0), (2.0, 5.0, 8.0), (3.0, 6.0, 9.0)]
+    with pytest.raises(SchedlabError, match="rounds must be at least 1"):
+        fidelity.measure(MODEL, graph, {}, plans, machine, rounds=0)
 
 
 def test_plans_measured_on_a_busy_machine_are_flagged() -> None:

@@ -208,7 +208,7 @@ def test_two_rank_fidelity_in_rounds(capsys, tmp_path: Path, links_profile: Path
 
 def test_two_rank_fidelity_command_errors(capsys, links_profile: Path) -> None:  # type: ignore[no-untyped-def]
     for extra, msg in ((["--devices", "1"], "--devices must be >= 2"), (["--plans", "layers"], "give --devices"),
-                       (["--rounds", "2"], "give --devices"), (["--devices", "2", "--rounds", "0"], "--rounds must be >= 1")):
+                       (["--devices", "2", "--rounds", "0"], "--rounds must be >= 1")):
         rc = main(["fidelity", "mlp", "--size", "tiny", "--profile", str(links_profile), *extra])
         assert rc != 0 and msg in capsys.readouterr().err
 
