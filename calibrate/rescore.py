@@ -36,7 +36,7 @@ from schedlab.calibrate.fidelity import (
     resolve_all,
 )
 from schedlab.calibrate.profile import Profile
-from schedlab.calibrate.rank_fidelity import StepOf, rank_cases, rank_plan_spread
+from schedlab.calibrate.rank_fidelity import ONE_DEVICE, StepOf, rank_cases, rank_plan_spread
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
 from schedlab.machine import Machine
@@ -126,7 +126,7 @@ class SavedPlan:
     name: str
     graph: Graph
     resolved: ResolvedPlan
-    kind: str = "one-device"  # or a multi-rank plan's kind (placed, data-parallel, ...)
+    kind: str = ONE_DEVICE  # or a multi-rank plan's kind (placed, data-parallel, ...)
 
     @property
     def ops(self) -> int:

@@ -97,6 +97,20 @@ def plan_step_of(
         return pipeline_step(workload, micro_batches, lambda w: capture_cached(w, optimizer, seed, root), replicas)
 
 
+def plan_steps_of(spec: str, size: str, optimizer: str, seed: int = 0, *, cache: bool = True) -> Any:
+    """(replicas, micro-batches) -> `plan_step_of` a plan of that shape runs, each shape
+    captured once."""
+    memo: dict[tuple[int, int], Any] = {}
+
+    def step_of(replicas: int, micro_batches: int) -> Any:
+        if (replicas, micro_batches) not in memo:
+            memo[replicas, micro_batches] = plan_step_of(
+                spec, size, optimizer, seed, replicas=replicas, cache=cache, micro_batches=micro_batches)
+        return memo[replicas, micro_batches]
+
+    return step_of
+
+
 def plan_ranks(plan: Any) -> int:
     """How many local ranks a plan needs: one more than the highest cpuK it names (1 if it
     names none), times its replicas (replica r runs on the r-th group of devices)."""

@@ -339,13 +339,12 @@ def run_rescore(args: argparse.Namespace) -> int:
     from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
     from schedlab.calibrate.rank_fidelity import ranks_machine
     from schedlab.calibrate.rescore import load_runs, one_device_plans, rank_plans, rescore
-    from schedlab.cli.common import capture_spec, load_profile, plan_step_of
+    from schedlab.cli.common import capture_spec, load_profile, plan_steps_of
     from schedlab.io import check_writable, write_json_atomic
     from schedlab.machine import detect_host
 
     runs = load_runs(args.rescore)
-    want = "held-out" if args.held_out else None
-    if want and runs.set_name != want:
+    if args.held_out and runs.set_name != "held-out":
         raise SchedlabError(f"--held-out: the results files measured the {runs.set_name} models")
     if args.devices is not None and args.devices != runs.devices:
         raise SchedlabError(f"--devices {args.devices}: the results files were measured on {runs.devices} rank(s)")
@@ -360,12 +359,7 @@ def run_rescore(args: argparse.Namespace) -> int:
         plans = one_device_plans(lambda w: capture_spec(w, runs.size, runs.optimizer)[1].graph, machine)
     else:
         machine = ranks_machine(runs.devices, profile)
-
-        def step_of(workload: str) -> Any:
-            return lambda replicas, micro_batches: plan_step_of(
-                workload, runs.size, runs.optimizer, 0, replicas=replicas, cache=True, micro_batches=micro_batches)
-
-        plans = rank_plans(step_of, machine, profile)
+        plans = rank_plans(lambda w: plan_steps_of(w, runs.size, runs.optimizer), machine, profile)
     result = {
         "profile": str(args.profile or DEFAULT_PROFILE_PATH),
         "profile_created_unix_s": profile.created_unix_s,

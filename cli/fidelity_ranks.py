@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from schedlab.cli.common import plan_step_of, print_json
+from schedlab.cli.common import plan_steps_of, print_json
 from schedlab.cli.fidelity_cmd import (
     DEFAULT_HELDOUT_RANKS_OUT,
     DEFAULT_RANKS_OUT,
@@ -59,14 +59,7 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
               disable=None) as bar:
         for model in models:
             bar.set_postfix_str(model)
-            steps_by_shape: dict[tuple[int, int], Any] = {}
-
-            def step_of(replicas: int, micro_batches: int, model: str = model,
-                        memo: dict[tuple[int, int], Any] = steps_by_shape) -> Any:
-                if (replicas, micro_batches) not in memo:
-                    memo[replicas, micro_batches] = plan_step_of(
-                        model, args.size, args.optimizer, 0, replicas=replicas, cache=True, micro_batches=micro_batches)
-                return memo[replicas, micro_batches]
+            step_of = plan_steps_of(model, args.size, args.optimizer)
 
             batches = [t.shape[0] for t in load_workload(model, args.size, seed=0).inputs if t.dim()]  # no capture
             fitting = [sp for sp in specs if all(b % (sp.n_replicas(args.devices) * sp.micro_batches) == 0

@@ -243,15 +243,11 @@ def _calibrate_micro_batches(args: argparse.Namespace, profile: Any, graph: Any,
 
 
 def _steps(args: argparse.Namespace) -> Any:
-    """(replicas, micro-batches) -> the model's step for a plan of those (`plan_step_of`,
+    """(replicas, micro-batches) -> the model's step for a plan of those (`plan_steps_of`,
     through the graph cache unless --no-cache)."""
-    from schedlab.cli.common import plan_step_of
+    from schedlab.cli.common import plan_steps_of
 
-    def step_of(replicas: int, micro_batches: int) -> Any:
-        return plan_step_of(args.model, args.size, args.optimizer, args.seed, replicas=replicas,
-                            cache=not args.no_cache, micro_batches=micro_batches)
-
-    return step_of
+    return plan_steps_of(args.model, args.size, args.optimizer, args.seed, cache=not args.no_cache)
 
 
 def micro_graphs(args: argparse.Namespace) -> Any:

@@ -16,7 +16,8 @@ Failures stop every rank and raise one `SchedlabError`:
   and where (a Python stack dump), and all are killed. Ranks that all wrote their results
   ("done") and only have the final barrier and exit left are not a hang of the run: after
   `TEARDOWN_GRACE_S` they are stopped, the run keeps its results and a
-  `RankTeardownWarning` says so (gloo's teardown once hung a rank so on this VM). Each rank's collectives and
+  `RankTeardownWarning` says so (a rank once hung so on this VM, after writing its
+  result: in the final barrier or the process group's teardown). Each rank's collectives and
   receives also time out on their own (`collective_timeout_s`, twice `timeout_s`), for
   torchrun runs where no launcher watches.
 
@@ -265,10 +266,11 @@ def wait_ranks(procs: list[subprocess.Popen[bytes]], job_dir: Path, timeout_s: f
             marks = [read_progress(job_dir, r) for r in unfinished]
             latest = max([started] + [m[1] for m in marks if m is not None])
             idle_s = time.time() - latest
-            if all(m is not None and m[0] == label(DONE) for m in marks) and idle_s > min(TEARDOWN_GRACE_S, timeout_s):
+            grace_s = min(TEARDOWN_GRACE_S, timeout_s)
+            if all(m is not None and m[0] == label(DONE) for m in marks) and idle_s > grace_s:
                 warnings.warn(RankTeardownWarning(
                     f"rank(s) {', '.join(map(str, unfinished))} wrote their results but did not exit within "
-                    f"{min(TEARDOWN_GRACE_S, timeout_s):g} s (stuck in the final barrier or gloo's teardown); "
+                    f"{grace_s:g} s (stuck in the final barrier or gloo's teardown); "
                     "stopped them, the run's results are complete"
                 ), stacklevel=2)
                 return

@@ -20,7 +20,8 @@ from schedlab.search.run_dir import RunPaths
 
 
 class MicroGraphs:
-    """M -> the graph a plan of M micro-batches of the run's model resolves against."""
+    """(M, R) -> the graph a plan of M micro-batches and R replicas of the run's model
+    resolves against."""
 
     def __init__(self, run_dir: Path, graph: Graph, capture: Callable[[int, int], Graph] | None = None) -> None:
         self.paths, self.graph, self.capture = RunPaths(run_dir), graph, capture

@@ -211,7 +211,7 @@ class MicroBatchEvaluator:
     three searches): each distinct plan is simulated once (the simulator is
     deterministic) and its evaluation reused under the new trial's name."""
 
-    def __init__(self, graph_of: Callable[..., Graph], machine: Machine, cost: CostModel) -> None:
+    def __init__(self, graph_of: Callable[[int, int], Graph], machine: Machine, cost: CostModel) -> None:
         self.graph_of, self.machine, self.cost = graph_of, machine, cost
         self._evaluators: dict[tuple[int, int], Evaluator] = {}
         self._seen: dict[tuple[str, bool], Evaluation] = {}
@@ -219,8 +219,7 @@ class MicroBatchEvaluator:
     def evaluator(self, micro_batches: int, replicas: int = 1) -> Evaluator:
         key = (replicas, micro_batches)
         if key not in self._evaluators:
-            graph = self.graph_of(micro_batches) if replicas == 1 else self.graph_of(micro_batches, replicas=replicas)
-            self._evaluators[key] = Evaluator(graph, self.machine, self.cost)
+            self._evaluators[key] = Evaluator(self.graph_of(micro_batches, replicas), self.machine, self.cost)
         return self._evaluators[key]
 
     def evaluate(self, plan: Plan, record: bool = False) -> Evaluation:

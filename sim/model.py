@@ -625,10 +625,10 @@ def _servers(env: simpy.Environment, prep: Prepared) -> list[SimServer]:
 
     out = []
     for d, cap in enumerate(prep.capacity):
-        p = prep.core_pool[d] if prep.core_pool else -1
-        if p < 0:
+        if not prep.pooled(d):
             out.append(SimServer(env, FluidShare(cap, prep.slowdown[d], max_jobs=cap if prep.device_is_gpu[d] else None)))
             continue
+        p = prep.core_pool[d]
         if p not in pools:
             pools[p] = SimServer(env, PooledShare(cap, pooled, group_of, n_dev + 1))
         out.append(pools[p])

@@ -22,8 +22,8 @@ from schedlab.search.space import make_space
 from tests.search.conftest import fake_profile
 
 
-def graph_of(micro_batches: int, model: str = "mlp") -> Graph:
-    return plan_step_of(model, "tiny", "sgd", 0, replicas=1, cache=True, micro_batches=micro_batches).graph
+def graph_of(micro_batches: int, replicas: int = 1, model: str = "mlp") -> Graph:
+    return plan_step_of(model, "tiny", "sgd", 0, replicas=replicas, cache=True, micro_batches=micro_batches).graph
 
 
 def test_trials_pick_placements_and_pipelines_each_with_its_devices_concurrency() -> None:

@@ -31,8 +31,8 @@ from tests.search.conftest import fake_profile
 TWO = host_ranks(2)
 
 
-def graph_of(micro_batches: int, model: str = "mlp") -> Graph:
-    return plan_step_of(model, "tiny", "sgd", 0, replicas=1, cache=True, micro_batches=micro_batches).graph
+def graph_of(micro_batches: int, replicas: int = 1, model: str = "mlp") -> Graph:
+    return plan_step_of(model, "tiny", "sgd", 0, replicas=replicas, cache=True, micro_batches=micro_batches).graph
 
 
 def test_micro_batch_counts_split_the_batch_evenly() -> None:
@@ -64,14 +64,14 @@ def test_every_point_of_the_space_is_a_pipeline_plan_that_resolves() -> None:
 
 
 def test_interleaved_schedules_of_more_virtual_stages_are_searched_where_layers_allow() -> None:
-    graph = graph_of(1, "transformer")
+    graph = graph_of(1, model="transformer")
     space = ScheduleSpace(graph, TWO, fake_profile())  # type: ignore[arg-type]
     assert {"interleaved:3", "interleaved:4"} <= set(space.families)
     m = max(space.micro_batches)
     for v in (3, 4):
         plan = space.plan(f"interleaved:{v}", m, "balanced")
         assert plan.n_stages == 2 * v and plan.stage_map == "loop"  # V stages on each of the 2 devices
-        assert set(resolve(graph_of(m, "transformer"), plan, TWO).device) == {"cpu0", "cpu1"}
+        assert set(resolve(graph_of(m, model="transformer"), plan, TWO).device) == {"cpu0", "cpu1"}
     small = ScheduleSpace(graph_of(1), TWO, fake_profile())  # type: ignore[arg-type]
     assert not {"interleaved:2", "interleaved:3", "interleaved:4"} & set(small.families)  # mlp/tiny: 3 layers
 
@@ -120,9 +120,9 @@ def test_one_device_has_no_pipeline() -> None:
 def test_each_micro_batch_count_is_simulated_on_its_own_graph() -> None:
     asked: list[int] = []
 
-    def graphs(m: int) -> Graph:
+    def graphs(m: int, replicas: int) -> Graph:
         asked.append(m)
-        return graph_of(m)
+        return graph_of(m, replicas)
 
     space = ScheduleSpace(graph_of(1), TWO, fake_profile())  # type: ignore[arg-type]
     ev = MicroBatchEvaluator(graphs, TWO, fake_profile())  # type: ignore[arg-type]
