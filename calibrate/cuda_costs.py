@@ -15,19 +15,30 @@ median of CUDA-event-timed calls after warm-up):
   default (no TF32);
 - ``bw_bytes_per_s``: an ``add`` of two tensors far beyond the L2 cache, 3 x 4 bytes per
   element over its time;
-- ``signatures``: signature (`calibrate.signature`) -> kernel µs of the ops the CPU
-  calibration replays (and of a trace's ops), measured the same way.
+- ``signatures``: signature (`calibrate.signature`) -> kernel µs of the ops of the
+  calibration workloads (the built-ins, never the held-out models), each timed alone on
+  its live inputs from a replay of the step, as a captured CUDA graph of back-to-back calls
+  where it captures (so the host's launch cost is out of it), else eagerly;
+- ``issue_us``: aten target -> host µs to issue one such op to the GPU from the
+  executor's straight-line step (the Python call, the dispatcher, the launch; the kernel
+  runs on asynchronously), the median over the calibration workloads' ops of the target;
+  ``issue_default_us`` the median over all of them, for a target not seen;
+- ``h2d`` / ``d2h``: a host<->device copy's fit (pinned memory), ``{"latency_us",
+  "bw_bytes_per_s"}``, the link a CPU+GPU machine's transfers cross.
 
 An op whose signature is there costs what was measured; any other costs
 ``launch_us + max(flops / flops_per_s, bytes / bw_bytes_per_s)``, the measured roofline
-of this GPU. A view costs nothing. JSON::
+of this GPU. A view costs nothing on the GPU; its host issue cost stays. JSON::
 
     "cuda": null | {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130",
                     "measured_unix_s": ..., "launch_us": 5.1, "flops_per_s": 5.1e13,
-                    "bw_bytes_per_s": 2.9e12, "signatures": {signature: kernel_us}}
+                    "bw_bytes_per_s": 2.9e12, "signatures": {signature: kernel_us},
+                    "issue_us": {target: host_us}, "issue_default_us": 9.0,
+                    "h2d": {"latency_us", "bw_bytes_per_s"} | null, "d2h": ... | null}
 
-The section is optional (files without it load with ``cuda`` None). No GPU was lent when
-it was designed, so no Profile holds one yet: `schedlab calibrate` does not write it.
+The section is optional (files without it load with ``cuda`` None); `schedlab calibrate
+--cuda` on a CUDA machine writes it (`calibrate.cuda_run`). The issue costs and links are
+optional inside it (older sections: the CPU profile's dispatch cost, the preset's links).
 """
 
 from __future__ import annotations
@@ -49,6 +60,10 @@ class CudaCosts:
     flops_per_s: float  # a large fp32 mm
     bw_bytes_per_s: float  # a large add
     signatures: dict[str, float] = field(default_factory=dict)  # signature -> kernel µs
+    issue_us: dict[str, float] = field(default_factory=dict)  # aten target -> host µs to issue one
+    issue_default_us: float | None = None  # host µs to issue a target not in issue_us
+    h2d: LinkFit | None = None  # pinned host -> device copies
+    d2h: LinkFit | None = None  # device -> pinned host copies
 
     @property
     def label(self) -> str:
@@ -63,6 +78,11 @@ class CudaCosts:
             return hit
         return self.launch_us + 1e6 * max(op.flops / self.flops_per_s, op.bytes_moved / self.bw_bytes_per_s)
 
+    def host_issue_us(self, op: Op) -> float | None:
+        """Host µs the executor spends issuing `op` to this GPU; None when not calibrated."""
+        hit = self.issue_us.get(op.target)
+        return hit if hit is not None else self.issue_default_us
+
     def to_json(self) -> dict[str, Any]:
         return {
             "device": self.device,
@@ -72,6 +92,10 @@ class CudaCosts:
             "flops_per_s": self.flops_per_s,
             "bw_bytes_per_s": self.bw_bytes_per_s,
             "signatures": {sig: round(us, 4) for sig, us in sorted(self.signatures.items())},
+            "issue_us": {t: round(us, 4) for t, us in sorted(self.issue_us.items())},
+            "issue_default_us": self.issue_default_us,
+            "h2d": None if self.h2d is None else self.h2d.to_json(),
+            "d2h": None if self.d2h is None else self.d2h.to_json(),
         }
 
     @staticmethod
@@ -82,6 +106,10 @@ class CudaCosts:
         sigs = d.get("signatures", {})
         if not isinstance(sigs, dict):
             raise TypeError("signatures must be an object of signature -> kernel_us")
+        issue = d.get("issue_us", {})
+        if not isinstance(issue, dict):
+            raise TypeError("issue_us must be an object of aten target -> host µs")
+        default = d.get("issue_default_us")
         return CudaCosts(
             device=str(d["device"]),
             torch=str(d.get("torch", "")),
@@ -90,7 +118,32 @@ class CudaCosts:
             flops_per_s=_number(d["flops_per_s"], "flops_per_s", positive=True),
             bw_bytes_per_s=_number(d["bw_bytes_per_s"], "bw_bytes_per_s", positive=True),
             signatures={str(k): _number(v, f"signatures[{k!r}]") for k, v in sigs.items()},
+            issue_us={str(k): _number(v, f"issue_us[{k!r}]") for k, v in issue.items()},
+            issue_default_us=None if default is None else _number(default, "issue_default_us"),
+            h2d=LinkFit.from_json(d["h2d"], "h2d") if d.get("h2d") is not None else None,
+            d2h=LinkFit.from_json(d["d2h"], "d2h") if d.get("d2h") is not None else None,
         )
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """A copy's time, ``latency_us + bytes / bw_bytes_per_s``, fitted over message sizes."""
+
+    latency_us: float
+    bw_bytes_per_s: float
+
+    def us(self, nbytes: float) -> float:
+        return self.latency_us + 1e6 * nbytes / self.bw_bytes_per_s
+
+    def to_json(self) -> dict[str, float]:
+        return {"latency_us": round(self.latency_us, 4), "bw_bytes_per_s": self.bw_bytes_per_s}
+
+    @staticmethod
+    def from_json(d: Any, name: str) -> LinkFit:
+        if not isinstance(d, dict):
+            raise TypeError(f"{name} must be an object {{latency_us, bw_bytes_per_s}}")
+        return LinkFit(latency_us=_number(d["latency_us"], f"{name}.latency_us"),
+                       bw_bytes_per_s=_number(d["bw_bytes_per_s"], f"{name}.bw_bytes_per_s", positive=True))
 
 
 def _number(v: Any, name: str, positive: bool = False) -> float:

@@ -51,14 +51,20 @@ TRACE_CALIBRATED = "trace-calibrated"  # the Profile plus op times from traces o
 
 
 def plan_spread(cores: int, orders: Sequence[str] = DEFAULT_ORDERS) -> list[Plan]:
-    """Slots 1 and 2 x threads 1 and 2 (capped by cores) x every order policy."""
-    counts = sorted({1, min(2, cores)})
-    return [
-        Plan(slots=s, threads=t, order=o, name=f"s{s}-t{t}-{o}")
-        for s in counts
-        for t in counts
-        for o in orders
-    ]
+    """Every order policy under each (slots, threads) of `concurrency_spread(cores)`."""
+    return [Plan(slots=s, threads=t, order=o, name=f"s{s}-t{t}-{o}") for s, t in concurrency_spread(cores) for o in orders]
+
+
+def concurrency_spread(cores: int) -> list[tuple[int, int]]:
+    """(slots, intra-op threads) pairs: on up to 2 cores, slots 1 and 2 x threads 1 and 2
+    (capped by the cores; 2 x 2 oversubscribes on purpose). On more cores, the
+    concurrency-control paper's setting: slots 1, 2 and 4 x threads 1, 2, 4, ... and the
+    core count, each pair within the cores (slots x threads <= cores)."""
+    if cores <= 2:
+        counts = sorted({1, max(1, cores)})
+        return [(s, t) for s in counts for t in counts]
+    threads = sorted({1 << k for k in range(cores.bit_length()) if 1 << k <= cores} | {cores})
+    return [(s, t) for s in (1, 2, 4) if s <= cores for t in threads if s * t <= cores]
 
 
 @dataclass(frozen=True)

@@ -292,6 +292,10 @@ class Profile:
     def kind_launch_us(self, kind: str) -> float:
         return self.cuda.launch_us if kind == "cuda" and self.cuda is not None else 0.0
 
+    def kind_issue_us(self, op: Op, kind: str) -> float | None:
+        """Host µs to issue `op` to a GPU, from the cuda section (None without one)."""
+        return self.cuda.host_issue_us(op) if kind == "cuda" and self.cuda is not None else None
+
     def for_slots(self, slots: int) -> Profile:
         """This Profile with the dispatch cost of the executor running `slots` workers."""
         return dataclasses.replace(self, dispatch_slots=max(1, int(slots)))

@@ -4,6 +4,7 @@
     schedlab calibrate --quick         # short version for tests and CI (~1 minute on 2 cores)
     schedlab calibrate --quick --out /tmp/p.json --json
     schedlab calibrate --links         # only the links between local ranks, into the existing profile
+    schedlab calibrate --cuda          # a GPU's costs (calibrate.cuda_fidelity), into the existing profile
 """
 
 from __future__ import annotations
@@ -35,8 +36,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="measure only the links between local gloo ranks (ping-pong and all-reduce over message sizes, "
         "about a minute; with --quick, fewer sizes) and write their fits into the existing profile --out",
     )
+    p.add_argument(
+        "--threads",
+        metavar="N[,N...]",
+        type=_thread_list,
+        default=None,
+        help="the intra-op thread counts to benchmark (default every count from 1 to the cores); on a many-core "
+        "host, e.g. 1,2,4,8,16, the cost model's thread scaling fills the counts between",
+    )
+    p.add_argument(
+        "--cuda",
+        action="store_true",
+        help="on a machine with an NVIDIA GPU: measure it (an empty kernel, a large mm and add, each op of the "
+        "built-in workloads' steps alone, the host's cost to issue each op, pinned host<->device copies) and write "
+        "the profile's cuda section into the existing profile --out; with --quick, the tiny workloads",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+
+
+def _thread_list(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected thread counts like 1,2,4,8, got {text!r}") from None
+    if not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"thread counts must be >= 1, got {text!r}")
+    return counts
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -282,12 +308,28 @@ def run(args: argparse.Namespace) -> int:
     from schedlab.calibrate.run import run_calibration
     from schedlab.io import check_writable
 
+    if getattr(args, "links", False) and getattr(args, "cuda", False):
+        from schedlab.errors import SchedlabError
+
+        raise SchedlabError("--links and --cuda each re-measure one part of the profile: give one of them")
     if getattr(args, "links", False):
         return run_links(args)
+    if getattr(args, "cuda", False):
+        from schedlab.cli.cuda_cmd import run_calibrate_cuda
+
+        return run_calibrate_cuda(args)
 
     check_writable(args.out)  # before the measuring, not after
     t0 = time.perf_counter()
-    profile = run_calibration(quick=args.quick, out=args.out, progress=not getattr(args, "no_progress", False))
+    config = None
+    if getattr(args, "threads", None):
+        from dataclasses import replace
+
+        from schedlab.calibrate.run import full_config, quick_config
+
+        config = replace(quick_config() if args.quick else full_config(), threads=args.threads)
+    profile = run_calibration(quick=args.quick, out=args.out, progress=not getattr(args, "no_progress", False),
+                              config=config)
     s = summary(profile, args.out, time.perf_counter() - t0)
     _busy_warning(s["foreign_cpu_frac"], "calibrating (two-thread and co-run timings above all)")
     if s["contended_points"]:

@@ -110,6 +110,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "from that median (the floor under a one-run figure); results in the traces folder, named after the files "
         "re-scored: fidelity[-heldout][-ranks]-rescored.json",
     )
+    p.add_argument(
+        "--cuda", action="store_true",
+        help="on a machine with an NVIDIA GPU: each model's step on the GPU as the executor runs it (one stream) and "
+        "as eager PyTorch does, interleaved, against the simulator's prediction from the profile's cuda section "
+        "(`schedlab calibrate --cuda`) and from the GPU's datasheet roofline; results in fidelity-cuda.json",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(handler=run)
 
@@ -156,6 +162,13 @@ def run(args: argparse.Namespace) -> int:
             raise SchedlabError("--rescore re-scores results files as they are: give no models, --plans or --rounds")
         return run_rescore(args)
     models = chosen_models(args)
+    if getattr(args, "cuda", False):
+        if args.devices is not None or args.plan_list or args.rounds != 1:
+            raise SchedlabError("--cuda measures one GPU under the executor's one-stream step: drop --devices, --plans "
+                                "and --rounds")
+        from schedlab.cli.cuda_cmd import run_fidelity_cuda
+
+        return run_fidelity_cuda(args, models)
     if args.devices is not None:
         from schedlab.cli.fidelity_ranks import run_ranks
 

@@ -44,10 +44,12 @@ def _decode_const(a: Any) -> Any:
 
 
 class _Emitter:
-    """Turns encoded args into Python source, with constants in a shared table."""
+    """Turns encoded args into Python source, with constants in a shared table. With a
+    `device`, every device argument (a factory op's ``device=cpu``) names that device."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
         self.consts: list[Any] = []
+        self.device = device
 
     def const(self, x: Any) -> str:
         self.consts.append(x)
@@ -66,6 +68,8 @@ class _Emitter:
             return repr(a) if math.isfinite(a) else self.const(a)
         if isinstance(a, str):
             return repr(a)
+        if self.device is not None and isinstance(a, dict) and "device" in a:
+            return self.const(self.device)
         return self.const(_decode_const(a))
 
 
@@ -154,13 +158,16 @@ class Program:
         return ", ".join(outs) + (", = " if len(outs) == 1 else " = ") + call
 
 
-def compile_graph(graph: Graph, random_index: Mapping[int, int] | None = None) -> Program:
+def compile_graph(
+    graph: Graph, random_index: Mapping[int, int] | None = None, device: str | torch.device | None = None,
+) -> Program:
     """`graph` compiled (module docstring). Its seeded random ops draw the numbers eager
     PyTorch draws while `schedlab.rng.seeded_random` is active; `random_index` (op id ->
     its k, `rng.random_op_index`) is given where `graph` is part of a larger one whose ops
-    it renumbered (a rank's), else taken from `graph`."""
+    it renumbered (a rank's), else taken from `graph`. `device` ("cuda"): the tensors the
+    graph's ops create are made there (its inputs must be there too); default as captured."""
     index = random_op_index(graph) if random_index is None else random_index
-    em = _Emitter()
+    em = _Emitter(None if device is None else torch.device(device))
     fns: list[Callable[..., Any]] = []
     unpack: list[bool] = []
     call_src: list[str] = []

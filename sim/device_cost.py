@@ -73,6 +73,12 @@ class KindCosts(Protocol):
         kernels do not slow)."""
         ...
 
+    def kind_issue_us(self, op: Op, kind: str) -> float | None:
+        """Host µs to issue `op` to one device of `kind` other than "cpu" (the dispatch of
+        an asynchronous launch), from that kind's calibration; None: the model's
+        `dispatch_us`, as for a CPU op."""
+        ...
+
 
 def roofline_label(device: Device) -> str:
     """The label of a cuda device costed by its preset's roofline."""
@@ -148,6 +154,31 @@ def device_kernels_us(
         t = kind_kernel_us(cost, op, threads[i], devices[op_device[i]])
         if t is not None:
             out[i] = t
+    return out
+
+
+def op_dispatch_us(cost: CostModel, op: Op, device: Device) -> float:
+    """Host µs to dispatch `op` on `device`: the issue cost of its kind's calibration where
+    there is one (a GPU launch costs the host more than a CPU op's call), else `dispatch_us`."""
+    if device.kind != "cpu" and isinstance(cost, KindCosts):
+        t = cost.kind_issue_us(op, device.kind)
+        if t is not None:
+            return t
+    return float(cost.dispatch_us(op))
+
+
+def device_dispatches_us(
+    ops: Sequence[Op], op_device: Sequence[int], devices: Sequence[Device], cost: CostModel, dispatch_us: list[float],
+) -> list[float]:
+    """`dispatch_us` (the model's, as for CPU ops) with every compute op on a device whose
+    kind has calibrated issue costs costed by them; the list given when none is."""
+    if not isinstance(cost, KindCosts) or all(devices[d].kind == "cpu" for d in set(op_device)):
+        return dispatch_us
+    out = list(dispatch_us)
+    for i, op in enumerate(ops):
+        dev = devices[op_device[i]]
+        if op.kind is not OpKind.COMM and dev.kind != "cpu":
+            out[i] = op_dispatch_us(cost, op, dev)
     return out
 
 

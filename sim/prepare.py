@@ -44,7 +44,7 @@ from schedlab.plan import ResolvedPlan
 from schedlab.sim.collective import CollectiveTime, allreduce_time
 from schedlab.sim.comm import CommHostCost, CommOpCost, CommStructure, Role, comm_structure, has_comm
 from schedlab.sim.cost import CostModel, cores_kept_busy, shares_idle_threads
-from schedlab.sim.device_cost import cost_source, device_corun, device_kernels_us
+from schedlab.sim.device_cost import cost_source, device_corun, device_dispatches_us, device_kernels_us
 
 PINNED = 1 << 60  # reference count of a storage that is never freed (graph inputs and outputs)
 
@@ -174,6 +174,7 @@ def prepare(
         demand = [d if d <= 1 else int(cores_kept_busy(cost.kernel_us(ops[i], 1), kernel_us[i], d))
                   for i, d in enumerate(demand)]
     kernel_us = device_kernels_us(ops, op_device, machine.devices, cost, threads, kernel_us)  # by device kind
+    dispatch_us = device_dispatches_us(ops, op_device, machine.devices, cost, dispatch_us)
     used = set(op_device)
     done_us: tuple[float, ...] = ()
     done_kernel_us: tuple[float, ...] = ()

@@ -34,7 +34,7 @@ from schedlab.layer_split import layers_in_order
 from schedlab.machine import Device, Link, Machine
 from schedlab.plan import Plan
 from schedlab.sim.cost import CostModel
-from schedlab.sim.device_cost import kind_kernel_us
+from schedlab.sim.device_cost import kind_kernel_us, op_dispatch_us
 
 DEFAULT_GROUP = "<default>"  # key of the group of ops with no layer and no producer
 
@@ -197,7 +197,7 @@ def _op_time_us(cost: CostModel, op: Op, device: Device) -> float:
     kernel = kind_kernel_us(cost, op, threads, device)
     if kernel is None:
         kernel = float(cost.kernel_us(op, threads))
-    return float(cost.dispatch_us(op)) + float(kernel)
+    return op_dispatch_us(cost, op, device) + float(kernel)
 
 
 def _nbytes(meta: TensorMeta | None) -> int:

@@ -183,3 +183,31 @@ def test_simulate_says_which_model_costed_each_device(capsys, tmp_path: Path) ->
     assert d["cost_sources"] == {"gpu0": label}
     assert main(argv) == 0
     assert f"costs of gpu0    {label}" in capsys.readouterr().out
+
+
+def test_the_cuda_sections_issue_costs_are_the_hosts_dispatch_of_gpu_ops(tmp_path: Path) -> None:
+    """A GPU op costs the host what the cuda section measured to issue it (by aten target,
+    else the median), not the CPU profile's dispatch; a CPU op keeps the CPU's."""
+    m = load_machine("cpu-2gpu")
+    b = GraphBuilder("two-targets")
+    x = b.input("x", 4096)
+    b.output(b.op("k0", [x], flops=1e3), "k0")
+    b.output(b.op("k1", [x], flops=1e3, target="aten.add.Tensor"), "k1")
+    g = b.build()
+    k0 = g.ops[0].target
+    cuda = CudaCosts(device="Test GPU", torch="2.11.0", measured_unix_s=1.7e9, launch_us=1.0, flops_per_s=1e14,
+                     bw_bytes_per_s=1e13, issue_us={k0: 500.0}, issue_default_us=300.0)
+    profile = dataclasses.replace(make_profile(), cuda=cuda)
+    assert profile.kind_issue_us(g.ops[0], "cuda") == 500.0
+    assert profile.kind_issue_us(g.ops[1], "cuda") == 300.0
+    assert profile.kind_issue_us(g.ops[0], "cpu") is None
+    # Tiny kernels: the host's issue chain is the step (500 + 300 us, one lock).
+    on_gpu = simulate(g, resolve(g, Plan(device="gpu0"), m), m, profile, record=False).step_time_s
+    assert on_gpu == pytest.approx(800e-6, rel=0.02)
+    without = simulate(g, resolve(g, Plan(device="gpu0"), m), m, dataclasses.replace(profile, cuda=None),
+                       record=False).step_time_s
+    assert without < 200e-6  # the CPU profile's dispatch and the roofline: far less
+    on_cpu = simulate(g, resolve(g, Plan(device="cpu0"), m), m, profile, record=False).step_time_s
+    assert on_cpu < 200e-6
+    again = Profile.load(profile.save(tmp_path / "p.json"), check_machine=False)
+    assert again.cuda == cuda

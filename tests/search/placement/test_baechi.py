@@ -175,6 +175,9 @@ class GpuRooflineCost(TableCost):
     def kind_launch_us(self, kind: str) -> float:
         return 5.0
 
+    def kind_issue_us(self, op: Op, kind: str) -> float | None:
+        return None
+
 
 @pytest.mark.parametrize("workload", ["mlp", "transformer"])
 def test_etf_puts_the_work_on_the_gpus_not_the_slow_cpu(workload: str) -> None:

@@ -1,0 +1,139 @@
+"""`schedlab calibrate --cuda` and `schedlab fidelity --cuda`: a GPU's costs and the
+simulator's fidelity on it (`calibrate.cuda_fidelity`).
+
+    schedlab calibrate --cuda                 # the built-ins' kernels, issue costs and copies, into the profile
+    schedlab fidelity --cuda                  # built-in models: executor vs eager vs simulator on the GPU
+    schedlab fidelity --cuda --held-out       # the held-out models, from what the built-ins calibrated
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from schedlab.cli.common import TRACES_DIR
+from schedlab.errors import SchedlabError
+
+DEFAULT_CUDA_OUT = TRACES_DIR / "fidelity-cuda.json"
+
+
+def require_cuda() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SchedlabError(
+            "--cuda measures a GPU, and torch sees none here (torch.cuda.is_available() is False; torch "
+            f"{torch.__version__}): run it on a machine with an NVIDIA GPU and a CUDA build of torch"
+        )
+    return "cuda"
+
+
+def _say(enabled: bool) -> Any:
+    def say(msg: str) -> None:
+        if enabled:
+            print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def run_calibrate_cuda(args: argparse.Namespace) -> int:
+    """Measure the GPU and write the cuda section into the existing Profile at --out."""
+    from schedlab.calibrate.cuda_fidelity import calibrate_cuda
+    from schedlab.calibrate.profile import Profile
+    from schedlab.cli.common import load_profile
+    from schedlab.io import check_writable
+    from schedlab.workloads import BUILTIN_WORKLOADS
+
+    out: Path = args.out
+    if not out.exists():
+        raise SchedlabError(
+            f"no profile at {out} to add a GPU's costs to: run `schedlab calibrate` (or --quick) on this machine "
+            "first; the host's CPU costs come from it, `--cuda` adds the GPU's"
+        )
+    check_writable(out)
+    load_profile(str(out))  # a corrupt profile fails now, not after the measuring
+    device = require_cuda()
+    t0 = time.perf_counter()
+    size = "tiny" if args.quick else "default"
+    costs, report = calibrate_cuda(list(BUILTIN_WORKLOADS), size=size, device=device,
+                                   progress=_say(not getattr(args, "no_progress", False)))
+    dataclasses.replace(Profile.load(out, check_machine=False), cuda=costs).save(out)
+    wall_s = round(time.perf_counter() - t0, 1)
+    s = {"path": str(out), "wall_s": wall_s, "cuda": cuda_summary(costs), "models": report["models"],
+         "failed_models": report["failed_models"]}
+    if args.json:
+        print(json.dumps(s, indent=1))
+    else:
+        print(f"cuda section written to {out} ({wall_s} s)")
+        print_cuda_summary(s["cuda"])
+        for m, r in report["models"].items():
+            print(f"  {m}: {r['ops']} ops, {r['new_signatures']} new signatures ({r['captured']} from CUDA graphs, "
+                  f"{r['eager']} eager, {len(r['failed'])} failed), executor step {r['step_ms']:.2f} ms")
+        for m, e in report["failed_models"].items():
+            print(f"  {m}: did not run on the GPU: {e}")
+    return 0
+
+
+def cuda_summary(c: Any) -> dict[str, Any]:
+    return {
+        "device": c.device, "torch": c.torch, "launch_us": c.launch_us, "tflops": c.flops_per_s / 1e12,
+        "bw_tb_per_s": c.bw_bytes_per_s / 1e12, "signatures": len(c.signatures), "issue_default_us": c.issue_default_us,
+        "h2d": None if c.h2d is None else {"latency_us": c.h2d.latency_us, "gb_per_s": c.h2d.bw_bytes_per_s / 1e9},
+        "d2h": None if c.d2h is None else {"latency_us": c.d2h.latency_us, "gb_per_s": c.d2h.bw_bytes_per_s / 1e9},
+    }
+
+
+def print_cuda_summary(s: dict[str, Any]) -> None:
+    print(f"{s['device']} (torch {s['torch']}): empty kernel {s['launch_us']:.2f} us, fp32 mm {s['tflops']:.1f} TFLOP/s, "
+          f"add {s['bw_tb_per_s']:.2f} TB/s; {s['signatures']} op signatures; host issue {s['issue_default_us']:.1f} us "
+          "per op (median)")
+    for k in ("h2d", "d2h"):
+        if s[k]:
+            print(f"  {k}: {s[k]['latency_us']:.1f} us + bytes / {s[k]['gb_per_s']:.1f} GB/s (pinned)")
+
+
+def run_fidelity_cuda(args: argparse.Namespace, models: list[str]) -> int:
+    """Executor, eager and simulator on the GPU, model by model (`calibrate.cuda_fidelity`)."""
+    from schedlab.calibrate.cuda_fidelity import cuda_fidelity, summary
+    from schedlab.cli.common import load_profile
+    from schedlab.io import check_writable, write_json_atomic
+    from schedlab.trace import library_versions
+
+    out = Path(args.out) if args.out else DEFAULT_CUDA_OUT
+    check_writable(out)
+    profile = load_profile(args.profile)
+    device = require_cuda()
+    failed: dict[str, str] = {}
+    rows = cuda_fidelity(models, profile, size=args.size, optimizer=args.optimizer, device=device, steps=args.steps,
+                         progress=_say(not args.json), failed=failed)
+    scored = summary(rows)
+    result: dict[str, Any] = {
+        "set": "held-out" if args.held_out else "built-in",
+        "conditions": {"versions": library_versions(), "size": args.size, "optimizer": args.optimizer,
+                       "steps": args.steps, "cuda": cuda_summary(profile.cuda)},
+        "summary": scored,
+        "models": [r.to_json() for r in rows],
+        "failed_models": failed,
+    }
+    write_json_atomic(out, result, indent=1)
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    print(f"{'model':32s} {'ops':>5s} {'executor':>9s} {'eager':>8s} {'x eager':>8s} {'issue':>7s} "
+          f"{'predicted':>10s} {'error':>7s} {'roofline':>9s} {'error':>7s} {'known':>6s}")
+    for r in rows:
+        print(f"{r.model:32s} {r.ops:5d} {r.measured_ms:8.2f}m {r.eager_ms:7.2f}m {r.ratio_vs_eager:8.2f} "
+              f"{r.issue_ms:6.2f}m {r.predicted_ms:9.2f}m {r.error_pct:+6.1f}% {r.roofline_ms:8.2f}m "
+              f"{r.roofline_error_pct:+6.1f}% {r.known_signatures:6.0%}")
+    for label, s in scored.items():
+        print(f"{label}: MAPE {s['mape_pct']:.1f}% calibrated, {s['roofline_mape_pct']:.1f}% datasheet roofline; "
+              f"executor/eager {s['ratio_vs_eager_median']:.2f} (median)")
+    for m, e in failed.items():
+        print(f"{m}: did not run on the GPU: {e}")
+    print(f"results in {out}")
+    return 0 if rows else 1

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# What a lent GPU machine runs, in one call (README, "Measured on a GPU machine"):
+#   1. the GPU: `schedlab calibrate --cuda` (on the built-ins), then `schedlab fidelity --cuda`
+#      on the built-ins and on the held-out models (never calibrated on);
+#   2. its many CPU cores: a quick CPU calibration over 1..N threads, the simulator's fidelity
+#      over the many-core spread (slots 1/2/4 x threads up to N), and a concurrency search on
+#      the simulator whose top plans are validated on the executor.
+# Usage: scripts/gpu_check.sh OUT_DIR BASE_PROFILE [DEADLINE_S]
+# Every step has its own time limit inside DEADLINE_S (default 540 s); each step's output
+# and log land in OUT_DIR, packed into OUT_DIR/results.tgz after every step, so a run cut
+# short still returns what it finished. SCHEDLAB (default "python3 -m schedlab") runs it.
+set -u
+out=${1:?OUT_DIR}; base=${2:?BASE_PROFILE}; deadline_s=${3:-540}
+sl=${SCHEDLAB:-python3 -m schedlab}
+w=$(mktemp -d); t0=$(date +%s)
+export PYTHONUNBUFFERED=1
+mkdir -p "$out"
+out=$(cd "$out" && pwd); base=$(cd "$(dirname "$base")" && pwd)/$(basename "$base")
+cd "$w"  # not the checkout: its schedlab/ folder would shadow the installed package's other modules
+cores=$(nproc)
+step() {  # step NAME CAP_S COMMAND...: run with the lesser of CAP_S and what is left
+  local name=$1 cap=$2; shift 2
+  local left=$(( deadline_s - ($(date +%s) - t0) - 15 ))
+  (( left < cap )) && cap=$left
+  if (( cap < 10 )); then echo "skip $name: no time left" | tee -a "$w/steps.txt"; return; fi
+  local s=$(date +%s)
+  timeout "$cap" "$@" > "$w/$name.out" 2> "$w/$name.log"
+  local rc=$?
+  echo "$name rc=$rc $(( $(date +%s) - s ))s (cap ${cap}s)" | tee -a "$w/steps.txt"
+  tail -n 25 "$w/$name.out"
+  tar czf "$out/results.tgz" -C "$w" .
+}
+{ nvidia-smi; nproc; python3 -c 'import torch; print(torch.__version__, torch.cuda.is_available())'; } > "$w/machine.txt" 2>&1
+cp "$base" "$w/profile-cuda.json"
+step calibrate-cuda 150 $sl calibrate --cuda --out "$w/profile-cuda.json"
+step fidelity-cuda 100 $sl fidelity --cuda --profile "$w/profile-cuda.json" --out "$w/fidelity-cuda.json"
+step fidelity-cuda-heldout 160 $sl fidelity --cuda --held-out --profile "$w/profile-cuda.json" \
+  --out "$w/fidelity-cuda-heldout.json"
+threads=$(python3 -c "n=$cores; print(','.join(str(t) for t in sorted({1 << k for k in range(n.bit_length()) if 1 << k <= n} | {n})))")
+step calibrate-cpu 200 $sl calibrate --quick --threads "$threads" --out "$w/profile-cpu.json" --no-progress
+step fidelity-cpu-heldout 120 $sl fidelity --held-out mixer encoder-classifier --steps 3 \
+  --profile "$w/profile-cpu.json" --out "$w/fidelity-cpu-heldout.json"
+step search-cpu 60 $sl search transformer --space concurrency --trials 100 --profile "$w/profile-cpu.json" \
+  --run-dir "$w/run-transformer" --no-progress
+step validate-cpu 90 $sl validate "$w/run-transformer" --top 3 --no-progress
+step fidelity-cpu 120 $sl fidelity mlp transformer --steps 3 --profile "$w/profile-cpu.json" --out "$w/fidelity-cpu.json"
+tar czf "$out/results.tgz" -C "$w" .
+cat "$w/steps.txt"

@@ -1,0 +1,167 @@
+"""The GPU calibration and fidelity code, run on the CPU (`calibrate.cuda_run` says how):
+the same measuring and bookkeeping a GPU run does, with host clocks. What a GPU measured
+is quoted in the README; these check the code that produced it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from schedlab.calibrate.cuda_costs import CudaCosts, LinkFit
+from schedlab.calibrate.cuda_fidelity import calibrate_cuda, cuda_fidelity, datasheet, summary
+from schedlab.calibrate.cuda_run import fit_latency_bw, issue_costs, live_values, signature_kernels_us
+from schedlab.calibrate.profile import Profile
+from schedlab.calibrate.signature import signature
+from schedlab.capture import capture
+from schedlab.cli import main
+from schedlab.errors import SchedlabError
+from schedlab.exec.program import compile_graph
+from schedlab.workloads import load_workload
+from tests.calibrate.factories import make_profile
+
+SMALL = {"roofline_sizes": (128, 1 << 14), "copy_sizes": (4096, 1 << 16, 1 << 18)}
+
+
+@pytest.fixture(scope="module")
+def calibrated() -> tuple[CudaCosts, dict[str, object]]:
+    return calibrate_cuda(["mlp"], size="tiny", device="cpu", steps=2, **SMALL)  # type: ignore[arg-type]
+
+
+def test_the_calibration_times_every_distinct_op_and_each_targets_issue(calibrated: tuple[CudaCosts, dict]) -> None:
+    costs, report = calibrated
+    graph = capture(load_workload("mlp", "tiny")).graph
+    compute = {signature(op) for op in graph.ops if not op.is_view}
+    assert set(costs.signatures) == compute
+    assert all(us > 0 for us in costs.signatures.values())
+    assert set(costs.issue_us) == {op.target for op in graph.ops}
+    assert costs.issue_default_us is not None and costs.issue_default_us > 0
+    assert costs.launch_us > 0 and costs.flops_per_s > 0 and costs.bw_bytes_per_s > 0
+    assert costs.h2d is not None and costs.d2h is not None
+    assert report["models"]["mlp"]["new_signatures"] == len(compute)  # type: ignore[index]
+    assert report["models"]["mlp"]["failed"] == []  # type: ignore[index]
+    # JSON round trip inside a Profile.
+    p = dataclasses.replace(make_profile(), cuda=costs)
+    assert Profile.from_json(json.loads(json.dumps(p.to_json()))).cuda == dataclasses.replace(
+        costs, signatures={k: round(v, 4) for k, v in costs.signatures.items()},
+        issue_us={k: round(v, 4) for k, v in costs.issue_us.items()},
+        h2d=LinkFit(round(costs.h2d.latency_us, 4), costs.h2d.bw_bytes_per_s),
+        d2h=LinkFit(round(costs.d2h.latency_us, 4), costs.d2h.bw_bytes_per_s),
+    )
+
+
+def test_the_calibration_never_sees_a_held_out_model() -> None:
+    with pytest.raises(SchedlabError, match="never sees held-out models"):
+        calibrate_cuda(["mlp", "heldout:mixer"], size="tiny", device="cpu", **SMALL)  # type: ignore[arg-type]
+
+
+def test_signatures_already_measured_are_skipped_and_a_failing_op_is_reported() -> None:
+    cap = capture(load_workload("mlp", "tiny"))
+    prog = compile_graph(cap.graph)
+    values = live_values(prog, dict(cap.input_values), "cpu")
+    first = signature_kernels_us(prog, values, "cpu")
+    again = signature_kernels_us(prog, values, "cpu", skip=first.kernel_us)
+    assert first.kernel_us and again.kernel_us == {} and first.captured == 0 and first.eager == len(first.kernel_us)
+    broken = list(values)
+    mm = next(op for op in cap.graph.ops if "mm" in op.target)
+    broken[mm.inputs[0]] = torch.zeros(3, 5)  # a shape the op cannot take
+    out = signature_kernels_us(prog, broken, "cpu")
+    assert any(signature(mm) in f for f in out.failed)
+
+
+def test_the_latency_bandwidth_fit_recovers_a_line() -> None:
+    fit = fit_latency_bw([(n, 7.0 + 1e6 * n / 20e9) for n in (1e3, 1e5, 1e7, 1e8)])
+    assert fit.latency_us == pytest.approx(7.0, rel=1e-6) and fit.bw_bytes_per_s == pytest.approx(20e9, rel=1e-6)
+    assert fit.us(1e8) == pytest.approx(7.0 + 5000.0)
+    with pytest.raises(ValueError):
+        fit_latency_bw([(1.0, 1.0)])
+
+
+def test_issue_costs_are_the_median_per_target() -> None:
+    g = capture(load_workload("mlp", "tiny")).graph
+    issue = [float(op.id) for op in g.ops]
+    per, default = issue_costs([(g, issue)])
+    t = g.ops[0].target
+    ids = sorted(op.id for op in g.ops if op.target == t)
+    assert per[t] == pytest.approx(sorted(ids)[len(ids) // 2] if len(ids) % 2 else (ids[len(ids) // 2 - 1] + ids[len(ids) // 2]) / 2)
+    assert default == pytest.approx(sorted(issue)[len(issue) // 2] if len(issue) % 2 else
+                                     (sorted(issue)[len(issue) // 2 - 1] + sorted(issue)[len(issue) // 2]) / 2)
+
+
+def test_fidelity_measures_executor_and_eager_and_predicts_both_ways(calibrated: tuple[CudaCosts, dict]) -> None:
+    costs, _ = calibrated
+    profile = dataclasses.replace(make_profile(), cuda=costs)
+    rows = cuda_fidelity(["mlp", "heldout:mixer"], profile, size="tiny", device="cpu", steps=2)
+    mlp, mixer = rows
+    assert not mlp.held_out and mixer.held_out
+    assert mlp.known_signatures == 1.0  # calibrated on it
+    assert mixer.known_signatures < 1.0  # never measured: its ops fall to the measured roofline
+    for r in rows:
+        assert r.measured_ms > 0 and r.eager_ms > 0 and r.predicted_ms > 0 and r.roofline_ms > 0
+        assert r.issue_ms > 0 and r.ratio_vs_eager > 0
+        assert r.error_pct == pytest.approx(100 * (r.predicted_ms - r.measured_ms) / r.measured_ms)
+    s = summary(rows)
+    assert s["builtin"]["models"] == 1 and s["heldout"]["models"] == 1
+    with pytest.raises(SchedlabError, match="no cuda section"):
+        cuda_fidelity(["mlp"], make_profile(), size="tiny", device="cpu")
+
+
+def test_compiled_factory_ops_make_their_tensors_on_the_device_asked() -> None:
+    cap = capture(load_workload("heldout:rnn-regressor", "tiny"))  # its initial hidden state: aten.zeros(device=cpu)
+    assert any(isinstance(a, dict) and "device" in a for op in cap.graph.ops for a in op.kwargs.values())
+    on_meta = compile_graph(cap.graph, device="meta")
+    plain = compile_graph(cap.graph)
+    assert torch.device("meta") in on_meta.consts and torch.device("meta") not in plain.consts
+    assert torch.device("cpu") in plain.consts and torch.device("cpu") not in on_meta.consts
+
+
+def test_the_datasheet_names_the_gpus_it_knows() -> None:
+    assert datasheet("NVIDIA H200") == (67e12, 4.8e12)
+    assert datasheet("NVIDIA H100 80GB HBM3") == (67e12, 3.35e12)
+    assert datasheet("Some GPU") == datasheet("H100")
+
+
+def test_the_cuda_commands_say_plainly_when_there_is_no_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    prof = make_profile().save(tmp_path / "p.json")
+    assert main(["calibrate", "--cuda", "--out", str(prof)]) == 2
+    assert "torch sees none here" in capsys.readouterr().err
+    assert main(["fidelity", "--cuda", "mlp", "--profile", str(prof), "--out", str(tmp_path / "f.json")]) == 2
+    assert "torch sees none here" in capsys.readouterr().err
+    assert not (tmp_path / "f.json").exists()
+    assert main(["calibrate", "--cuda", "--links", "--out", str(prof)]) == 2
+    assert "give one of them" in capsys.readouterr().err
+    assert main(["fidelity", "--cuda", "--devices", "2", "mlp"]) == 2
+    assert "drop --devices" in capsys.readouterr().err
+    assert main(["calibrate", "--cuda", "--out", str(tmp_path / "none.json")]) == 2
+    assert "no profile at" in capsys.readouterr().err
+
+
+def test_a_model_that_cannot_run_on_the_gpu_is_reported_and_the_rest_go_on(
+    calibrated: tuple[CudaCosts, dict], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import schedlab.calibrate.cuda_fidelity as cf
+
+    real = cf._prepare
+
+    def prepare(model: str, *args: object) -> object:
+        if model == "heldout:lstm-lm":
+            raise NotImplementedError("Could not run 'aten::mkldnn_rnn_layer' with arguments from the 'CUDA' backend.")
+        return real(model, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cf, "_prepare", prepare)
+    profile = dataclasses.replace(make_profile(), cuda=calibrated[0])
+    failed: dict[str, str] = {}
+    rows = cuda_fidelity(["heldout:lstm-lm", "mlp"], profile, size="tiny", device="cpu", steps=1, failed=failed)
+    assert [r.model for r in rows] == ["mlp"]
+    assert failed == {"heldout:lstm-lm": "NotImplementedError: Could not run 'aten::mkldnn_rnn_layer' with arguments "
+                                         "from the 'CUDA' backend."}
+    _, report = calibrate_cuda(["mlp", "cnn"], size="tiny", device="cpu", steps=1, **SMALL)  # type: ignore[arg-type]
+    assert report["failed_models"] == {}
+    monkeypatch.setattr(cf, "_prepare", lambda *a: (_ for _ in ()).throw(RuntimeError("no kernel")))
+    with pytest.raises(SchedlabError, match="no calibration model ran on the GPU: mlp: RuntimeError: no kernel"):
+        calibrate_cuda(["mlp"], size="tiny", device="cpu", **SMALL)  # type: ignore[arg-type]
