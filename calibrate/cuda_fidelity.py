@@ -1,18 +1,17 @@
-"""A GPU's calibration and the simulator's fidelity on it, model by model.
-
-`calibrate_cuda` writes the figures of a Profile's "cuda" section (`calibrate.cuda_costs`)
-from the calibration workloads (the built-ins, never a held-out model): the measured
-roofline, each distinct op's kernel time, the host's issue cost per aten target and the
-host<->device copy fits.
+"""The simulator's fidelity on a GPU, model by model, and re-scoring saved GPU runs.
 
 `cuda_fidelity` runs each model's training step on the GPU as schedlab's executor runs it
 (one stream, the straight-line step in program order) and as plain eager PyTorch runs it
-(`exec.check.eager_step`, on the same GPU), interleaved step by step, and predicts the
-executor's step in the simulator twice: with the Profile's cuda section (calibrated), and
-with the GPU's datasheet roofline and the CPU profile's dispatch cost (what the simulator
-does with no GPU calibration). Held-out models are predicted from what the built-ins
-calibrated: their own ops' kernels are not measured, so a signature never seen is costed
-by the measured roofline.
+(`exec.check.eager_step`, on the same GPU), interleaved step by step and round-robin
+over the models, and predicts the executor's step in the simulator twice: with the
+Profile's cuda section (`calibrate.cuda_calibrate`, from the built-ins), and with the
+GPU's datasheet roofline and the CPU profile's dispatch cost (what the simulator does with
+no GPU calibration). Held-out models are predicted from what the built-ins calibrated:
+their own ops' kernels are not measured, so a signature never seen is costed by the
+measured roofline.
+
+`rescore` predicts a saved results file again (no GPU needed), optionally with the host's
+issue costs re-fitted from the built-in models measured in the same process.
 """
 
 from __future__ import annotations
@@ -26,149 +25,30 @@ from typing import Any
 
 import torch
 
-from schedlab.calibrate.cuda_costs import CudaCosts
-from schedlab.calibrate.cuda_run import (
-    copy_fit,
-    issue_costs,
-    live_values,
-    replay_steps,
-    roofline_figures,
-    signature_kernels_us,
-    synchronize,
-    to_device,
+from schedlab.calibrate.cuda_calibrate import (
+    GPU_ID,
+    Prepared,
+    Progress,
+    device_name,
+    failure_text,
+    gpu_machine,
+    machine_for,
+    prepare_on,
+    refit_issue,
 )
+from schedlab.calibrate.cuda_run import replay_steps, synchronize
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.signature import signature
-from schedlab.capture import Captured, capture
+from schedlab.capture import capture
 from schedlab.errors import SchedlabError
 from schedlab.exec.bench import ratio_stats
 from schedlab.exec.check import eager_reference, eager_step
-from schedlab.exec.program import compile_graph
-from schedlab.machine import Device, Machine, usable_cores
+from schedlab.graph import Graph
+from schedlab.machine import Machine
 from schedlab.plan import Plan, ResolvedPlan, resolve
 from schedlab.sim.engine import Simulator
 from schedlab.workloads.heldout import is_heldout
 from schedlab.workloads.loader import load_workload
-
-GPU_ID = "gpu0"
-
-# fp32 (no tensor cores: PyTorch's default fp32 matmul uses no TF32) peak FLOP/s and HBM
-# bandwidth from NVIDIA's datasheets, by a substring of torch.cuda.get_device_name(): the
-# roofline an uncalibrated simulator would cost the GPU by. First match wins.
-DATASHEET: tuple[tuple[str, float, float], ...] = (
-    ("H200", 67e12, 4.8e12),
-    ("H100", 67e12, 3.35e12),
-    ("A100", 19.5e12, 2.039e12),
-    ("V100", 14e12, 900e9),
-)
-
-
-def datasheet(name: str) -> tuple[float, float]:
-    """(peak fp32 FLOP/s, memory bytes/s) of the GPU called `name`; an unknown one gets the
-    H100's, and says so in the fidelity file (`roofline_source`)."""
-    for key, flops, bw in DATASHEET:
-        if key in name:
-            return flops, bw
-    return DATASHEET[1][1], DATASHEET[1][2]
-
-
-def device_name(device: str | torch.device) -> str:
-    dev = torch.device(device)
-    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (test run)"
-
-
-def gpu_machine(device: str | torch.device) -> Machine:
-    """This host as the simulator sees it: one process driving one GPU on one stream (the
-    executor's straight-line step) and the host's CPU cores."""
-    dev = torch.device(device)
-    name = device_name(dev)
-    flops, bw = datasheet(name)
-    mem = torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else 16 * 2**30
-    cores = usable_cores()
-    return Machine(
-        name="cuda-host",
-        devices=(
-            Device(id=GPU_ID, kind="cuda", cores=1, memory_bytes=int(mem), streams=1, peak_flops=flops,
-                   mem_bw_bytes_per_s=bw),
-            Device(id="cpu0", kind="cpu", cores=cores, memory_bytes=64 * 2**30),
-        ),
-        host={"gpu": name, "cpu_cores": cores},
-    )
-
-
-@dataclass
-class _Prepared:
-    name: str
-    captured: Captured
-    resolved: ResolvedPlan
-    run: Callable[[list[Any], list[int]], None]
-    program: Any
-    inputs: dict[int, torch.Tensor]
-
-
-def _prepare(model: str, size: str, optimizer: str, device: str | torch.device, machine: Machine) -> _Prepared:
-    captured = capture(load_workload(model, size), optimizer)
-    graph = captured.graph
-    program = compile_graph(graph, device=device)
-    resolved = resolve(graph, Plan(device=GPU_ID), machine)
-    keep = {o.value for o in graph.outputs}
-    run = program.straight_line(resolved.sequence, resolved.threads, keep)
-    return _Prepared(model, captured, resolved, run, program, to_device(captured.input_values, device))
-
-
-Progress = Callable[[str], None]
-
-
-def calibrate_cuda(
-    models: Sequence[str], *, size: str = "default", optimizer: str = "sgd", device: str = "cuda", steps: int = 10,
-    progress: Progress | None = None, roofline_sizes: tuple[int, int] = (8192, 1 << 27),
-    copy_sizes: Sequence[int] | None = None,
-) -> tuple[CudaCosts, dict[str, Any]]:
-    """The "cuda" section measured on `device` from `models` (module docstring), and a
-    report (per model: ops, signatures measured, captured/eager/failed counts)."""
-    say = progress or (lambda _m: None)
-    held = [m for m in models if is_heldout(m)]
-    if held:
-        raise SchedlabError(f"the GPU calibration never sees held-out models ({', '.join(held)}): "
-                            "calibrate on the built-ins and judge on the held-out set with `schedlab fidelity --cuda`")
-    machine = gpu_machine(device)
-    say("roofline: an empty kernel, a large mm, a large add")
-    roof = roofline_figures(device, *roofline_sizes)
-    sigs: dict[str, float] = {}
-    replays = []
-    report: dict[str, Any] = {"models": {}}
-    report["failed_models"] = {}
-    for model in models:
-        say(f"{model}: kernels of its ops, then its host issue costs")
-        try:
-            p = _prepare(model, size, optimizer, device, machine)
-            values = live_values(p.program, to_device(p.captured.input_values, device), device)
-            kt = signature_kernels_us(p.program, values, device, skip=sigs)
-            del values
-            times, _ = replay_steps(p.program, p.run, p.resolved.sequence, False, p.inputs, device, steps)
-        except Exception as e:
-            report["failed_models"][model] = _failure(e)
-            say(f"{model}: failed: {report['failed_models'][model]}")
-            synchronize(device)
-            continue
-        sigs.update(kt.kernel_us)
-        replays.append((p.captured.graph, times.issue_us))
-        report["models"][model] = {"ops": len(p.captured.graph.ops), "new_signatures": len(kt.kernel_us),
-                                   "captured": kt.captured, "eager": kt.eager, "failed": list(kt.failed),
-                                   "step_ms": 1e3 * statistics.median(times.step_s)}
-    if not replays:
-        raise SchedlabError("no calibration model ran on the GPU: " + "; ".join(
-            f"{m}: {e}" for m, e in report["failed_models"].items()))
-    issue, issue_default = issue_costs(replays)
-    say("host<->device copies")
-    sizes = {} if copy_sizes is None else {"sizes": copy_sizes}
-    h2d, d2h = copy_fit(device, True, **sizes), copy_fit(device, False, **sizes)
-    costs = CudaCosts(
-        device=device_name(device), torch=torch.__version__, measured_unix_s=time.time(),
-        launch_us=roof.launch_us, flops_per_s=roof.flops_per_s, bw_bytes_per_s=roof.bw_bytes_per_s,
-        signatures=sigs, issue_us=issue, issue_default_us=issue_default, h2d=h2d, d2h=d2h,
-    )
-    return costs, report
 
 
 @dataclass(frozen=True)
@@ -183,6 +63,9 @@ class CudaFidelityRow:
     predicted_ms: float  # the simulator with the cuda section
     roofline_ms: float  # the simulator with the datasheet roofline, no GPU calibration
     known_signatures: float  # share of the step's compute ops whose kernel was measured
+    op_issue_us: tuple[float, ...] = ()  # per op (by id): its measured host issue µs (median over steps)
+    step_s: tuple[float, ...] = ()  # every timed executor step, in order
+    eager_s: tuple[float, ...] = ()  # every timed eager step, each paired with the executor step above
 
     @property
     def error_pct(self) -> float:
@@ -193,69 +76,160 @@ class CudaFidelityRow:
         return 100.0 * (self.roofline_ms - self.measured_ms) / self.measured_ms
 
     def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "error_pct": self.error_pct, "roofline_error_pct": self.roofline_error_pct}
+        d = dataclasses.asdict(self)
+        d["op_issue_us"] = [round(x, 2) for x in self.op_issue_us]
+        d["step_s"] = [round(x, 9) for x in self.step_s]
+        d["eager_s"] = [round(x, 9) for x in self.eager_s]
+        return {**d, "error_pct": self.error_pct, "roofline_error_pct": self.roofline_error_pct}
 
 
 def cuda_fidelity(
     models: Sequence[str], profile: Profile, *, size: str = "default", optimizer: str = "sgd", device: str = "cuda",
-    steps: int = 10, progress: Progress | None = None, failed: dict[str, str] | None = None,
+    steps: int = 10, rounds: int = 1, progress: Progress | None = None, failed: dict[str, str] | None = None,
 ) -> list[CudaFidelityRow]:
     """Per model, the executor's and eager's GPU steps measured and the simulator's two
-    predictions (module docstring). `profile` must hold a cuda section. A model that
-    cannot run on the GPU (an op with no CUDA kernel) is left out, its error in `failed`."""
+    predictions (module docstring). `profile` must hold a cuda section. Every model is
+    set up on the GPU first, then measured `rounds` times round-robin, `steps` steps each
+    time (a slow spell of the shared host then falls on all models alike); each figure is
+    the median over all rounds. A model that cannot run on the GPU (an op with no CUDA
+    kernel) is left out, its error in `failed`."""
     failed = {} if failed is None else failed
     if profile.cuda is None:
         raise SchedlabError("the profile has no cuda section: run `schedlab calibrate --cuda` on this GPU machine first")
+    if rounds < 1 or steps < 1:
+        raise SchedlabError(f"rounds and steps must be >= 1, got {rounds} and {steps}")
     say = progress or (lambda _m: None)
     machine = gpu_machine(device)
-    uncalibrated = dataclasses.replace(profile, cuda=None)
-    rows = []
+    live: dict[str, _Live] = {}
     for model in models:
-        say(f"{model}: executor and eager steps on {device_name(device)}")
+        say(f"{model}: set up on {device_name(device)}")
         try:
-            rows.append(_fidelity_row(model, profile, uncalibrated, machine, size, optimizer, device, steps))
+            live[model] = _Live.start(model, size, optimizer, device, machine)
         except Exception as e:
-            failed[model] = _failure(e)
+            failed[model] = failure_text(e)
             say(f"{model}: failed: {failed[model]}")
             synchronize(device)
-    return rows
+    for r in range(rounds):
+        say(f"round {r + 1} of {rounds}: executor and eager steps, model by model")
+        for model in list(live):
+            try:
+                live[model].measure(steps, warmup=2 if r == 0 else 1)
+            except Exception as e:
+                failed[model] = failure_text(e)
+                del live[model]
+                synchronize(device)
+    return [score(m, x.p.captured.graph, x.p.resolved, x.measured(), profile, machine) for m, x in live.items()]
 
 
-def _failure(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+@dataclass(frozen=True)
+class GpuMeasurement:
+    """One model's measured GPU steps: every timed step of the executor and of eager (paired,
+    in order) and the executor's per-op host issue µs (by op id; the median over rounds of
+    each round's median)."""
+
+    step_s: tuple[float, ...]
+    eager_s: tuple[float, ...]
+    op_issue_us: tuple[float, ...]
 
 
-def _fidelity_row(model: str, profile: Profile, uncalibrated: Profile, machine: Machine, size: str, optimizer: str,
-                  device: str, steps: int) -> CudaFidelityRow:
-    assert profile.cuda is not None
-    p = _prepare(model, size, optimizer, device, machine)
-    graph = p.captured.graph
-    ref, user, opt = eager_reference(load_workload(model, size).module, graph, p.captured.input_values)
-    ref.to(device)
-    user = tuple(t.to(device) for t in user)
-    eager_s: list[float] = []
+@dataclass
+class _Live:
+    """A model set up on the GPU: the executor's straight line and eager's module, both
+    stepping on from step to step, and what their measured steps took so far."""
 
-    def eager() -> None:
-        synchronize(device)
-        t0 = time.perf_counter()
-        eager_step(ref, user, opt)
-        synchronize(device)
-        eager_s.append(time.perf_counter() - t0)
+    p: Prepared
+    eager: Callable[[], float]
+    inputs: dict[int, torch.Tensor]
+    step_s: list[float] = dataclasses.field(default_factory=list)
+    eager_s: list[float] = dataclasses.field(default_factory=list)
+    issue_rounds: list[tuple[float, ...]] = dataclasses.field(default_factory=list)
 
-    times, _ = replay_steps(p.program, p.run, p.resolved.sequence, False, p.inputs, device, steps, between=eager)
-    eager_timed = eager_s[-len(times.step_s):]
-    ratio, _ = ratio_stats(list(times.step_s), eager_timed)
-    predicted = Simulator(graph, machine, profile).run(p.resolved, record=False).step_time_s
-    roofline = Simulator(graph, machine, uncalibrated).run(p.resolved, record=False).step_time_s
+    @staticmethod
+    def start(model: str, size: str, optimizer: str, device: str, machine: Machine) -> _Live:
+        p = prepare_on(model, size, optimizer, device, machine)
+        ref, user, opt = eager_reference(load_workload(model, size).module, p.captured.graph, p.captured.input_values)
+        ref.to(device)
+        on_device = tuple(t.to(device) for t in user)
+
+        def eager() -> float:
+            synchronize(device)
+            t0 = time.perf_counter()
+            eager_step(ref, on_device, opt)
+            synchronize(device)
+            return time.perf_counter() - t0
+
+        return _Live(p=p, eager=eager, inputs=p.inputs)
+
+    def measure(self, steps: int, warmup: int) -> None:
+        eager_s: list[float] = []
+        times, self.inputs = replay_steps(self.p.program, self.p.run, self.p.resolved.sequence, False, self.inputs,
+                                          _device_of(self.inputs), steps, warmup=warmup,
+                                          between=lambda: eager_s.append(self.eager()))
+        self.step_s += times.step_s
+        self.eager_s += eager_s[-len(times.step_s):]
+        self.issue_rounds.append(times.issue_us)
+
+    def measured(self) -> GpuMeasurement:
+        issue = tuple(statistics.median(r[i] for r in self.issue_rounds) for i in range(len(self.issue_rounds[0])))
+        return GpuMeasurement(step_s=tuple(self.step_s), eager_s=tuple(self.eager_s), op_issue_us=issue)
+
+
+def _device_of(inputs: dict[int, torch.Tensor]) -> torch.device:
+    return next(iter(inputs.values())).device if inputs else torch.device("cpu")
+
+
+def score(model: str, graph: Graph, resolved: ResolvedPlan, m: GpuMeasurement, profile: Profile,
+          machine: Machine) -> CudaFidelityRow:
+    """`m` against the simulator's step of `graph` under `resolved` on `machine`, with the
+    profile's cuda section and without it (the datasheet roofline)."""
+    cuda = profile.cuda
+    assert cuda is not None
+    ratio, _ = ratio_stats(list(m.step_s), list(m.eager_s))
+    predicted = Simulator(graph, machine, profile).run(resolved, record=False).step_time_s
+    roofline = Simulator(graph, machine, dataclasses.replace(profile, cuda=None)).run(resolved, record=False).step_time_s
     compute = [op for op in graph.ops if not op.is_view]
-    known = sum(1 for op in compute if signature(op) in profile.cuda.signatures) / max(1, len(compute))
+    known = sum(1 for op in compute if signature(op) in cuda.signatures) / max(1, len(compute))
     return CudaFidelityRow(
         model=model, held_out=is_heldout(model), ops=len(graph.ops),
-        measured_ms=1e3 * statistics.median(times.step_s), eager_ms=1e3 * statistics.median(eager_timed),
-        ratio_vs_eager=ratio, issue_ms=sum(times.issue_us) / 1e3,
+        measured_ms=1e3 * statistics.median(m.step_s), eager_ms=1e3 * statistics.median(m.eager_s),
+        ratio_vs_eager=ratio, issue_ms=sum(m.op_issue_us) / 1e3,
         predicted_ms=1e3 * predicted, roofline_ms=1e3 * roofline, known_signatures=known,
+        op_issue_us=m.op_issue_us, step_s=m.step_s, eager_s=m.eager_s,
     )
+
+
+def rescore(saved: dict[str, Any], profile: Profile, *, refit: bool = False,
+            graph_of: Callable[[str, str, str], Graph] | None = None) -> list[CudaFidelityRow]:
+    """The models of a saved `schedlab fidelity --cuda` results file predicted again from
+    `profile` (its cuda section) by this simulator, against the measurements saved. With
+    `refit`, the host issue costs are first re-fitted from the file's built-in models (the
+    calibration workloads, measured in the same process, so a host that runs faster or
+    slower from process to process is not part of the error of the held-out ones)."""
+    if profile.cuda is None:
+        raise SchedlabError("the profile has no cuda section: give the profile `schedlab calibrate --cuda` wrote")
+    cond = saved.get("conditions", {})
+    size, optimizer = str(cond.get("size", "default")), str(cond.get("optimizer", "sgd"))
+    gpu = str((cond.get("cuda") or {}).get("device", profile.cuda.device))
+    machine = machine_for(gpu)
+    get = graph_of or (lambda m, sz, opt: capture(load_workload(m, sz), opt).graph)
+    runs: list[tuple[str, Graph, GpuMeasurement]] = []
+    for row in saved.get("models", []):
+        graph = get(row["model"], size, optimizer)
+        issue = tuple(float(x) for x in row.get("op_issue_us", ()))
+        if len(issue) != len(graph.ops):
+            raise SchedlabError(
+                f"{row['model']}: the file holds {len(issue)} per-op issue times and the model captured here has "
+                f"{len(graph.ops)} ops (another torch version captures it differently): re-measure it on the GPU")
+        step_s = tuple(row.get("step_s") or (row["measured_ms"] / 1e3,))
+        eager_s = tuple(row.get("eager_s") or (row["eager_ms"] / 1e3,))
+        runs.append((row["model"], graph, GpuMeasurement(step_s=step_s, eager_s=eager_s, op_issue_us=issue)))
+    if refit:
+        own = [(g, m.op_issue_us) for name, g, m in runs if not is_heldout(name)]
+        if not own:
+            raise SchedlabError("re-fitting the issue costs needs built-in models in the files (the calibration "
+                                "workloads, measured in the same run): none is there")
+        profile = dataclasses.replace(profile, cuda=refit_issue(profile.cuda, own))
+    return [score(name, g, resolve(g, Plan(device=GPU_ID), machine), m, profile, machine) for name, g, m in runs]
 
 
 def summary(rows: Sequence[CudaFidelityRow]) -> dict[str, Any]:

@@ -205,6 +205,18 @@ def replay_steps(
     after `warmup`; each step's inputs are the last one's updates unless `keep_inputs`.
     `between()` runs before each step (the eager step it is interleaved with). Returns the
     times and the last step's inputs."""
+    threads = torch.get_num_threads()  # the straight line sets each op's; the caller's comes back after
+    try:
+        return _replay_steps(program, run, sequence, keep_inputs, inputs, device, steps, warmup, between)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _replay_steps(
+    program: Program, run: Callable[[list[Any], list[int]], None], sequence: Sequence[int], keep_inputs: bool,
+    inputs: dict[int, torch.Tensor], device: str | torch.device, steps: int, warmup: int,
+    between: Callable[[], None] | None,
+) -> tuple[ReplayTimes, dict[int, torch.Tensor]]:
     graph = program.graph
     n = len(sequence)
     per_op: list[list[float]] = [[] for _ in graph.ops]

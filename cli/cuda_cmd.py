@@ -20,6 +20,7 @@ from schedlab.cli.common import TRACES_DIR
 from schedlab.errors import SchedlabError
 
 DEFAULT_CUDA_OUT = TRACES_DIR / "fidelity-cuda.json"
+DEFAULT_CUDA_RESCORED = TRACES_DIR / "fidelity-cuda-rescored.json"
 
 
 def require_cuda() -> str:
@@ -43,7 +44,7 @@ def _say(enabled: bool) -> Any:
 
 def run_calibrate_cuda(args: argparse.Namespace) -> int:
     """Measure the GPU and write the cuda section into the existing Profile at --out."""
-    from schedlab.calibrate.cuda_fidelity import calibrate_cuda
+    from schedlab.calibrate.cuda_calibrate import calibrate_cuda
     from schedlab.calibrate.profile import Profile
     from schedlab.cli.common import load_profile
     from schedlab.io import check_writable
@@ -110,20 +111,26 @@ def run_fidelity_cuda(args: argparse.Namespace, models: list[str]) -> int:
     device = require_cuda()
     failed: dict[str, str] = {}
     rows = cuda_fidelity(models, profile, size=args.size, optimizer=args.optimizer, device=device, steps=args.steps,
-                         progress=_say(not args.json), failed=failed)
+                         rounds=args.rounds, progress=_say(not args.json), failed=failed)
     scored = summary(rows)
     result: dict[str, Any] = {
         "set": "held-out" if args.held_out else "built-in",
         "conditions": {"versions": library_versions(), "size": args.size, "optimizer": args.optimizer,
-                       "steps": args.steps, "cuda": cuda_summary(profile.cuda)},
+                       "steps": args.steps, "rounds": args.rounds, "cuda": cuda_summary(profile.cuda)},
         "summary": scored,
         "models": [r.to_json() for r in rows],
         "failed_models": failed,
     }
     write_json_atomic(out, result, indent=1)
-    if args.json:
+    print_rows(rows, scored, failed, out, as_json=args.json, result=result)
+    return 0 if rows else 1
+
+
+def print_rows(rows: list[Any], scored: dict[str, Any], failed: dict[str, str], out: Path, *, as_json: bool,
+               result: dict[str, Any]) -> None:
+    if as_json:
         print(json.dumps(result, indent=1))
-        return 0
+        return
     print(f"{'model':32s} {'ops':>5s} {'executor':>9s} {'eager':>8s} {'x eager':>8s} {'issue':>7s} "
           f"{'predicted':>10s} {'error':>7s} {'roofline':>9s} {'error':>7s} {'known':>6s}")
     for r in rows:
@@ -136,4 +143,33 @@ def run_fidelity_cuda(args: argparse.Namespace, models: list[str]) -> int:
     for m, e in failed.items():
         print(f"{m}: did not run on the GPU: {e}")
     print(f"results in {out}")
-    return 0 if rows else 1
+
+
+def run_rescore_cuda(args: argparse.Namespace) -> int:
+    """Predict saved GPU results files again (no GPU needed): `calibrate.cuda_fidelity.rescore`."""
+    from schedlab.calibrate.cuda_fidelity import rescore, summary
+    from schedlab.cli.common import load_profile
+    from schedlab.io import check_writable, read_json, write_json_atomic
+
+    out = Path(args.out) if args.out else DEFAULT_CUDA_RESCORED
+    if any(Path(p).resolve() == out.resolve() for p in args.rescore):
+        raise SchedlabError(f"--out {out} is one of the files re-scored: write the results elsewhere")
+    check_writable(out)
+    profile = load_profile(args.profile, machine_is_host=False)
+    saved = [read_json(p, "GPU fidelity results") for p in args.rescore]
+    for p, d in zip(args.rescore, saved, strict=True):
+        if not isinstance(d, dict) or not isinstance(d.get("models"), list) or "conditions" not in d:
+            raise SchedlabError(f"{p} is not a `schedlab fidelity --cuda` results file (no conditions and models)")
+    merged = {"conditions": saved[0]["conditions"], "models": [r for d in saved for r in d["models"]]}
+    if any(d["conditions"].get(k) != saved[0]["conditions"].get(k) for d in saved for k in ("size", "optimizer")):
+        raise SchedlabError("the files were measured at different sizes or optimizers: re-score them one at a time")
+    rows = rescore(merged, profile, refit=args.refit_issue)
+    scored = summary(rows)
+    result: dict[str, Any] = {
+        "rescored": [str(p) for p in args.rescore], "refit_issue": args.refit_issue,
+        "conditions": {**merged["conditions"], "cuda": cuda_summary(profile.cuda)},
+        "summary": scored, "models": [r.to_json() for r in rows],
+    }
+    write_json_atomic(out, result, indent=1)
+    print_rows(rows, scored, {}, out, as_json=args.json, result=result)
+    return 0

@@ -116,6 +116,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "as eager PyTorch does, interleaved, against the simulator's prediction from the profile's cuda section "
         "(`schedlab calibrate --cuda`) and from the GPU's datasheet roofline; results in fidelity-cuda.json",
     )
+    p.add_argument(
+        "--refit-issue", action="store_true",
+        help="with --cuda --rescore: re-fit the host's issue costs from the built-in models in the files (measured in "
+        "the same process as the held-out ones) before predicting; results in fidelity-cuda-rescored.json",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(handler=run)
 
@@ -157,15 +162,23 @@ def run(args: argparse.Namespace) -> int:
         from schedlab.cli.fidelity_tf import run_tf
 
         return run_tf(args, named_models(args))
+    if getattr(args, "cuda", False) and args.rescore:
+        if named_models(args) or args.rounds != 1:
+            raise SchedlabError("--rescore re-scores results files as they are: give no models or --rounds")
+        from schedlab.cli.cuda_cmd import run_rescore_cuda
+
+        return run_rescore_cuda(args)
+    if getattr(args, "refit_issue", False):
+        raise SchedlabError("--refit-issue goes with --cuda --rescore (GPU results files)")
     if args.rescore:
         if named_models(args) or args.plan_list or args.rounds != 1:
             raise SchedlabError("--rescore re-scores results files as they are: give no models, --plans or --rounds")
         return run_rescore(args)
     models = chosen_models(args)
     if getattr(args, "cuda", False):
-        if args.devices is not None or args.plan_list or args.rounds != 1:
-            raise SchedlabError("--cuda measures one GPU under the executor's one-stream step: drop --devices, --plans "
-                                "and --rounds")
+        if args.devices is not None or args.plan_list:
+            raise SchedlabError("--cuda measures one GPU under the executor's one-stream step: drop --devices and "
+                                "--plans")
         from schedlab.cli.cuda_cmd import run_fidelity_cuda
 
         return run_fidelity_cuda(args, models)

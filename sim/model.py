@@ -35,8 +35,14 @@ The model (time unit: microseconds):
 - **GPU kernels.** The worker dispatches on the host (holding the lock), launches the
   kernel and is free again; the kernel runs on one of the device's `streams` (a kernel
   queues FIFO when all are busy; co-running kernels slow each other through
-  `corun_slowdown(op, busy streams of the others, streams)`). Successors become ready when
-  the kernel ends: the host does not run ahead of the device.
+  `corun_slowdown(op, busy streams of the others, streams)`). The host runs ahead of the
+  device, as CUDA's asynchronous launches let it: a compute op on the same GPU that reads
+  the kernel's output may be dispatched once the kernel is *launched*, and its own kernel
+  starts only after the kernels it reads ended (on one stream, FIFO order gives that; on
+  several, it waits for them, as an event would make it). Every other successor (a CPU
+  op, a transfer, a send or an all-reduce) becomes ready when the kernel ends. (Measured
+  on an H200: an executor step of the built-in models was the host's issue time plus a
+  little, not issue plus kernel time; `schedlab fidelity --cuda`.)
 - **Send, recv and all-reduce** (an expanded graph's COMM ops, `sim.comm`), as the
   multi-process executor runs them (`exec.dist`). A send is dispatched like any op
   (`dispatch_us` under the lock) and hands the transfer of `op.bytes_moved` bytes to the
@@ -170,6 +176,28 @@ class _SimpyRun:
         self.procs = [
             _Process(env, [d for d in used if prep.device_process[d] == p and not self.walks[d]]) for p in range(n_procs)
         ]
+        # The host runs ahead of a GPU (module docstring): op -> its successors that may be
+        # dispatched once its kernel is launched, and op -> the kernels its kernel waits for.
+        self.early_succs: list[tuple[int, ...]] = [()] * n
+        self.late_succs: tuple[tuple[int, ...], ...] = st.local_succs
+        self.kernel_waits: list[list[int]] = [[] for _ in range(n)]
+        if any(prep.device_is_gpu):
+            early: list[tuple[int, ...]] = []
+            late: list[tuple[int, ...]] = []
+            for o in range(n):
+                d = st.op_device[o]
+                if not prep.device_is_gpu[d] or (role is not None and role[o] is not Role.COMPUTE):
+                    early.append(())
+                    late.append(st.local_succs[o])
+                    continue
+                e = tuple(x for x in st.local_succs[o] if st.op_device[x] == d and (role is None or role[x] is Role.COMPUTE))
+                early.append(e)
+                late.append(tuple(x for x in st.local_succs[o] if x not in e))
+                for x in e:
+                    self.kernel_waits[x].append(o)
+            self.early_succs, self.late_succs = early, tuple(late)
+        self.kernel_ended = [False] * n
+        self.when_kernel_ends: dict[int, simpy.Event] = {}
         self.ready: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]  # per device: heap of (priority, op)
         for o in range(n):
             if self.pending[o] == 0 and self._on_heap(o):
@@ -242,10 +270,10 @@ class _SimpyRun:
                 self._send(o)
             else:
                 self.mem.alloc(d, st.alloc_bytes[o])
-                done = server.run(o, prep.demand[o], prep.kernel_us[o])
                 if gpu:
-                    done.callbacks.append(self._on_async_kernel_end)  # launched; the worker moves on
+                    self._launch(o)  # the worker moves on
                 else:
+                    done = server.run(o, prep.demand[o], prep.kernel_us[o])
                     self._request_settle()  # the lock is free
                     yield done
                     self._complete(o)
@@ -299,11 +327,10 @@ class _SimpyRun:
                 yield from self._cold(o, 0.0, lock)
                 continue
             self.mem.alloc(d, st.alloc_bytes[o])
-            done = server.run(o, prep.demand[o], prep.kernel_us[o])
             if gpu:
-                done.callbacks.append(self._on_async_kernel_end)
+                self._launch(o)
             else:
-                yield done
+                yield server.run(o, prep.demand[o], prep.kernel_us[o])
                 self._complete(o)
         for a in issued:  # all-reduces whose results no op of this device reads
             waited_us = yield from self._finish_reduce(a, lock)
@@ -412,8 +439,40 @@ class _SimpyRun:
         self._complete(a)
         return waited_us
 
+    def _launch(self, o: int) -> None:
+        """GPU op `o` was dispatched: its kernel goes to the device's streams once the kernels
+        it reads ended (at once on one stream: FIFO keeps them in order), and the ops that
+        may run ahead (`early_succs`) get their token now."""
+        d = self.st.op_device[o]
+        waits = [p for p in self.kernel_waits[o] if not self.kernel_ended[p]] if self.prep.capacity[d] > 1 else []
+        if waits:
+            self.env.process(self._kernel_after(o, waits))
+        else:
+            self._submit(o)
+        for x in self.early_succs[o]:
+            self._token_done(x)
+
+    def _kernel_after(self, o: int, waits: list[int]) -> Generator[simpy.Event, Any, None]:
+        yield self.env.all_of([self._kernel_end_event(p) for p in waits])
+        self._submit(o)
+
+    def _submit(self, o: int) -> None:
+        d = self.st.op_device[o]
+        self.servers[d].run(o, self.prep.demand[o], self.prep.kernel_us[o]).callbacks.append(self._on_async_kernel_end)
+
+    def _kernel_end_event(self, o: int) -> simpy.Event:
+        ev = self.when_kernel_ends.get(o)
+        if ev is None:
+            ev = self.when_kernel_ends[o] = self.env.event()
+        return ev
+
     def _on_async_kernel_end(self, event: simpy.Event) -> None:
-        self._complete(int(event.value or 0))
+        o = int(event.value or 0)
+        self.kernel_ended[o] = True
+        ev = self.when_kernel_ends.pop(o, None)
+        if ev is not None:
+            ev.succeed()
+        self._complete(o)
 
     def _send(self, o: int) -> None:
         """Send `o` was dispatched: its transfer starts and the send ends (handed off)."""
@@ -530,7 +589,7 @@ class _SimpyRun:
         self.done += 1
         for s in st.release[o]:
             self._release(s)
-        for s in st.local_succs[o]:
+        for s in self.late_succs[o]:
             self._token_done(s)
         for x in st.sends[o]:
             self.env.process(self._send_implicit(x))

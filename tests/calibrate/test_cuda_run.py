@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from schedlab.calibrate.cuda_calibrate import calibrate_cuda, datasheet, refit_issue
 from schedlab.calibrate.cuda_costs import CudaCosts, LinkFit
-from schedlab.calibrate.cuda_fidelity import calibrate_cuda, cuda_fidelity, datasheet, summary
+from schedlab.calibrate.cuda_fidelity import cuda_fidelity, summary
 from schedlab.calibrate.cuda_run import fit_latency_bw, issue_costs, live_values, signature_kernels_us
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.signature import signature
@@ -54,7 +55,7 @@ def test_the_calibration_times_every_distinct_op_and_each_targets_issue(calibrat
 
 
 def test_the_calibration_never_sees_a_held_out_model() -> None:
-    with pytest.raises(SchedlabError, match="never sees held-out models"):
+    with pytest.raises(SchedlabError, match=r"built-in workloads .* only, not heldout:mixer"):
         calibrate_cuda(["mlp", "heldout:mixer"], size="tiny", device="cpu", **SMALL)  # type: ignore[arg-type]
 
 
@@ -70,6 +71,17 @@ def test_signatures_already_measured_are_skipped_and_a_failing_op_is_reported() 
     broken[mm.inputs[0]] = torch.zeros(3, 5)  # a shape the op cannot take
     out = signature_kernels_us(prog, broken, "cpu")
     assert any(signature(mm) in f for f in out.failed)
+
+
+def test_replaying_leaves_the_callers_thread_count_as_it_was(calibrated: tuple[CudaCosts, dict]) -> None:
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        cuda_fidelity(["mlp"], dataclasses.replace(make_profile(), cuda=calibrated[0]), size="tiny", device="cpu",
+                      steps=1)  # its straight line runs each op at the GPU device's one thread
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_the_latency_bandwidth_fit_recovers_a_line() -> None:
@@ -94,8 +106,9 @@ def test_issue_costs_are_the_median_per_target() -> None:
 def test_fidelity_measures_executor_and_eager_and_predicts_both_ways(calibrated: tuple[CudaCosts, dict]) -> None:
     costs, _ = calibrated
     profile = dataclasses.replace(make_profile(), cuda=costs)
-    rows = cuda_fidelity(["mlp", "heldout:mixer"], profile, size="tiny", device="cpu", steps=2)
+    rows = cuda_fidelity(["mlp", "heldout:mixer"], profile, size="tiny", device="cpu", steps=2, rounds=2)
     mlp, mixer = rows
+    assert len(mlp.step_s) == len(mlp.eager_s) == 4 and len(mlp.op_issue_us) == mlp.ops  # 2 rounds x 2 steps
     assert not mlp.held_out and mixer.held_out
     assert mlp.known_signatures == 1.0  # calibrated on it
     assert mixer.known_signatures < 1.0  # never measured: its ops fall to the measured roofline
@@ -144,16 +157,17 @@ def test_the_cuda_commands_say_plainly_when_there_is_no_gpu(tmp_path: Path, caps
 def test_a_model_that_cannot_run_on_the_gpu_is_reported_and_the_rest_go_on(
     calibrated: tuple[CudaCosts, dict], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    import schedlab.calibrate.cuda_calibrate as cc
     import schedlab.calibrate.cuda_fidelity as cf
 
-    real = cf._prepare
+    real = cf.prepare_on
 
     def prepare(model: str, *args: object) -> object:
         if model == "heldout:lstm-lm":
             raise NotImplementedError("Could not run 'aten::mkldnn_rnn_layer' with arguments from the 'CUDA' backend.")
         return real(model, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(cf, "_prepare", prepare)
+    monkeypatch.setattr(cf, "prepare_on", prepare)
     profile = dataclasses.replace(make_profile(), cuda=calibrated[0])
     failed: dict[str, str] = {}
     rows = cuda_fidelity(["heldout:lstm-lm", "mlp"], profile, size="tiny", device="cpu", steps=1, failed=failed)
@@ -162,6 +176,49 @@ def test_a_model_that_cannot_run_on_the_gpu_is_reported_and_the_rest_go_on(
                                          "from the 'CUDA' backend."}
     _, report = calibrate_cuda(["mlp", "cnn"], size="tiny", device="cpu", steps=1, **SMALL)  # type: ignore[arg-type]
     assert report["failed_models"] == {}
-    monkeypatch.setattr(cf, "_prepare", lambda *a: (_ for _ in ()).throw(RuntimeError("no kernel")))
+    monkeypatch.setattr(cc, "prepare_on", lambda *a: (_ for _ in ()).throw(RuntimeError("no kernel")))
     with pytest.raises(SchedlabError, match="no calibration model ran on the GPU: mlp: RuntimeError: no kernel"):
         calibrate_cuda(["mlp"], size="tiny", device="cpu", **SMALL)  # type: ignore[arg-type]
+
+
+def test_a_saved_gpu_run_is_rescored_without_a_gpu(calibrated: tuple[CudaCosts, dict], tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from schedlab.calibrate.cuda_fidelity import rescore
+
+    costs, _ = calibrated
+    profile = dataclasses.replace(make_profile(), cuda=costs)
+    rows = cuda_fidelity(["mlp", "heldout:mixer"], profile, size="tiny", device="cpu", steps=2)
+    saved = {"conditions": {"size": "tiny", "optimizer": "sgd", "cuda": {"device": "cpu (test run)"}},
+             "models": [r.to_json() for r in rows]}
+    again = rescore(saved, profile)
+    for a, b in zip(rows, again, strict=True):  # the same simulator and profile: the same predictions
+        assert b.predicted_ms == pytest.approx(a.predicted_ms, rel=1e-6)
+        assert b.measured_ms == pytest.approx(a.measured_ms, rel=1e-4)
+    refit = rescore(saved, profile, refit=True)
+    # The issue costs re-fitted from the run's own built-in (mlp), then the same prediction.
+    own = refit_issue(costs, [(capture(load_workload("mlp", "tiny")).graph, saved["models"][0]["op_issue_us"])])
+    by_hand = rescore(saved, dataclasses.replace(profile, cuda=own))
+    assert [r.predicted_ms for r in refit] == pytest.approx([r.predicted_ms for r in by_hand], rel=1e-9)
+    assert refit[0].predicted_ms != pytest.approx(again[0].predicted_ms, rel=1e-3)
+    with pytest.raises(SchedlabError, match="needs built-in models in the files"):
+        rescore({**saved, "models": saved["models"][1:]}, profile, refit=True)
+    short = dict(saved["models"][0], op_issue_us=[1.0])
+    with pytest.raises(SchedlabError, match="1 per-op issue times and the model captured here has"):
+        rescore({**saved, "models": [short]}, profile)
+    # The command: same numbers; the file re-scored is never overwritten; a file of another kind is refused.
+    src = tmp_path / "gpu.json"
+    src.write_text(json.dumps(saved))
+    prof = profile.save(tmp_path / "p.json")
+    out = tmp_path / "r.json"
+    assert main(["fidelity", "--cuda", "--rescore", str(src), "--profile", str(prof), "--out", str(out)]) == 0
+    # (the profile file keeps its figures to 4 decimals)
+    assert json.loads(out.read_text())["models"][0]["predicted_ms"] == pytest.approx(again[0].predicted_ms, rel=1e-3)
+    capsys.readouterr()
+    assert main(["fidelity", "--cuda", "--rescore", str(src), "--profile", str(prof), "--out", str(src)]) == 2
+    assert "one of the files re-scored" in capsys.readouterr().err
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"plans": []}))
+    assert main(["fidelity", "--cuda", "--rescore", str(other), "--profile", str(prof), "--out", str(out)]) == 2
+    assert "is not a `schedlab fidelity --cuda` results file" in capsys.readouterr().err
+    assert main(["fidelity", "--refit-issue", "mlp"]) == 2
+    assert "--refit-issue goes with --cuda --rescore" in capsys.readouterr().err
