@@ -43,7 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "fidelity",
         help="how well the simulator predicts the executor (MAPE, worst error, Kendall tau, sim speed)",
         description="For each workload and each plan of a spread (slots 1 and 2, threads 1 and 2, every order "
-        "policy), measure the step on the executor and predict it in the simulator; report per-plan errors, "
+        "policy; on more than 2 cores slots 1, 2, 4 x threads 1, 2, 4, ... up to the cores, slots x threads <= cores), "
+        "measure the step on the executor and predict it in the simulator; report per-plan errors, "
         "per-workload MAPE, worst error, Kendall rank correlation, and the simulator's speed. By default on the "
         "built-in workloads, which calibration also fits on (a training-set error). With --held-out, on models "
         f"calibration never sees ({', '.join(HELDOUT_WORKLOADS)}), each plan predicted twice: from the stored "
