@@ -15,6 +15,7 @@ multi-process executor and predicted with the Profile's link fits.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -106,7 +107,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--rescore", action="append", default=[], metavar="RESULTS.json",
         help="run nothing; predict the plans of saved results files (repeatable; one-device or --devices N runs, "
-        "built-in or held-out, all alike) from --profile, profile-only, against the median of their measured times, "
+        "built-in or held-out, all alike; one-device runs on the cores they were measured on, so a many-core "
+        "machine's runs re-score here with the profile calibrated there) from --profile, profile-only, against the median of their measured times, "
         "so profiles or simulator versions are compared on the same measurements; also prints how far each run is "
         "from that median (the floor under a one-run figure); results in the traces folder, named after the files "
         "re-scored: fidelity[-heldout][-ranks]-rescored.json",
@@ -382,7 +384,10 @@ def run_rescore(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     host = detect_host()
     if runs.devices == 1:
-        machine = host
+        # One device: the host the runs measured, its cores as the files say (16-core runs of a
+        # lent machine re-score here too, with the profile calibrated there).
+        cpu = dataclasses.replace(host.default_device, cores=runs.cores)
+        machine = dataclasses.replace(host, devices=(cpu,), host={**host.host, **runs.conditions.get("machine", {})})
         plans = one_device_plans(lambda w: capture_spec(w, runs.size, runs.optimizer)[1].graph, machine)
     else:
         machine = ranks_machine(runs.devices, profile)
@@ -390,7 +395,8 @@ def run_rescore(args: argparse.Namespace) -> int:
     result = {
         "profile": str(args.profile or DEFAULT_PROFILE_PATH),
         "profile_created_unix_s": profile.created_unix_s,
-        **rescore(runs, profile, machine, plans, host.default_device.cores),
+        **rescore(runs, profile, machine, plans, machine.default_device.cores if runs.devices == 1
+                  else host.default_device.cores),
     }
     write_json_atomic(out, result, indent=1)
     if args.json:

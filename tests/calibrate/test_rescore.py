@@ -114,6 +114,20 @@ def test_cli_rescores_without_running_and_never_overwrites_its_inputs(capsys, tm
     assert a.read_text() == before
 
 
+def test_one_device_runs_of_a_bigger_host_are_rescored_on_its_cores(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A lent 16-core machine's runs re-score here, with the profile calibrated there: the
+    plans are that host's spread (slots up to 4, threads up to its cores)."""
+    cores = detect_host().default_device.cores + 14
+    a = results_file(tmp_path / "big.json", 1.0, cores)
+    profile = make_profile().save(tmp_path / "profile.json")
+    out = tmp_path / "rescored.json"
+    assert main(["fidelity", "--rescore", str(a), "--profile", str(profile), "--out", str(out), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["cores"] == cores and printed["machine"] == {"cpu_model": "Test CPU"}
+    assert {p["plan"] for p in printed["plans"]} == {p.name for p in plan_spread(cores)}
+    assert any(p["plan"].startswith("s4-") for p in printed["plans"])
+
+
 def test_multi_rank_runs_are_rescored_on_the_ranks_they_ran_on(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from schedlab.cli.common import plan_step_of
     from schedlab.sim.cost import op_cost_us
