@@ -254,6 +254,22 @@ def _busy_warning(busy: float | None, what: str) -> None:
         )
 
 
+def existing_profile(out: Path, what: str, why: str) -> Path:
+    """The profile at `out` that a partial calibration adds `what` to: it must exist (else
+    one error saying to run `schedlab calibrate` first, `why`), be writable, and load (a
+    corrupt one fails now, not after minutes of measuring)."""
+    from schedlab.cli.common import load_profile
+    from schedlab.errors import SchedlabError
+    from schedlab.io import check_writable
+
+    if not out.exists():
+        raise SchedlabError(f"no profile at {out} to add {what} to: run `schedlab calibrate` (or `schedlab calibrate "
+                            f"--quick`) first, {why}")
+    check_writable(out)
+    load_profile(str(out))
+    return out
+
+
 def run_links(args: argparse.Namespace) -> int:
     """Measure the links only and write their fits into the existing Profile at --out.
 
@@ -267,18 +283,8 @@ def run_links(args: argparse.Namespace) -> int:
 
     from schedlab.calibrate.links import LinkConfig, measure_links, quick_link_config
     from schedlab.calibrate.profile import Profile
-    from schedlab.cli.common import load_profile
-    from schedlab.errors import SchedlabError
-    from schedlab.io import check_writable
 
-    out: Path = args.out
-    if not out.exists():
-        raise SchedlabError(
-            f"no profile at {out} to add link fits to: run `schedlab calibrate` (or `schedlab calibrate --quick`) "
-            "first, which measures the links too; `--links` re-measures only them"
-        )
-    check_writable(out)
-    load_profile(str(out))  # a corrupt profile fails now, not after a minute of measuring
+    out = existing_profile(args.out, "link fits", "which measures the links too; `--links` re-measures only them")
     cfg = quick_link_config() if args.quick else LinkConfig()
     t0 = time.perf_counter()
     with tqdm(

@@ -46,18 +46,11 @@ def run_calibrate_cuda(args: argparse.Namespace) -> int:
     """Measure the GPU and write the cuda section into the existing Profile at --out."""
     from schedlab.calibrate.cuda_calibrate import calibrate_cuda
     from schedlab.calibrate.profile import Profile
-    from schedlab.cli.common import load_profile
-    from schedlab.io import check_writable
+    from schedlab.cli.calibrate_cmd import existing_profile
     from schedlab.workloads import BUILTIN_WORKLOADS
 
-    out: Path = args.out
-    if not out.exists():
-        raise SchedlabError(
-            f"no profile at {out} to add a GPU's costs to: run `schedlab calibrate` (or --quick) on this machine "
-            "first; the host's CPU costs come from it, `--cuda` adds the GPU's"
-        )
-    check_writable(out)
-    load_profile(str(out))  # a corrupt profile fails now, not after the measuring
+    out = existing_profile(args.out, "a GPU's costs", "on this machine: the host's CPU costs come from it, "
+                           "`--cuda` adds the GPU's")
     device = require_cuda()
     t0 = time.perf_counter()
     size = "tiny" if args.quick else "default"
