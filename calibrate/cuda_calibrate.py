@@ -31,7 +31,7 @@ from schedlab.calibrate.cuda_run import (
 )
 from schedlab.capture import Captured, capture
 from schedlab.errors import SchedlabError
-from schedlab.exec.program import compile_graph
+from schedlab.exec.program import Program, compile_graph
 from schedlab.graph import Graph
 from schedlab.machine import Device, Machine, usable_cores
 from schedlab.plan import Plan, ResolvedPlan, resolve
@@ -95,7 +95,7 @@ class Prepared:
     captured: Captured
     resolved: ResolvedPlan
     run: Callable[[list[Any], list[int]], None]
-    program: Any
+    program: Program
     inputs: dict[int, torch.Tensor]
 
 
@@ -130,8 +130,7 @@ def calibrate_cuda(
     roof = roofline_figures(device, *roofline_sizes)
     sigs: dict[str, float] = {}
     replays = []
-    report: dict[str, Any] = {"models": {}}
-    report["failed_models"] = {}
+    report: dict[str, Any] = {"models": {}, "failed_models": {}}
     for model in models:
         say(f"{model}: kernels of its ops, then its host issue costs")
         try:

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# What a lent GPU machine runs, in one call (README, "Measured on a GPU machine"):
+# What a lent GPU machine runs, in one call (README, "On a lent GPU machine"):
 #   1. the GPU: `schedlab calibrate --cuda` (on the built-ins), then `schedlab fidelity --cuda`
-#      on the built-ins and on the held-out models (never calibrated on);
+#      on the built-ins and the held-out models (never calibrated on) round-robin in one
+#      process, and that run re-scored with the host's issue costs from its own built-ins;
 #   2. its many CPU cores: a quick CPU calibration over 1..N threads, the simulator's fidelity
 #      over the many-core spread (slots 1/2/4 x threads up to N), and a concurrency search on
 #      the simulator whose top plans are validated on the executor.
 # Usage: scripts/gpu_check.sh OUT_DIR BASE_PROFILE [DEADLINE_S]
 # Every step has its own time limit inside DEADLINE_S (default 540 s); each step's output
 # and log land in OUT_DIR, packed into OUT_DIR/results.tgz after every step, so a run cut
-# short still returns what it finished. SCHEDLAB (default "python3 -m schedlab") runs it.
+# short still returns what it finished. PYTHON (default python3, with schedlab importable)
+# runs it.
 set -u
 out=${1:?OUT_DIR}; base=${2:?BASE_PROFILE}; deadline_s=${3:-540}
-sl=${SCHEDLAB:-python3 -m schedlab}
+py=${PYTHON:-python3}; sl=${SCHEDLAB:-$py -m schedlab}
 w=$(mktemp -d); t0=$(date +%s)
 export PYTHONUNBUFFERED=1
 mkdir -p "$out"
@@ -33,10 +35,12 @@ step() {  # step NAME CAP_S COMMAND...: run with the lesser of CAP_S and what is
 { nvidia-smi; nproc; python3 -c 'import torch; print(torch.__version__, torch.cuda.is_available())'; } > "$w/machine.txt" 2>&1
 cp "$base" "$w/profile-cuda.json"
 step calibrate-cuda 150 $sl calibrate --cuda --out "$w/profile-cuda.json"
-step fidelity-cuda 100 $sl fidelity --cuda --profile "$w/profile-cuda.json" --out "$w/fidelity-cuda.json"
-step fidelity-cuda-heldout 160 $sl fidelity --cuda --held-out --profile "$w/profile-cuda.json" \
-  --out "$w/fidelity-cuda-heldout.json"
-threads=$(python3 -c "n=$cores; print(','.join(str(t) for t in sorted({1 << k for k in range(n.bit_length()) if 1 << k <= n} | {n})))")
+models="mlp cnn transformer nmt $($py -c 'from schedlab.workloads.heldout import HELDOUT_WORKLOADS as h; print(*h)')"
+step fidelity-cuda 200 $sl fidelity --cuda --rounds 4 --steps 3 $models --profile "$w/profile-cuda.json" \
+  --out "$w/fidelity-cuda.json"
+step rescore-cuda 60 $sl fidelity --cuda --rescore "$w/fidelity-cuda.json" --refit-issue --profile "$w/profile-cuda.json" \
+  --out "$w/fidelity-cuda-refit.json"
+threads=$($py -c "n=$cores; print(','.join(str(t) for t in sorted({1 << k for k in range(n.bit_length()) if 1 << k <= n} | {n})))")
 step calibrate-cpu 200 $sl calibrate --quick --threads "$threads" --out "$w/profile-cpu.json" --no-progress
 step fidelity-cpu-heldout 120 $sl fidelity --held-out mixer encoder-classifier --steps 3 \
   --profile "$w/profile-cpu.json" --out "$w/fidelity-cpu-heldout.json"
