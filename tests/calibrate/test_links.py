@@ -205,9 +205,10 @@ def test_real_two_rank_run_measures_sane_links() -> None:
     assert fits.p2p_fit.latency_s > 0 and fits.p2p_fit.bw_bytes_per_s > 0
     for sweep in (fits.p2p, fits.allreduce[2]):
         assert all(t > 0 for t in sweep.median_s)
-        # 4 B is far below both larger sizes; 256 KiB against 4 MiB is left out: on a busy
-        # 2-core machine one 256 KiB all-reduce round has measured slower than the 4 MiB one
-        assert sweep.median_s[0] < sweep.median_s[1] and sweep.median_s[0] < sweep.median_s[-1]
+        # 4 B is far below 4 MiB. The middle size is left out: on a busy 2-core machine one
+        # 256 KiB all-reduce round has measured slower than the 4 MiB one, and with a third
+        # process on the cores 4 B slower than 256 KiB (1.08 against 0.87 ms)
+        assert sweep.median_s[0] < sweep.median_s[-1]
         assert all(len(r) == 2 for r in sweep.round_medians_s)
     assert fits.allreduce_fits[2].bw_bytes_per_s > 0
     assert fits.conditions["cores"] == len(os.sched_getaffinity(0))
