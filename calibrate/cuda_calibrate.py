@@ -21,6 +21,7 @@ import torch
 from schedlab.calibrate.cuda_costs import CudaCosts
 from schedlab.calibrate.cuda_run import (
     copy_fit,
+    failure_text,
     issue_costs,
     live_values,
     replay_steps,
@@ -52,7 +53,7 @@ DATASHEET: tuple[tuple[str, float, float], ...] = (
 
 def datasheet(name: str) -> tuple[float, float]:
     """(peak fp32 FLOP/s, memory bytes/s) of the GPU called `name`; an unknown one gets the
-    H100's, and says so in the fidelity file (`roofline_source`)."""
+    H100's (the machine's `host["gpu"]` keeps the name it was asked for)."""
     for key, flops, bw in DATASHEET:
         if key in name:
             return flops, bw
@@ -92,6 +93,7 @@ class Prepared:
     simulator's resolved order, and its step's inputs copied to the GPU."""
 
     name: str
+    module: torch.nn.Module  # the workload's module as built, before any step (eager's reference copies it)
     captured: Captured
     resolved: ResolvedPlan
     run: Callable[[list[Any], list[int]], None]
@@ -100,13 +102,14 @@ class Prepared:
 
 
 def prepare_on(model: str, size: str, optimizer: str, device: str | torch.device, machine: Machine) -> Prepared:
-    captured = capture(load_workload(model, size), optimizer)
+    workload = load_workload(model, size)
+    captured = capture(workload, optimizer)
     graph = captured.graph
     program = compile_graph(graph, device=device)
     resolved = resolve(graph, Plan(device=GPU_ID), machine)
     keep = {o.value for o in graph.outputs}
     run = program.straight_line(resolved.sequence, resolved.threads, keep)
-    return Prepared(model, captured, resolved, run, program, to_device(captured.input_values, device))
+    return Prepared(model, workload.module, captured, resolved, run, program, to_device(captured.input_values, device))
 
 
 Progress = Callable[[str], None]
@@ -135,6 +138,7 @@ def calibrate_cuda(
         say(f"{model}: kernels of its ops, then its host issue costs")
         try:
             p = prepare_on(model, size, optimizer, device, machine)
+            # its own copy of the inputs: the replay below starts from the step's first inputs
             values = live_values(p.program, to_device(p.captured.input_values, device), device)
             kt = signature_kernels_us(p.program, values, device, skip=sigs)
             del values
@@ -169,9 +173,3 @@ def refit_issue(cuda: CudaCosts, replays: Sequence[tuple[Graph, Sequence[float]]
     """`cuda` with its host issue costs re-fitted from `replays` (graph, per-op issue µs)."""
     issue, default = issue_costs(replays)
     return dataclasses.replace(cuda, issue_us=issue, issue_default_us=default)
-
-
-def failure_text(e: BaseException) -> str:
-    """One line naming an exception: its type and its message's first line."""
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]

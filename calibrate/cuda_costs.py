@@ -24,7 +24,8 @@ median of CUDA-event-timed calls after warm-up):
   runs on asynchronously), the median over the calibration workloads' ops of the target;
   ``issue_default_us`` the median over all of them, for a target not seen;
 - ``h2d`` / ``d2h``: a host<->device copy's fit (pinned memory), ``{"latency_us",
-  "bw_bytes_per_s"}``, the link a CPU+GPU machine's transfers cross.
+  "bw_bytes_per_s"}``: what this GPU's PCIe link measured. Recorded only: the simulator
+  still prices a CPU+GPU machine's transfers by its machine description's links.
 
 An op whose signature is there costs what was measured; any other costs
 ``launch_us + max(flops / flops_per_s, bytes / bw_bytes_per_s)``, the measured roofline
@@ -37,7 +38,7 @@ of this GPU. A view costs nothing on the GPU; its host issue cost stays. JSON::
                     "h2d": {"latency_us", "bw_bytes_per_s"} | null, "d2h": ... | null}
 
 The section is optional (files without it load with ``cuda`` None); `schedlab calibrate
---cuda` on a CUDA machine writes it (`calibrate.cuda_run`). The issue costs and links are
+--cuda` on a CUDA machine writes it (`calibrate.cuda_calibrate`). The issue costs and links are
 optional inside it (older sections: the CPU profile's dispatch cost, the preset's links).
 """
 

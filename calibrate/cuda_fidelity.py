@@ -30,13 +30,12 @@ from schedlab.calibrate.cuda_calibrate import (
     Prepared,
     Progress,
     device_name,
-    failure_text,
     gpu_machine,
     machine_for,
     prepare_on,
     refit_issue,
 )
-from schedlab.calibrate.cuda_run import replay_steps, synchronize
+from schedlab.calibrate.cuda_run import failure_text, replay_steps, synchronize
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.signature import signature
 from schedlab.capture import capture
@@ -138,6 +137,7 @@ class _Live:
     stepping on from step to step, and what their measured steps took so far."""
 
     p: Prepared
+    device: str
     eager: Callable[[], float]
     inputs: dict[int, torch.Tensor]
     step_s: list[float] = dataclasses.field(default_factory=list)
@@ -147,7 +147,7 @@ class _Live:
     @staticmethod
     def start(model: str, size: str, optimizer: str, device: str, machine: Machine) -> _Live:
         p = prepare_on(model, size, optimizer, device, machine)
-        ref, user, opt = eager_reference(load_workload(model, size).module, p.captured.graph, p.captured.input_values)
+        ref, user, opt = eager_reference(p.module, p.captured.graph, p.captured.input_values)
         ref.to(device)
         on_device = tuple(t.to(device) for t in user)
 
@@ -158,12 +158,12 @@ class _Live:
             synchronize(device)
             return time.perf_counter() - t0
 
-        return _Live(p=p, eager=eager, inputs=p.inputs)
+        return _Live(p=p, device=device, eager=eager, inputs=p.inputs)
 
     def measure(self, steps: int, warmup: int) -> None:
         eager_s: list[float] = []
         times, self.inputs = replay_steps(self.p.program, self.p.run, self.p.resolved.sequence, False, self.inputs,
-                                          _device_of(self.inputs), steps, warmup=warmup,
+                                          self.device, steps, warmup=warmup,
                                           between=lambda: eager_s.append(self.eager()))
         self.step_s += times.step_s
         self.eager_s += eager_s[-len(times.step_s):]
@@ -172,10 +172,6 @@ class _Live:
     def measured(self) -> GpuMeasurement:
         issue = tuple(statistics.median(r[i] for r in self.issue_rounds) for i in range(len(self.issue_rounds[0])))
         return GpuMeasurement(step_s=tuple(self.step_s), eager_s=tuple(self.eager_s), op_issue_us=issue)
-
-
-def _device_of(inputs: dict[int, torch.Tensor]) -> torch.device:
-    return next(iter(inputs.values())).device if inputs else torch.device("cpu")
 
 
 def score(model: str, graph: Graph, resolved: ResolvedPlan, m: GpuMeasurement, profile: Profile,

@@ -103,6 +103,12 @@ def _binary_us(fn: Callable[[torch.Tensor, torch.Tensor], Any], shape: tuple[int
     return median_us(lambda: fn(a, b), dev, samples=5, warmup=2)
 
 
+def failure_text(e: BaseException) -> str:
+    """One line naming an exception: its type and its message's first line."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
 def to_device(values: dict[int, torch.Tensor], device: str | torch.device) -> dict[int, torch.Tensor]:
     """Copies of a step's input tensors on `device`."""
     return {v: t.detach().clone().to(device) for v, t in values.items()}
@@ -186,7 +192,7 @@ def signature_kernels_us(program: Program, V: list[Any], device: str | torch.dev
             out[sig] = _eager_us(call, dev)
             eager += 1
         except Exception as e:
-            failed.append(f"{sig}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            failed.append(f"{sig}: {failure_text(e)}")
     return KernelTimes(kernel_us=out, captured=captured, eager=eager, failed=tuple(failed))
 
 

@@ -4,7 +4,7 @@
     schedlab calibrate --quick         # short version for tests and CI (~1 minute on 2 cores)
     schedlab calibrate --quick --out /tmp/p.json --json
     schedlab calibrate --links         # only the links between local ranks, into the existing profile
-    schedlab calibrate --cuda          # a GPU's costs (calibrate.cuda_fidelity), into the existing profile
+    schedlab calibrate --cuda          # a GPU's costs (calibrate.cuda_calibrate), into the existing profile
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -97,10 +98,8 @@ def test_issue_costs_are_the_median_per_target() -> None:
     issue = [float(op.id) for op in g.ops]
     per, default = issue_costs([(g, issue)])
     t = g.ops[0].target
-    ids = sorted(op.id for op in g.ops if op.target == t)
-    assert per[t] == pytest.approx(sorted(ids)[len(ids) // 2] if len(ids) % 2 else (ids[len(ids) // 2 - 1] + ids[len(ids) // 2]) / 2)
-    assert default == pytest.approx(sorted(issue)[len(issue) // 2] if len(issue) % 2 else
-                                     (sorted(issue)[len(issue) // 2 - 1] + sorted(issue)[len(issue) // 2]) / 2)
+    assert per[t] == pytest.approx(statistics.median(op.id for op in g.ops if op.target == t))
+    assert default == pytest.approx(statistics.median(issue))
 
 
 def test_fidelity_measures_executor_and_eager_and_predicts_both_ways(calibrated: tuple[CudaCosts, dict]) -> None:
