@@ -4,7 +4,8 @@ simulator predicts such a GPU's steps on (`calibrate.cuda_fidelity` judges them)
 
 `calibrate_cuda` measures the roofline (`calibrate.cuda_run.roofline_figures`), each
 distinct op's kernel alone, the host's issue cost per aten target (from the executor's
-straight-line step on the GPU) and the host<->device copy fits.
+straight-line step on the GPU), what the co-run step on streams adds to it per op
+(`stream_issue_extra_us`) and the host<->device copy fits.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import torch
 
 from schedlab.calibrate.cuda_costs import CudaCosts
 from schedlab.calibrate.cuda_run import (
+    Stepper,
     copy_fit,
     failure_text,
     issue_costs,
+    line_stepper,
     live_values,
     replay_steps,
     roofline_figures,
@@ -30,9 +33,11 @@ from schedlab.calibrate.cuda_run import (
     synchronize,
     to_device,
 )
+from schedlab.calibrate.dispatch import probe_graph
 from schedlab.capture import Captured, capture
 from schedlab.errors import SchedlabError
 from schedlab.exec.program import Program, compile_graph
+from schedlab.exec.streams import StreamStep, issue_spans_us, streams_for
 from schedlab.graph import Graph
 from schedlab.machine import Device, Machine, usable_cores
 from schedlab.plan import Plan, ResolvedPlan, resolve
@@ -65,21 +70,21 @@ def device_name(device: str | torch.device) -> str:
     return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (test run)"
 
 
-def gpu_machine(device: str | torch.device) -> Machine:
-    """This host as the simulator sees it: one process driving one GPU on one stream (the
-    executor's straight-line step) and the host's CPU cores."""
+def gpu_machine(device: str | torch.device, streams: int = 1) -> Machine:
+    """This host as the simulator sees it: one process driving one GPU on `streams` streams
+    (the executor's co-run slots; one: its straight-line step) and the host's CPU cores."""
     dev = torch.device(device)
     mem = torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else 16 * 2**30
-    return machine_for(device_name(dev), int(mem), usable_cores())
+    return machine_for(device_name(dev), int(mem), usable_cores(), streams=streams)
 
 
-def machine_for(gpu_name: str, memory_bytes: int = 80 * 2**30, cores: int = 1) -> Machine:
-    """A host of `cores` CPU cores driving GPU `gpu_name` (its datasheet figures) on one stream."""
+def machine_for(gpu_name: str, memory_bytes: int = 80 * 2**30, cores: int = 1, streams: int = 1) -> Machine:
+    """A host of `cores` CPU cores driving GPU `gpu_name` (its datasheet figures) on `streams` streams."""
     flops, bw = datasheet(gpu_name)
     return Machine(
         name="cuda-host",
         devices=(
-            Device(id=GPU_ID, kind="cuda", cores=1, memory_bytes=memory_bytes, streams=1, peak_flops=flops,
+            Device(id=GPU_ID, kind="cuda", cores=1, memory_bytes=memory_bytes, streams=streams, peak_flops=flops,
                    mem_bw_bytes_per_s=bw),
             Device(id="cpu0", kind="cpu", cores=cores, memory_bytes=64 * 2**30),
         ),
@@ -87,16 +92,27 @@ def machine_for(gpu_name: str, memory_bytes: int = 80 * 2**30, cores: int = 1) -
     )
 
 
+def stepper_for(program: Program, resolved: ResolvedPlan, device: str | torch.device) -> Stepper:
+    """The executor's GPU step of `program` under `resolved`: the straight line with one
+    slot, else the co-run step on one stream per slot (`exec.streams`)."""
+    if resolved.slots == 1:
+        keep = {o.value for o in program.graph.outputs}
+        return line_stepper(program.straight_line(resolved.sequence, resolved.threads, keep), resolved.sequence,
+                            len(program.graph.ops))
+    step = StreamStep(program, resolved, streams_for(device))
+    return lambda V: issue_spans_us(step.step(V)[0])
+
+
 @dataclass
 class Prepared:
-    """A model captured on the CPU and compiled for the GPU: its straight-line step in the
-    simulator's resolved order, and its step's inputs copied to the GPU."""
+    """A model captured on the CPU and compiled for the GPU: its executor step (one slot, the
+    straight line, in the simulator's resolved order), and its step's inputs copied to the GPU."""
 
     name: str
     module: torch.nn.Module  # the workload's module as built, before any step (eager's reference copies it)
     captured: Captured
     resolved: ResolvedPlan
-    run: Callable[[list[Any], list[int]], None]
+    step: Stepper
     program: Program
     inputs: dict[int, torch.Tensor]
 
@@ -107,9 +123,26 @@ def prepare_on(model: str, size: str, optimizer: str, device: str | torch.device
     graph = captured.graph
     program = compile_graph(graph, device=device)
     resolved = resolve(graph, Plan(device=GPU_ID), machine)
-    keep = {o.value for o in graph.outputs}
-    run = program.straight_line(resolved.sequence, resolved.threads, keep)
-    return Prepared(model, workload.module, captured, resolved, run, program, to_device(captured.input_values, device))
+    return Prepared(model, workload.module, captured, resolved, stepper_for(program, resolved, device), program,
+                    to_device(captured.input_values, device))
+
+
+def stream_issue_extra_us(device: str | torch.device, n_ops: int = 1000, steps: int = 5) -> float:
+    """Host µs per op that the co-run step on streams (two slots) adds to the straight
+    line's: one chain of `n_ops` negligible ops (`calibrate.dispatch.probe_graph`) stepped
+    both ways, the fastest step's wall per op of each. It is the ready heap, the hand-over
+    between workers and each op's event: what the simulator adds to a GPU op's issue cost
+    under several slots (`Profile.kind_issue_us`)."""
+    graph, inputs = probe_graph(n_ops, views=False)
+    program = compile_graph(graph, device=device)
+    machine = machine_for(device_name(device), streams=2)
+    per_op_us: list[float] = []
+    for slots in (1, 2):
+        resolved = resolve(graph, Plan(device=GPU_ID, slots=slots), machine)
+        times, _ = replay_steps(program, stepper_for(program, resolved, device), True, to_device(inputs, device),
+                                device, steps)
+        per_op_us.append(min(times.step_s) * 1e6 / n_ops)
+    return max(0.0, per_op_us[1] - per_op_us[0])
 
 
 Progress = Callable[[str], None]
@@ -142,7 +175,7 @@ def calibrate_cuda(
             values = live_values(p.program, to_device(p.captured.input_values, device), device)
             kt = signature_kernels_us(p.program, values, device, skip=sigs)
             del values
-            times, _ = replay_steps(p.program, p.run, p.resolved.sequence, False, p.inputs, device, steps)
+            times, _ = replay_steps(p.program, p.step, False, p.inputs, device, steps)
         except Exception as e:
             report["failed_models"][model] = failure_text(e)
             say(f"{model}: failed: {report['failed_models'][model]}")
@@ -158,6 +191,8 @@ def calibrate_cuda(
         raise SchedlabError("no calibration model ran on the GPU: " + "; ".join(
             f"{m}: {e}" for m, e in report["failed_models"].items()))
     issue, issue_default = issue_costs(replays)
+    say("the co-run step's cost per op on streams")
+    stream_extra = stream_issue_extra_us(device)
     say("host<->device copies")
     sizes = {} if copy_sizes is None else {"sizes": copy_sizes}
     h2d, d2h = copy_fit(device, True, **sizes), copy_fit(device, False, **sizes)
@@ -165,6 +200,7 @@ def calibrate_cuda(
         device=device_name(device), torch=torch.__version__, measured_unix_s=time.time(),
         launch_us=roof.launch_us, flops_per_s=roof.flops_per_s, bw_bytes_per_s=roof.bw_bytes_per_s,
         signatures=sigs, issue_us=issue, issue_default_us=issue_default, h2d=h2d, d2h=d2h,
+        stream_issue_extra_us=stream_extra,
     )
     return costs, report
 

@@ -23,6 +23,10 @@ median of CUDA-event-timed calls after warm-up):
   executor's straight-line step (the Python call, the dispatcher, the launch; the kernel
   runs on asynchronously), the median over the calibration workloads' ops of the target;
   ``issue_default_us`` the median over all of them, for a target not seen;
+- ``stream_issue_extra_us``: host µs per op that the executor's co-run step on streams
+  (several slots, one CUDA stream each: `exec.streams`) adds to the straight line's issue
+  cost, on one chain of negligible ops (`calibrate.cuda_calibrate.stream_issue_extra_us`);
+  a plan with several slots on the GPU is charged each op's issue cost plus this;
 - ``h2d`` / ``d2h``: a host<->device copy's fit (pinned memory), ``{"latency_us",
   "bw_bytes_per_s"}``: what this GPU's PCIe link measured. Recorded only: the simulator
   still prices a CPU+GPU machine's transfers by its machine description's links.
@@ -35,7 +39,8 @@ of this GPU. A view costs nothing on the GPU; its host issue cost stays. JSON::
                     "measured_unix_s": ..., "launch_us": 5.1, "flops_per_s": 5.1e13,
                     "bw_bytes_per_s": 2.9e12, "signatures": {signature: kernel_us},
                     "issue_us": {target: host_us}, "issue_default_us": 9.0,
-                    "h2d": {"latency_us", "bw_bytes_per_s"} | null, "d2h": ... | null}
+                    "h2d": {"latency_us", "bw_bytes_per_s"} | null, "d2h": ... | null,
+                    "stream_issue_extra_us": 3.2 | null}
 
 The section is optional (files without it load with ``cuda`` None); `schedlab calibrate
 --cuda` on a CUDA machine writes it (`calibrate.cuda_calibrate`). The issue costs and links are
@@ -65,6 +70,7 @@ class CudaCosts:
     issue_default_us: float | None = None  # host µs to issue a target not in issue_us
     h2d: LinkFit | None = None  # pinned host -> device copies
     d2h: LinkFit | None = None  # device -> pinned host copies
+    stream_issue_extra_us: float | None = None  # host µs per op the co-run step on streams adds (several slots)
 
     @property
     def label(self) -> str:
@@ -97,6 +103,7 @@ class CudaCosts:
             "issue_default_us": self.issue_default_us,
             "h2d": None if self.h2d is None else self.h2d.to_json(),
             "d2h": None if self.d2h is None else self.d2h.to_json(),
+            "stream_issue_extra_us": self.stream_issue_extra_us,
         }
 
     @staticmethod
@@ -111,6 +118,7 @@ class CudaCosts:
         if not isinstance(issue, dict):
             raise TypeError("issue_us must be an object of aten target -> host µs")
         default = d.get("issue_default_us")
+        extra = d.get("stream_issue_extra_us")
         return CudaCosts(
             device=str(d["device"]),
             torch=str(d.get("torch", "")),
@@ -123,6 +131,7 @@ class CudaCosts:
             issue_default_us=None if default is None else _number(default, "issue_default_us"),
             h2d=LinkFit.from_json(d["h2d"], "h2d") if d.get("h2d") is not None else None,
             d2h=LinkFit.from_json(d["d2h"], "d2h") if d.get("d2h") is not None else None,
+            stream_issue_extra_us=None if extra is None else _number(extra, "stream_issue_extra_us"),
         )
 
 

@@ -1,7 +1,8 @@
 """The simulator's fidelity on a GPU, model by model, and re-scoring saved GPU runs.
 
 `cuda_fidelity` runs each model's training step on the GPU as schedlab's executor runs it
-(one stream, the straight-line step in program order) and as plain eager PyTorch runs it
+(one slot: one stream, the straight-line step in program order; k slots: k workers on a
+stream each, `exec.streams`) and as plain eager PyTorch runs it
 (`exec.check.eager_step`, on the same GPU), interleaved step by step and round-robin
 over the models, and predicts the executor's step in the simulator twice: with the
 Profile's cuda section (`calibrate.cuda_calibrate`, from the built-ins), and with the
@@ -17,6 +18,7 @@ issue costs re-fitted from the built-in models measured in the same process.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -34,8 +36,9 @@ from schedlab.calibrate.cuda_calibrate import (
     machine_for,
     prepare_on,
     refit_issue,
+    stepper_for,
 )
-from schedlab.calibrate.cuda_run import failure_text, replay_steps, synchronize
+from schedlab.calibrate.cuda_run import Stepper, failure_text, replay_steps, synchronize
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.signature import signature
 from schedlab.capture import capture
@@ -65,6 +68,7 @@ class CudaFidelityRow:
     op_issue_us: tuple[float, ...] = ()  # per op (by id): its measured host issue µs (median over steps)
     step_s: tuple[float, ...] = ()  # every timed executor step, in order
     eager_s: tuple[float, ...] = ()  # every timed eager step, each paired with the executor step above
+    slots: int = 1  # the executor's co-run slots on the GPU (one CUDA stream each)
 
     @property
     def error_pct(self) -> float:
@@ -85,25 +89,30 @@ class CudaFidelityRow:
 def cuda_fidelity(
     models: Sequence[str], profile: Profile, *, size: str = "default", optimizer: str = "sgd", device: str = "cuda",
     steps: int = 10, rounds: int = 1, progress: Progress | None = None, failed: dict[str, str] | None = None,
+    slots: Sequence[int] = (1,),
 ) -> list[CudaFidelityRow]:
-    """Per model, the executor's and eager's GPU steps measured and the simulator's two
-    predictions (module docstring). `profile` must hold a cuda section. Every model is
-    set up on the GPU first, then measured `rounds` times round-robin, `steps` steps each
-    time (a slow spell of the shared host then falls on all models alike); each figure is
-    the median over all rounds. A model that cannot run on the GPU (an op with no CUDA
-    kernel) is left out, its error in `failed`."""
+    """Per model and slot count in `slots`, the executor's and eager's GPU steps measured
+    and the simulator's two predictions (module docstring). `profile` must hold a cuda
+    section. Every model is set up on the GPU first, then measured `rounds` times
+    round-robin, `steps` steps each time per slot count (a slow spell of the shared host
+    then falls on all models alike); each figure is the median over all rounds. A model
+    that cannot run on the GPU (an op with no CUDA kernel) is left out, its error in
+    `failed`."""
     failed = {} if failed is None else failed
     if profile.cuda is None:
         raise SchedlabError("the profile has no cuda section: run `schedlab calibrate --cuda` on this GPU machine first")
     if rounds < 1 or steps < 1:
         raise SchedlabError(f"rounds and steps must be >= 1, got {rounds} and {steps}")
+    if not slots or any(k < 1 for k in slots):
+        raise SchedlabError(f"slots must be >= 1, got {list(slots)}")
+    slots = tuple(dict.fromkeys(slots))
     say = progress or (lambda _m: None)
     machine = gpu_machine(device)
     live: dict[str, _Live] = {}
     for model in models:
         say(f"{model}: set up on {device_name(device)}")
         try:
-            live[model] = _Live.start(model, size, optimizer, device, machine)
+            live[model] = _Live.start(model, size, optimizer, device, machine, slots)
         except Exception as e:
             failed[model] = failure_text(e)
             say(f"{model}: failed: {failed[model]}")
@@ -117,7 +126,8 @@ def cuda_fidelity(
                 failed[model] = failure_text(e)
                 del live[model]
                 synchronize(device)
-    return [score(m, x.p.captured.graph, x.p.resolved, x.measured(), profile, machine) for m, x in live.items()]
+    return [score(m, x.p.captured.graph, x.resolved[k], x.measured(k), profile, gpu_machine(device, streams=k))
+            for m, x in live.items() for k in slots]
 
 
 @dataclass(frozen=True)
@@ -133,19 +143,21 @@ class GpuMeasurement:
 
 @dataclass
 class _Live:
-    """A model set up on the GPU: the executor's straight line and eager's module, both
-    stepping on from step to step, and what their measured steps took so far."""
+    """A model set up on the GPU: the executor's step under each slot count and eager's
+    module, all stepping on from step to step, and what their measured steps took so far."""
 
     p: Prepared
     device: str
     eager: Callable[[], float]
     inputs: dict[int, torch.Tensor]
-    step_s: list[float] = dataclasses.field(default_factory=list)
-    eager_s: list[float] = dataclasses.field(default_factory=list)
-    issue_rounds: list[tuple[float, ...]] = dataclasses.field(default_factory=list)
+    resolved: dict[int, ResolvedPlan]  # slots -> the plan it runs
+    steppers: dict[int, Stepper]  # slots -> its executor step
+    step_s: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+    eager_s: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+    issue_rounds: dict[int, list[tuple[float, ...]]] = dataclasses.field(default_factory=dict)
 
     @staticmethod
-    def start(model: str, size: str, optimizer: str, device: str, machine: Machine) -> _Live:
+    def start(model: str, size: str, optimizer: str, device: str, machine: Machine, slots: Sequence[int] = (1,)) -> _Live:
         p = prepare_on(model, size, optimizer, device, machine)
         ref, user, opt = eager_reference(p.module, p.captured.graph, p.captured.input_values)
         ref.to(device)
@@ -158,29 +170,39 @@ class _Live:
             synchronize(device)
             return time.perf_counter() - t0
 
-        return _Live(p=p, device=device, eager=eager, inputs=p.inputs)
+        graph = p.captured.graph
+        resolved = {k: p.resolved if k == 1 else resolve(graph, Plan(device=GPU_ID, slots=k), gpu_machine(device, k))
+                    for k in slots}
+        steppers = {k: p.step if k == 1 else stepper_for(p.program, resolved[k], device) for k in slots}
+        return _Live(p=p, device=device, eager=eager, inputs=p.inputs, resolved=resolved, steppers=steppers)
 
     def measure(self, steps: int, warmup: int) -> None:
-        eager_s: list[float] = []
-        times, self.inputs = replay_steps(self.p.program, self.p.run, self.p.resolved.sequence, False, self.inputs,
-                                          self.device, steps, warmup=warmup,
-                                          between=lambda: eager_s.append(self.eager()))
-        self.step_s += times.step_s
-        self.eager_s += eager_s[-len(times.step_s):]
-        self.issue_rounds.append(times.issue_us)
+        """`steps` steps under each slot count in turn, each paired with an eager step."""
+        for k, step in self.steppers.items():
+            eager_s: list[float] = []
+            times, self.inputs = replay_steps(self.p.program, step, False, self.inputs, self.device, steps,
+                                              warmup=warmup, between=functools.partial(self._eager_into, eager_s))
+            self.step_s.setdefault(k, []).extend(times.step_s)
+            self.eager_s.setdefault(k, []).extend(eager_s[-len(times.step_s):])
+            self.issue_rounds.setdefault(k, []).append(times.issue_us)
 
-    def measured(self) -> GpuMeasurement:
-        issue = tuple(statistics.median(r[i] for r in self.issue_rounds) for i in range(len(self.issue_rounds[0])))
-        return GpuMeasurement(step_s=tuple(self.step_s), eager_s=tuple(self.eager_s), op_issue_us=issue)
+    def _eager_into(self, out: list[float]) -> None:
+        out.append(self.eager())
+
+    def measured(self, slots: int = 1) -> GpuMeasurement:
+        rounds = self.issue_rounds[slots]
+        issue = tuple(statistics.median(r[i] for r in rounds) for i in range(len(rounds[0])))
+        return GpuMeasurement(step_s=tuple(self.step_s[slots]), eager_s=tuple(self.eager_s[slots]), op_issue_us=issue)
 
 
 def score(model: str, graph: Graph, resolved: ResolvedPlan, m: GpuMeasurement, profile: Profile,
           machine: Machine) -> CudaFidelityRow:
-    """`m` against the simulator's step of `graph` under `resolved` on `machine`, with the
-    profile's cuda section and without it (the datasheet roofline)."""
+    """`m` against the simulator's step of `graph` under `resolved` on `machine` (a stream
+    per slot), with the profile's cuda section and without it (the datasheet roofline)."""
     cuda = profile.cuda
     assert cuda is not None
     ratio, _ = ratio_stats(list(m.step_s), list(m.eager_s))
+    profile = profile.for_slots(resolved.slots)
     predicted = Simulator(graph, machine, profile).run(resolved, record=False).step_time_s
     roofline = Simulator(graph, machine, dataclasses.replace(profile, cuda=None)).run(resolved, record=False).step_time_s
     compute = [op for op in graph.ops if not op.is_view]
@@ -190,7 +212,7 @@ def score(model: str, graph: Graph, resolved: ResolvedPlan, m: GpuMeasurement, p
         measured_ms=1e3 * statistics.median(m.step_s), eager_ms=1e3 * statistics.median(m.eager_s),
         ratio_vs_eager=ratio, issue_ms=sum(m.op_issue_us) / 1e3,
         predicted_ms=1e3 * predicted, roofline_ms=1e3 * roofline, known_signatures=known,
-        op_issue_us=m.op_issue_us, step_s=m.step_s, eager_s=m.eager_s,
+        op_issue_us=m.op_issue_us, step_s=m.step_s, eager_s=m.eager_s, slots=resolved.slots,
     )
 
 
@@ -206,9 +228,8 @@ def rescore(saved: dict[str, Any], profile: Profile, *, refit: bool = False,
     cond = saved.get("conditions", {})
     size, optimizer = str(cond.get("size", "default")), str(cond.get("optimizer", "sgd"))
     gpu = str((cond.get("cuda") or {}).get("device", profile.cuda.device))
-    machine = machine_for(gpu)
     get = graph_of or (lambda m, sz, opt: capture(load_workload(m, sz), opt).graph)
-    runs: list[tuple[str, Graph, GpuMeasurement]] = []
+    runs: list[tuple[str, Graph, GpuMeasurement, int]] = []
     for row in saved.get("models", []):
         graph = get(row["model"], size, optimizer)
         issue = tuple(float(x) for x in row.get("op_issue_us", ()))
@@ -218,18 +239,32 @@ def rescore(saved: dict[str, Any], profile: Profile, *, refit: bool = False,
                 f"{len(graph.ops)} ops (another torch version captures it differently): re-measure it on the GPU")
         step_s = tuple(row.get("step_s") or (row["measured_ms"] / 1e3,))
         eager_s = tuple(row.get("eager_s") or (row["eager_ms"] / 1e3,))
-        runs.append((row["model"], graph, GpuMeasurement(step_s=step_s, eager_s=eager_s, op_issue_us=issue)))
-    if refit:
-        own = [(g, m.op_issue_us) for name, g, m in runs if not is_heldout(name)]
+        slots = int(row.get("slots", 1))
+        runs.append((row["model"], graph, GpuMeasurement(step_s=step_s, eager_s=eager_s, op_issue_us=issue), slots))
+    if refit:  # from the straight line's issue times: a co-run row's spans hold its waits too
+        own = [(g, m.op_issue_us) for name, g, m, k in runs if not is_heldout(name) and k == 1]
         if not own:
             raise SchedlabError("re-fitting the issue costs needs built-in models in the files (the calibration "
                                 "workloads, measured in the same run): none is there")
         profile = dataclasses.replace(profile, cuda=refit_issue(profile.cuda, own))
-    return [score(name, g, resolve(g, Plan(device=GPU_ID), machine), m, profile, machine) for name, g, m in runs]
+    machines = {k: machine_for(gpu, streams=k) for k in {k for *_, k in runs}}
+    return [score(name, g, resolve(g, Plan(device=GPU_ID, slots=k), machines[k]), m, profile, machines[k])
+            for name, g, m, k in runs]
 
 
 def summary(rows: Sequence[CudaFidelityRow]) -> dict[str, Any]:
-    """MAPE of both predictions over the built-in and the held-out rows."""
+    """MAPE of both predictions over the built-in and the held-out rows of one slot (the
+    straight line); with rows of several slot counts, the same per slot count under
+    "slots", and per model how the slot counts rank (`slots_ranking`)."""
+    out = _mape_groups([r for r in rows if r.slots == 1])
+    counts = sorted({r.slots for r in rows})
+    if len(counts) > 1:
+        out["slots"] = {str(k): _mape_groups([r for r in rows if r.slots == k]) for k in counts}
+        out["slots_ranking"] = slots_ranking(rows)
+    return out
+
+
+def _mape_groups(rows: Sequence[CudaFidelityRow]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for label, sel in (("builtin", [r for r in rows if not r.held_out]), ("heldout", [r for r in rows if r.held_out])):
         if sel:
@@ -240,3 +275,27 @@ def summary(rows: Sequence[CudaFidelityRow]) -> dict[str, Any]:
                 "ratio_vs_eager_median": statistics.median(r.ratio_vs_eager for r in sel),
             }
     return out
+
+
+def slots_ranking(rows: Sequence[CudaFidelityRow]) -> dict[str, Any]:
+    """Per model measured under several slot counts: each count's step over one slot's,
+    measured and predicted, and whether the simulator picks the count that measured
+    fastest; "agree": over how many models it did."""
+    by_model: dict[str, dict[int, CudaFidelityRow]] = {}
+    for r in rows:
+        by_model.setdefault(r.model, {})[r.slots] = r
+    models: dict[str, Any] = {}
+    for model, rs in by_model.items():
+        if len(rs) < 2:
+            continue
+        base = rs.get(1) or rs[min(rs)]
+        best_measured = min(rs, key=lambda k: rs[k].measured_ms)
+        best_predicted = min(rs, key=lambda k: rs[k].predicted_ms)
+        models[model] = {
+            "held_out": base.held_out,
+            "measured_vs_base": {str(k): r.measured_ms / base.measured_ms for k, r in sorted(rs.items())},
+            "predicted_vs_base": {str(k): r.predicted_ms / base.predicted_ms for k, r in sorted(rs.items())},
+            "best_measured": best_measured, "best_predicted": best_predicted,
+        }
+    agree = sum(1 for m in models.values() if m["best_measured"] == m["best_predicted"])
+    return {"models": models, "agree": agree, "of": len(models)}

@@ -199,32 +199,47 @@ def signature_kernels_us(program: Program, V: list[Any], device: str | torch.dev
 @dataclass(frozen=True)
 class ReplayTimes:
     step_s: tuple[float, ...]  # each timed step, launch of the first op to a synchronise after the last
-    issue_us: tuple[float, ...]  # per op (by op id): median host µs between its stamp and the next
+    issue_us: tuple[float, ...]  # per op (by op id): median host µs its issue took
+
+
+Stepper = Callable[[list[Any]], Sequence[float]]  # runs one step on V; per op (by id) its host issue µs
+
+
+def line_stepper(run: Callable[[list[Any], list[int]], None], sequence: Sequence[int], n_ops: int) -> Stepper:
+    """A straight line `run(V, T)` of `sequence` (`Program.straight_line`) as a `Stepper`: an
+    op's issue is the time between its stamp and the next."""
+
+    def step(V: list[Any]) -> list[float]:
+        T = [0] * (len(sequence) + 1)
+        run(V, T)
+        out = [0.0] * n_ops
+        for k, op_id in enumerate(sequence):
+            out[op_id] = (T[k + 1] - T[k]) / 1e3
+        return out
+
+    return step
 
 
 def replay_steps(
-    program: Program, run: Callable[[list[Any], list[int]], None], sequence: Sequence[int], keep_inputs: bool,
-    inputs: dict[int, torch.Tensor], device: str | torch.device, steps: int, warmup: int = 2,
-    between: Callable[[], None] | None = None,
+    program: Program, step: Stepper, keep_inputs: bool, inputs: dict[int, torch.Tensor], device: str | torch.device,
+    steps: int, warmup: int = 2, between: Callable[[], None] | None = None,
 ) -> tuple[ReplayTimes, dict[int, torch.Tensor]]:
-    """`steps` timed steps of `run` (a straight line of `sequence`, `Program.straight_line`)
-    after `warmup`; each step's inputs are the last one's updates unless `keep_inputs`.
+    """`steps` timed steps of `step` (`line_stepper`, or a co-run step on streams) after
+    `warmup`; each step's inputs are the last one's updates unless `keep_inputs`.
     `between()` runs before each step (the eager step it is interleaved with). Returns the
     times and the last step's inputs."""
-    threads = torch.get_num_threads()  # the straight line sets each op's; the caller's comes back after
+    threads = torch.get_num_threads()  # the steps set each op's; the caller's comes back after
     try:
-        return _replay_steps(program, run, sequence, keep_inputs, inputs, device, steps, warmup, between)
+        return _replay_steps(program, step, keep_inputs, inputs, device, steps, warmup, between)
     finally:
         torch.set_num_threads(threads)
 
 
 def _replay_steps(
-    program: Program, run: Callable[[list[Any], list[int]], None], sequence: Sequence[int], keep_inputs: bool,
-    inputs: dict[int, torch.Tensor], device: str | torch.device, steps: int, warmup: int,
-    between: Callable[[], None] | None,
+    program: Program, step: Stepper, keep_inputs: bool, inputs: dict[int, torch.Tensor], device: str | torch.device,
+    steps: int, warmup: int, between: Callable[[], None] | None,
 ) -> tuple[ReplayTimes, dict[int, torch.Tensor]]:
     graph = program.graph
-    n = len(sequence)
     per_op: list[list[float]] = [[] for _ in graph.ops]
     step_s: list[float] = []
     cur = inputs
@@ -234,20 +249,19 @@ def _replay_steps(
         V: list[Any] = [None] * len(graph.values)
         for v, t in cur.items():
             V[v] = t
-        T = [0] * (n + 1)
         synchronize(device)
         t0 = time.perf_counter()
-        run(V, T)
+        issue = step(V)
         synchronize(device)
         t1 = time.perf_counter()
         if s >= warmup:
             step_s.append(t1 - t0)
-            for k, op_id in enumerate(sequence):
-                per_op[op_id].append((T[k + 1] - T[k]) / 1e3)
+            for op_id, us in enumerate(issue):
+                per_op[op_id].append(us)
         if not keep_inputs:
             cur = next_inputs(graph, cur, {v: V[v] for v in range(len(V)) if V[v] is not None})
-    issue = tuple(statistics.median(x) if x else 0.0 for x in per_op)
-    return ReplayTimes(step_s=tuple(step_s), issue_us=issue), cur
+    issue_us = tuple(statistics.median(x) if x else 0.0 for x in per_op)
+    return ReplayTimes(step_s=tuple(step_s), issue_us=issue_us), cur
 
 
 def issue_costs(replays: Iterable[tuple[Graph, Sequence[float]]]) -> tuple[dict[str, float], float]:

@@ -293,8 +293,19 @@ class Profile:
         return self.cuda.launch_us if kind == "cuda" and self.cuda is not None else 0.0
 
     def kind_issue_us(self, op: Op, kind: str) -> float | None:
-        """Host µs to issue `op` to a GPU, from the cuda section (None without one)."""
-        return self.cuda.host_issue_us(op) if kind == "cuda" and self.cuda is not None else None
+        """Host µs to issue `op` to a GPU, from the cuda section (None without one). With
+        several slots (`for_slots`), the co-run step on streams adds its cost per op: the
+        section's `stream_issue_extra_us`, or where an older section lacks it, what the
+        co-run executor adds per op on this profile's CPU (`corun_op_us - op_us`)."""
+        if kind != "cuda" or self.cuda is None:
+            return None
+        t = self.cuda.host_issue_us(op)
+        if t is None or self.dispatch_slots <= 1:
+            return t
+        extra = self.cuda.stream_issue_extra_us
+        if extra is None:
+            extra = max(0.0, self.dispatch.corun_op_us - self.dispatch.op_us)
+        return t + extra
 
     def for_slots(self, slots: int) -> Profile:
         """This Profile with the dispatch cost of the executor running `slots` workers."""

@@ -79,6 +79,7 @@ def cuda_summary(c: Any) -> dict[str, Any]:
         "bw_tb_per_s": c.bw_bytes_per_s / 1e12, "signatures": len(c.signatures), "issue_default_us": c.issue_default_us,
         "h2d": None if c.h2d is None else {"latency_us": c.h2d.latency_us, "gb_per_s": c.h2d.bw_bytes_per_s / 1e9},
         "d2h": None if c.d2h is None else {"latency_us": c.d2h.latency_us, "gb_per_s": c.d2h.bw_bytes_per_s / 1e9},
+        "stream_issue_extra_us": c.stream_issue_extra_us,
     }
 
 
@@ -86,6 +87,8 @@ def print_cuda_summary(s: dict[str, Any]) -> None:
     print(f"{s['device']} (torch {s['torch']}): empty kernel {s['launch_us']:.2f} us, fp32 mm {s['tflops']:.1f} TFLOP/s, "
           f"add {s['bw_tb_per_s']:.2f} TB/s; {s['signatures']} op signatures; host issue {s['issue_default_us']:.1f} us "
           "per op (median)")
+    if s.get("stream_issue_extra_us") is not None:
+        print(f"  co-run slots on streams: +{s['stream_issue_extra_us']:.1f} us host issue per op")
     for k in ("h2d", "d2h"):
         if s[k]:
             print(f"  {k}: {s[k]['latency_us']:.1f} us + bytes / {s[k]['gb_per_s']:.1f} GB/s (pinned)")
@@ -101,15 +104,17 @@ def run_fidelity_cuda(args: argparse.Namespace, models: list[str]) -> int:
     out = Path(args.out) if args.out else DEFAULT_CUDA_OUT
     check_writable(out)
     profile = load_profile(args.profile)
+    slots = parse_slots(args.slots)
     device = require_cuda()
     failed: dict[str, str] = {}
     rows = cuda_fidelity(models, profile, size=args.size, optimizer=args.optimizer, device=device, steps=args.steps,
-                         rounds=args.rounds, progress=_say(not args.json), failed=failed)
+                         rounds=args.rounds, progress=_say(not args.json), failed=failed, slots=slots)
     scored = summary(rows)
     result: dict[str, Any] = {
         "set": "held-out" if args.held_out else "built-in",
         "conditions": {"versions": library_versions(), "size": args.size, "optimizer": args.optimizer,
-                       "steps": args.steps, "rounds": args.rounds, "cuda": cuda_summary(profile.cuda)},
+                       "steps": args.steps, "rounds": args.rounds, "slots": list(slots),
+                       "cuda": cuda_summary(profile.cuda)},
         "summary": scored,
         "models": [r.to_json() for r in rows],
         "failed_models": failed,
@@ -119,20 +124,40 @@ def run_fidelity_cuda(args: argparse.Namespace, models: list[str]) -> int:
     return 0 if rows else 1
 
 
+def parse_slots(text: str | None) -> tuple[int, ...]:
+    """`--slots 1,2,4` -> (1, 2, 4); None -> (1,)."""
+    if text is None:
+        return (1,)
+    try:
+        out = tuple(dict.fromkeys(int(x) for x in text.split(",") if x.strip()))
+    except ValueError:
+        raise SchedlabError(f"--slots takes slot counts separated by commas, like 1,2,4, not {text!r}") from None
+    if not out or any(k < 1 for k in out):
+        raise SchedlabError(f"--slots: every slot count must be >= 1, got {text!r}")
+    return out
+
+
 def print_rows(rows: list[Any], scored: dict[str, Any], failed: dict[str, str], out: Path, *, as_json: bool,
                result: dict[str, Any]) -> None:
     if as_json:
         print(json.dumps(result, indent=1))
         return
-    print(f"{'model':32s} {'ops':>5s} {'executor':>9s} {'eager':>8s} {'x eager':>8s} {'issue':>7s} "
+    print(f"{'model':32s} {'slots':>5s} {'ops':>5s} {'executor':>9s} {'eager':>8s} {'x eager':>8s} {'issue':>7s} "
           f"{'predicted':>10s} {'error':>7s} {'roofline':>9s} {'error':>7s} {'known':>6s}")
     for r in rows:
-        print(f"{r.model:32s} {r.ops:5d} {r.measured_ms:8.2f}m {r.eager_ms:7.2f}m {r.ratio_vs_eager:8.2f} "
+        print(f"{r.model:32s} {r.slots:5d} {r.ops:5d} {r.measured_ms:8.2f}m {r.eager_ms:7.2f}m {r.ratio_vs_eager:8.2f} "
               f"{r.issue_ms:6.2f}m {r.predicted_ms:9.2f}m {r.error_pct:+6.1f}% {r.roofline_ms:8.2f}m "
               f"{r.roofline_error_pct:+6.1f}% {r.known_signatures:6.0%}")
-    for label, s in scored.items():
-        print(f"{label}: MAPE {s['mape_pct']:.1f}% calibrated, {s['roofline_mape_pct']:.1f}% datasheet roofline; "
-              f"executor/eager {s['ratio_vs_eager_median']:.2f} (median)")
+    groups = [("", scored)] + [(f"{k} slots, ", g) for k, g in scored.get("slots", {}).items()]
+    for prefix, group in groups:
+        for label in ("builtin", "heldout"):
+            if label in group:
+                s = group[label]
+                print(f"{prefix}{label}: MAPE {s['mape_pct']:.1f}% calibrated, {s['roofline_mape_pct']:.1f}% datasheet "
+                      f"roofline; executor/eager {s['ratio_vs_eager_median']:.2f} (median)")
+    ranking = scored.get("slots_ranking")
+    if ranking:
+        print(f"fastest slot count predicted right for {ranking['agree']} of {ranking['of']} models")
     for m, e in failed.items():
         print(f"{m}: did not run on the GPU: {e}")
     print(f"results in {out}")

@@ -115,9 +115,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument(
         "--cuda", action="store_true",
-        help="on a machine with an NVIDIA GPU: each model's step on the GPU as the executor runs it (one stream) and "
-        "as eager PyTorch does, interleaved, against the simulator's prediction from the profile's cuda section "
-        "(`schedlab calibrate --cuda`) and from the GPU's datasheet roofline; results in fidelity-cuda.json",
+        help="on a machine with an NVIDIA GPU: each model's step on the GPU as the executor runs it (one stream; "
+        "--slots: several) and as eager PyTorch does, interleaved, against the simulator's prediction from the "
+        "profile's cuda section (`schedlab calibrate --cuda`) and from the GPU's datasheet roofline; results in "
+        "fidelity-cuda.json",
+    )
+    p.add_argument(
+        "--slots", default=None, metavar="K[,K...]",
+        help="with --cuda: the executor's co-run slots on the GPU to measure each model under, one CUDA stream per "
+        "slot (default 1: the straight-line step); the results rank them per model, measured against predicted",
     )
     p.add_argument(
         "--refit-issue", action="store_true",
@@ -166,13 +172,15 @@ def run(args: argparse.Namespace) -> int:
 
         return run_tf(args, named_models(args))
     if getattr(args, "cuda", False) and args.rescore:
-        if named_models(args) or args.rounds != 1:
-            raise SchedlabError("--rescore re-scores results files as they are: give no models or --rounds")
+        if named_models(args) or args.rounds != 1 or args.slots is not None:
+            raise SchedlabError("--rescore re-scores results files as they are: give no models, --rounds or --slots")
         from schedlab.cli.cuda_cmd import run_rescore_cuda
 
         return run_rescore_cuda(args)
     if getattr(args, "refit_issue", False):
         raise SchedlabError("--refit-issue goes with --cuda --rescore (GPU results files)")
+    if getattr(args, "slots", None) is not None and not getattr(args, "cuda", False):
+        raise SchedlabError("--slots goes with --cuda (the GPU's co-run slots); CPU fidelity runs its own plan spread")
     if args.rescore:
         if named_models(args) or args.plan_list or args.rounds != 1:
             raise SchedlabError("--rescore re-scores results files as they are: give no models, --plans or --rounds")

@@ -48,7 +48,7 @@ class OpFailed(SchedlabError):
     pass
 
 
-def _failed(graph: Graph, op_id: int, e: BaseException) -> OpFailed:
+def op_failed(graph: Graph, op_id: int, e: BaseException) -> OpFailed:
     op = graph.ops[op_id]
     return OpFailed(f"op {op.id} ({op.name}, {op.target}) failed: {type(e).__name__}: {e}")
 
@@ -92,7 +92,7 @@ class Executor:
             self._straight(V, T)
         except Exception as e:
             k = max(idx for idx, t in enumerate(T) if t) if any(T) else 0
-            raise _failed(self.graph, seq[min(k, len(seq) - 1)], e) from e
+            raise op_failed(self.graph, seq[min(k, len(seq) - 1)], e) from e
         finally:
             torch.set_num_threads(prev)
         t0 = T[0]
@@ -118,7 +118,7 @@ class Executor:
             threads=self.resolved.threads,
             run_op=lambda i: op_fns[i](V),
             release=release,
-            fail=lambda i, e: _failed(g, i, e),
+            fail=lambda i, e: op_failed(g, i, e),
             n_spans=len(g.ops),
         )
         spans = loop.run(self.resolved.slots)

@@ -44,7 +44,8 @@ class ReadyLoop:
     `succs[i]` must name only ops in `ops`; `indeg[i]` counts the predecessors of `i`
     among `ops` (a list the loop consumes). `run_op(i)` runs op `i` (called without the
     lock held); `release(i)` is called with the lock held once op `i` has finished (free
-    its inputs there). Spans count from `start_ns` (default: now). Ops in `external` are
+    its inputs there). `on_start(w)` runs first in worker `w`'s thread (a GPU worker makes
+    its stream current there). Spans count from `start_ns` (default: now). Ops in `external` are
     never run by a worker: another thread waits for them to become ready (`wait_ready`)
     and finishes them (`complete`).
     """
@@ -63,6 +64,7 @@ class ReadyLoop:
         n_spans: int,
         external: Collection[int] = (),
         start_ns: int | None = None,
+        on_start: Callable[[int], None] | None = None,
     ) -> None:
         lock = threading.Lock()
         self.cond = threading.Condition(lock)  # workers wait here for ready ops
@@ -74,6 +76,7 @@ class ReadyLoop:
         self.run_op = run_op
         self.release = release
         self.fail = fail
+        self.on_start = on_start
         self.external = frozenset(external)
         self.heap = [(prio[i], i) for i in ops if indeg[i] == 0 and i not in self.external]
         heapq.heapify(self.heap)
@@ -114,6 +117,13 @@ class ReadyLoop:
         # idle worker only when more work is ready than it can take: every wake-up is a
         # thread hand-off through the interpreter lock, tens of microseconds.
         torch.get_num_threads()  # force ATen's per-thread init before setting (DESIGN.md)
+        if self.on_start is not None:
+            try:
+                self.on_start(w)
+            except BaseException as e:
+                with self.cond:
+                    self._error(e)
+                return
         ns = time.perf_counter_ns
         heap = self.heap
         cond = self.cond

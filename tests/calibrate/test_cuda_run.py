@@ -221,3 +221,57 @@ def test_a_saved_gpu_run_is_rescored_without_a_gpu(calibrated: tuple[CudaCosts, 
     assert "is not a `schedlab fidelity --cuda` results file" in capsys.readouterr().err
     assert main(["fidelity", "--refit-issue", "mlp"]) == 2
     assert "--refit-issue goes with --cuda --rescore" in capsys.readouterr().err
+
+
+def test_co_run_slots_on_streams_are_measured_ranked_and_rescored(calibrated: tuple[CudaCosts, dict]) -> None:
+    from schedlab.calibrate.cuda_fidelity import rescore
+
+    costs, _ = calibrated
+    assert costs.stream_issue_extra_us is not None and costs.stream_issue_extra_us >= 0.0
+    profile = dataclasses.replace(make_profile(), cuda=costs)
+    rows = cuda_fidelity(["mlp", "heldout:mixer"], profile, size="tiny", device="cpu", steps=2, slots=(1, 2, 2))
+    assert [(r.model, r.slots) for r in rows] == [("mlp", 1), ("mlp", 2), ("heldout:mixer", 1), ("heldout:mixer", 2)]
+    for r in rows:
+        assert len(r.step_s) == len(r.eager_s) == 2 and len(r.op_issue_us) == r.ops and r.predicted_ms > 0
+    s = summary(rows)
+    assert s["builtin"]["models"] == 1  # the straight line's rows, as before
+    assert set(s["slots"]) == {"1", "2"} and s["slots"]["2"]["heldout"]["models"] == 1
+    rank = s["slots_ranking"]
+    assert rank["of"] == 2 and 0 <= rank["agree"] <= 2
+    mlp1, mlp2 = rows[0], rows[1]
+    m = rank["models"]["mlp"]
+    assert m["measured_vs_base"]["2"] == pytest.approx(mlp2.measured_ms / mlp1.measured_ms)
+    assert m["best_measured"] == (1 if mlp1.measured_ms <= mlp2.measured_ms else 2)
+    saved = {"conditions": {"size": "tiny", "optimizer": "sgd", "cuda": {"device": "cpu (test run)"}},
+             "models": [r.to_json() for r in rows]}
+    again = rescore(saved, profile)
+    assert [(r.model, r.slots) for r in again] == [(r.model, r.slots) for r in rows]
+    assert [r.predicted_ms for r in again] == pytest.approx([r.predicted_ms for r in rows], rel=1e-6)
+    with pytest.raises(SchedlabError, match="slots must be >= 1"):
+        cuda_fidelity(["mlp"], profile, size="tiny", device="cpu", slots=(0,))
+
+
+def test_several_slots_charge_the_gpu_issue_the_stream_steps_extra() -> None:
+    graph = capture(load_workload("mlp", "tiny")).graph
+    op = next(o for o in graph.ops if not o.is_view)
+    cuda = CudaCosts(device="x", torch="t", measured_unix_s=0, launch_us=2, flops_per_s=1e12, bw_bytes_per_s=1e12,
+                     issue_default_us=10.0, stream_issue_extra_us=3.0)
+    p = dataclasses.replace(make_profile(), cuda=cuda)
+    assert p.kind_issue_us(op, "cuda") == 10.0
+    assert p.for_slots(2).kind_issue_us(op, "cuda") == 13.0
+    # An older section without the figure: what the co-run executor adds per op on the CPU.
+    old = dataclasses.replace(p, cuda=dataclasses.replace(cuda, stream_issue_extra_us=None)).for_slots(2)
+    d = old.dispatch
+    assert old.kind_issue_us(op, "cuda") == pytest.approx(10.0 + max(0.0, d.corun_op_us - d.op_us))
+    assert p.for_slots(2).kind_issue_us(op, "cpu") is None
+
+
+def test_the_slots_flag_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    from schedlab.cli.cuda_cmd import parse_slots
+
+    assert parse_slots(None) == (1,) and parse_slots("1,2,2,4") == (1, 2, 4)
+    for bad in ("0", "1,x", ","):
+        with pytest.raises(SchedlabError, match="--slots"):
+            parse_slots(bad)
+    assert main(["fidelity", "--slots", "2", "mlp"]) == 2
+    assert "--slots goes with --cuda" in capsys.readouterr().err
