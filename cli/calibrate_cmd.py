@@ -51,6 +51,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "built-in workloads' steps alone, the host's cost to issue each op, pinned host<->device copies) and write "
         "the profile's cuda section into the existing profile --out; with --quick, the tiny workloads",
     )
+    p.add_argument(
+        "--size", choices=("tiny", "default", "gpu"), default=None,
+        help="with --cuda: the size of the built-in workloads measured (default: default, or tiny with --quick; "
+        "gpu: the default models at 16x their batch, steps bound by the GPU rather than the host)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
@@ -312,14 +317,15 @@ def run_links(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     """Run the calibration and write the Profile; print a summary."""
     from schedlab.calibrate.run import run_calibration
+    from schedlab.errors import SchedlabError
     from schedlab.io import check_writable
 
     if getattr(args, "links", False) and getattr(args, "cuda", False):
-        from schedlab.errors import SchedlabError
-
         raise SchedlabError("--links and --cuda each re-measure one part of the profile: give one of them")
     if getattr(args, "links", False):
         return run_links(args)
+    if getattr(args, "size", None) is not None and not getattr(args, "cuda", False):
+        raise SchedlabError("--size goes with --cuda: the CPU calibration measures its own sweep of op sizes")
     if getattr(args, "cuda", False):
         from schedlab.cli.cuda_cmd import run_calibrate_cuda
 

@@ -53,7 +53,7 @@ def run_calibrate_cuda(args: argparse.Namespace) -> int:
                            "`--cuda` adds the GPU's")
     device = require_cuda()
     t0 = time.perf_counter()
-    size = "tiny" if args.quick else "default"
+    size = args.size or ("tiny" if args.quick else "default")
     costs, report = calibrate_cuda(list(BUILTIN_WORKLOADS), size=size, device=device,
                                    progress=_say(not getattr(args, "no_progress", False)))
     dataclasses.replace(Profile.load(out, check_machine=False), cuda=costs).save(out)

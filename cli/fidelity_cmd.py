@@ -66,7 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--held-out", action="store_true",
         help="the held-out models: profile-only and trace-calibrated errors side by side",
     )
-    p.add_argument("--size", choices=("tiny", "default"), default="default")
+    p.add_argument("--size", choices=("tiny", "default", "gpu"), default="default",
+                   help="workload size (default: default; gpu, with --cuda: the default models at 16x their batch)")
     p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     p.add_argument("--profile", default=None, metavar="PROFILE", help="profile (default: traces/profile.json)")
     p.add_argument("--steps", type=int, default=5, help="timed steps per plan (default 5)")

@@ -81,7 +81,8 @@ class CudaStreams:
         stream.wait_event(event)
 
     def keep_alive(self, tensor: torch.Tensor, stream: Any) -> None:
-        tensor.record_stream(stream)
+        if tensor.is_cuda:  # a host tensor (a scalar an op left on the CPU) has no stream to keep
+            tensor.record_stream(stream)
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)

@@ -2,8 +2,9 @@
 # What a lent GPU machine runs, in one call (README, "On a lent GPU machine"):
 #   1. the GPU: `schedlab calibrate --cuda` (on the built-ins), then `schedlab fidelity --cuda`
 #      on the built-ins and the held-out models (never calibrated on) round-robin in one
-#      process, each under 1, 2 and 4 co-run slots (one CUDA stream per slot), and that run
-#      re-scored with the host's issue costs from its own built-ins;
+#      process, each under 1, 2 and 4 co-run slots (one CUDA stream per slot); the same at
+#      size gpu (16x the batch: device-bound steps) with a calibration at that size; and the
+#      first run re-scored with the host's issue costs from its own built-ins;
 #   2. its many CPU cores: a quick CPU calibration over 1..N threads, the simulator's fidelity
 #      over the many-core spread (slots 1/2/4 x threads up to N), and a concurrency search on
 #      the simulator whose top plans are validated on the executor.
@@ -37,8 +38,13 @@ step() {  # step NAME CAP_S COMMAND...: run with the lesser of CAP_S and what is
 cp "$base" "$w/profile-cuda.json"
 step calibrate-cuda 150 $sl calibrate --cuda --out "$w/profile-cuda.json"
 models="mlp cnn transformer nmt $($py -c 'from schedlab.workloads.heldout import HELDOUT_WORKLOADS as h; print(*h)')"
-step fidelity-cuda 240 $sl fidelity --cuda --slots 1,2,4 --rounds 3 --steps 3 $models --profile "$w/profile-cuda.json" \
+step fidelity-cuda 200 $sl fidelity --cuda --slots 1,2,4 --rounds 3 --steps 3 $models --profile "$w/profile-cuda.json" \
   --out "$w/fidelity-cuda.json"
+# The same models at 16x their batch (size gpu): steps bound by the GPU's kernels, not the host's issue.
+cp "$base" "$w/profile-cuda-gpu.json"
+step calibrate-cuda-gpu 120 $sl calibrate --cuda --size gpu --out "$w/profile-cuda-gpu.json"
+step fidelity-cuda-gpu 150 $sl fidelity --cuda --size gpu --slots 1,2 --rounds 2 --steps 3 $models \
+  --profile "$w/profile-cuda-gpu.json" --out "$w/fidelity-cuda-gpu.json"
 step rescore-cuda 60 $sl fidelity --cuda --rescore "$w/fidelity-cuda.json" --refit-issue --profile "$w/profile-cuda.json" \
   --out "$w/fidelity-cuda-refit.json"
 threads=$($py -c "n=$cores; print(','.join(str(t) for t in sorted({1 << k for k in range(n.bit_length()) if 1 << k <= n} | {n})))")

@@ -152,3 +152,13 @@ def test_bad_specs_give_one_clear_error(spec: str, size: str, expected: list[str
     for part in expected:
         assert part in message
     assert info.value.__cause__ is None  # no chained traceback to leak
+
+
+@pytest.mark.parametrize("spec", ["mlp", "nmt", "heldout:mixer", "heldout:conv1d-two-branch"])
+def test_the_gpu_size_is_the_default_model_at_16x_its_batch(spec: str) -> None:
+    from schedlab.workloads.sizes import GPU_BATCH_SCALE
+
+    default, gpu = load_workload(spec, "default"), load_workload(spec, "gpu")
+    assert gpu.inputs[0].shape[0] == GPU_BATCH_SCALE * default.inputs[0].shape[0]
+    assert gpu.inputs[0].shape[1:] == default.inputs[0].shape[1:]
+    assert [p.shape for p in gpu.module.parameters()] == [p.shape for p in default.module.parameters()]

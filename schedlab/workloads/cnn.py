@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from schedlab.workloads.sizes import config_at
+
 
 @dataclass(frozen=True)
 class CNNConfig:
@@ -82,7 +84,7 @@ class ResNet(nn.Module):
 
 def build(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
     """The model (training mode) and its inputs (images, target), from torch's global RNG."""
-    cfg = CONFIGS[size]
+    cfg = config_at(CONFIGS, size)
     model = ResNet(cfg).train()
     images = torch.randn(cfg.batch, 3, cfg.image, cfg.image)  # [B, 3, H, W]
     target = torch.randint(cfg.classes, (cfg.batch,))  # [B]

@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from schedlab.errors import SchedlabError
+from schedlab.workloads.sizes import config_at
 
 PREFIX = "heldout:"
 
@@ -98,7 +99,7 @@ class EncoderClassifier(nn.Module):
 
 
 def _encoder(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
-    cfg = ENCODER[size]
+    cfg = config_at(ENCODER, size)
     tokens = torch.randint(cfg.vocab, (cfg.batch, cfg.seq_len))
     labels = torch.randint(cfg.classes, (cfg.batch,))
     return EncoderClassifier(cfg), (tokens, labels)
@@ -140,7 +141,7 @@ class GRUTagger(nn.Module):
 
 
 def _gru_tagger(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
-    cfg = GRU_TAGGER[size]
+    cfg = config_at(GRU_TAGGER, size)
     tokens = torch.randint(cfg.vocab, (cfg.batch, cfg.seq_len))
     tags = torch.randint(cfg.classes, (cfg.batch, cfg.seq_len))
     return GRUTagger(cfg), (tokens, tags)
@@ -172,7 +173,7 @@ class LSTMLanguageModel(nn.Module):
 
 
 def _lstm_lm(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
-    cfg = LSTM_LM[size]
+    cfg = config_at(LSTM_LM, size)
     text = torch.randint(cfg.vocab, (cfg.batch, cfg.seq_len + 1))
     return LSTMLanguageModel(cfg), (text[:, :-1].contiguous(), text[:, 1:].contiguous())
 
@@ -210,7 +211,7 @@ class RNNRegressor(nn.Module):
 
 
 def _rnn_regressor(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
-    cfg = RNN_REGRESSOR[size]
+    cfg = config_at(RNN_REGRESSOR, size)
     series = torch.randn(cfg.batch, cfg.seq_len, cfg.features)
     target = torch.randn(cfg.batch, 1)
     return RNNRegressor(cfg), (series, target)
@@ -253,7 +254,7 @@ class BiLSTMClassifier(nn.Module):
 
 
 def _bilstm(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
-    cfg = BILSTM[size]
+    cfg = config_at(BILSTM, size)
     series = torch.randn(cfg.batch, cfg.seq_len, cfg.features)
     labels = torch.randint(cfg.classes, (cfg.batch,))
     return BiLSTMClassifier(cfg), (series, labels)
@@ -309,7 +310,7 @@ class TwoBranchConv1d(nn.Module):
 
 
 def _conv1d(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
-    cfg = CONV1D[size]
+    cfg = config_at(CONV1D, size)
     signal = torch.randn(cfg.batch, cfg.channels, cfg.length)
     labels = torch.randint(cfg.classes, (cfg.batch,))
     return TwoBranchConv1d(cfg), (signal, labels)
@@ -371,7 +372,7 @@ class DepthwiseNet(nn.Module):
 
 
 def _depthwise(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
-    cfg = DEPTHWISE[size]
+    cfg = config_at(DEPTHWISE, size)
     images = torch.randn(cfg.batch, 3, cfg.image, cfg.image)
     labels = torch.randint(cfg.classes, (cfg.batch,))
     return DepthwiseNet(cfg), (images, labels)
@@ -444,7 +445,7 @@ class GroupedResNet(nn.Module):
 
 
 def _grouped(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
-    cfg = GROUPED[size]
+    cfg = config_at(GROUPED, size)
     images = torch.randn(cfg.batch, 3, cfg.image, cfg.image)
     labels = torch.randint(cfg.classes, (cfg.batch,))
     return GroupedResNet(cfg), (images, labels)
@@ -507,7 +508,7 @@ class TokenMixer(nn.Module):
 
 
 def _mixer(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
-    cfg = MIXER[size]
+    cfg = config_at(MIXER, size)
     tokens = torch.randint(cfg.vocab, (cfg.batch, cfg.tokens))
     labels = torch.randint(cfg.classes, (cfg.batch,))
     return TokenMixer(cfg), (tokens, labels)
@@ -561,7 +562,7 @@ class AttentionRegressor(nn.Module):
 
 
 def _attention(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
-    cfg = ATTENTION[size]
+    cfg = config_at(ATTENTION, size)
     series = torch.randn(cfg.batch, cfg.seq_len, cfg.features)
     target = torch.randn(cfg.batch, cfg.seq_len, 1)
     return AttentionRegressor(cfg), (series, target)
@@ -601,7 +602,7 @@ class DropoutEncoder(nn.Module):
 
 
 def _dropout_encoder(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
-    cfg = DROPOUT_ENCODER[size]
+    cfg = config_at(DROPOUT_ENCODER, size)
     tokens = torch.randint(cfg.vocab, (cfg.batch, cfg.seq_len))
     labels = torch.randint(cfg.classes, (cfg.batch,))
     return DropoutEncoder(cfg), (tokens, labels)

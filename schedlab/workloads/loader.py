@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from schedlab.errors import SchedlabError
 from schedlab.workloads import cnn, heldout, mlp, nmt, transformer
+from schedlab.workloads.sizes import PAPER_SIZE, SIZES
 
 Builder = Callable[[str], tuple[nn.Module, tuple[Tensor, ...]]]
 
@@ -28,8 +29,6 @@ _BUILDERS: dict[str, Builder] = {
     "nmt": nmt.build,
 }
 BUILTIN_WORKLOADS: tuple[str, ...] = tuple(_BUILDERS)
-SIZES: tuple[str, ...] = ("tiny", "default", "paper")
-PAPER_SIZE = "paper"  # the placement paper's model size: nmt only
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: tensors do not compare to a bool
@@ -48,7 +47,7 @@ def load_workload(spec: str, size: str = "default", seed: int = 0) -> Workload:
         raise SchedlabError(f"unknown workload size {size!r}; choose one of: {', '.join(SIZES)}")
     if size == PAPER_SIZE and spec != "nmt":
         raise SchedlabError(f"size {PAPER_SIZE!r} (the placement paper's model size) exists for nmt only; "
-                            f"{spec} has sizes tiny and default")
+                            f"{spec} has sizes tiny, default and gpu")
     if heldout.is_heldout(spec):  # a reserved prefix, checked before user factories
         torch.manual_seed(seed)
         module, inputs = heldout.build(spec, size)

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from schedlab.workloads.sizes import config_at
+
 
 @dataclass(frozen=True)
 class MLPConfig:
@@ -49,7 +51,7 @@ class MLP(nn.Module):
 
 def build(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
     """The model (training mode) and its inputs (x, target), drawn from torch's global RNG."""
-    cfg = CONFIGS[size]
+    cfg = config_at(CONFIGS, size)
     model = MLP(cfg).train()
     x = torch.randn(cfg.batch, cfg.in_features)  # [B, in_features]
     target = torch.randint(cfg.classes, (cfg.batch,))  # [B]

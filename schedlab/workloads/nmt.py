@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from schedlab.workloads.sizes import config_at
+
 
 @dataclass(frozen=True)
 class NMTConfig:
@@ -120,7 +122,7 @@ class Seq2Seq(nn.Module):
 
 def build(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
     """The model (training mode) and its inputs (src, tgt_in, tgt_out), from torch's global RNG."""
-    cfg = CONFIGS[size]
+    cfg = config_at(CONFIGS, size)
     model = Seq2Seq(cfg).train()
     src = torch.randint(cfg.vocab, (cfg.batch, cfg.src_len))  # [B, S]
     tgt = torch.randint(cfg.vocab, (cfg.batch, cfg.tgt_len + 1))  # [B, T + 1]

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from schedlab.workloads.sizes import config_at
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -102,7 +104,7 @@ class GPT(nn.Module):
 
 def build(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
     """The model (training mode) and its inputs (tokens, targets), from torch's global RNG."""
-    cfg = CONFIGS[size]
+    cfg = config_at(CONFIGS, size)
     model = GPT(cfg).train()
     seq = torch.randint(cfg.vocab, (cfg.batch, cfg.seq_len + 1))  # [B, T + 1]
     tokens = seq[:, :-1].contiguous()  # [B, T]
