@@ -10,6 +10,7 @@ in-degrees, spans, the count of ops left) is guarded by one lock.
 from __future__ import annotations
 
 import heapq
+import queue
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, MutableMapping, Sequence
@@ -44,8 +45,7 @@ class ReadyLoop:
     `succs[i]` must name only ops in `ops`; `indeg[i]` counts the predecessors of `i`
     among `ops` (a list the loop consumes). `run_op(i)` runs op `i` (called without the
     lock held); `release(i)` is called with the lock held once op `i` has finished (free
-    its inputs there). `on_start(w)` runs first in worker `w`'s thread (a GPU worker makes
-    its stream current there). Spans count from `start_ns` (default: now). Ops in `external` are
+    its inputs there). Spans count from `start_ns` (default: now). Ops in `external` are
     never run by a worker: another thread waits for them to become ready (`wait_ready`)
     and finishes them (`complete`).
     """
@@ -64,7 +64,6 @@ class ReadyLoop:
         n_spans: int,
         external: Collection[int] = (),
         start_ns: int | None = None,
-        on_start: Callable[[int], None] | None = None,
     ) -> None:
         lock = threading.Lock()
         self.cond = threading.Condition(lock)  # workers wait here for ready ops
@@ -76,7 +75,6 @@ class ReadyLoop:
         self.run_op = run_op
         self.release = release
         self.fail = fail
-        self.on_start = on_start
         self.external = frozenset(external)
         self.heap = [(prio[i], i) for i in ops if indeg[i] == 0 and i not in self.external]
         heapq.heapify(self.heap)
@@ -117,13 +115,6 @@ class ReadyLoop:
         # idle worker only when more work is ready than it can take: every wake-up is a
         # thread hand-off through the interpreter lock, tens of microseconds.
         torch.get_num_threads()  # force ATen's per-thread init before setting (DESIGN.md)
-        if self.on_start is not None:
-            try:
-                self.on_start(w)
-            except BaseException as e:
-                with self.cond:
-                    self._error(e)
-                return
         ns = time.perf_counter_ns
         heap = self.heap
         cond = self.cond
@@ -184,9 +175,17 @@ class ReadyLoop:
         with self.cond:
             self._error(e)
 
-    def run(self, n_workers: int, helper: Callable[[], None] | None = None) -> list[Span]:
+    def run(self, n_workers: int, helper: Callable[[], None] | None = None, pool: WorkerPool | None = None) -> list[Span]:
         """Run the step with `n_workers` worker threads (and `helper`, the communication
-        thread, if given); the spans of every op, indexed by op id."""
+        thread, if given); the spans of every op, indexed by op id. With `pool`, its
+        threads (as many as `n_workers`) are the workers, else new threads are started."""
+        if pool is not None:
+            if pool.size != n_workers or helper is not None:
+                raise ValueError(f"a pool of {pool.size} workers runs a step of {n_workers} workers and no helper")
+            pool.run(self.worker, self.error)
+            if self.errors:
+                raise self.errors[0]
+            return self.spans
         threads = [threading.Thread(target=self.worker, args=(w,), name=f"schedlab-worker-{w}") for w in range(n_workers)]
         comm = None
         if helper is not None:
@@ -203,3 +202,55 @@ class ReadyLoop:
         if self.errors:
             raise self.errors[0]
         return self.spans
+
+
+class WorkerPool:
+    """`size` worker threads kept from step to step, for state a thread keeps: a CUDA
+    stream made current once, and what CUDA libraries cache per thread (cuDNN's execution
+    plans are thread-local in PyTorch: a new thread per step would plan every convolution
+    again). `init(w)` runs first in worker `w`'s thread. Daemon threads: `close()` ends
+    them, and a process never waits for them."""
+
+    def __init__(self, size: int, init: Callable[[int], None] | None = None, name: str = "schedlab-worker") -> None:
+        self.size = size
+        self._jobs: list[queue.SimpleQueue[Callable[[int], None] | None]] = [queue.SimpleQueue() for _ in range(size)]
+        self._done: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._init_errors: dict[int, BaseException] = {}
+        self._init = init
+        self._threads = [threading.Thread(target=self._serve, args=(w,), name=f"{name}-{w}", daemon=True)
+                         for w in range(size)]
+        for t in self._threads:
+            t.start()
+
+    def _serve(self, w: int) -> None:
+        if self._init is not None:
+            try:
+                self._init(w)
+            except BaseException as e:
+                self._init_errors[w] = e
+        while (job := self._jobs[w].get()) is not None:
+            try:
+                job(w)
+            finally:
+                self._done.put(w)
+
+    def run(self, job: Callable[[int], None], fail: Callable[[BaseException], None]) -> None:
+        """Run `job(w)` on every worker `w` and wait for all (a ReadyLoop's `worker`, which
+        returns once the step is done or failed); a worker whose `init` failed calls
+        `fail(its error)` instead."""
+
+        def guarded(w: int) -> None:
+            err = self._init_errors.get(w)
+            if err is not None:
+                fail(err)
+            else:
+                job(w)
+
+        for q in self._jobs:
+            q.put(guarded)
+        for _ in range(self.size):
+            self._done.get()
+
+    def close(self) -> None:
+        for q in self._jobs:
+            q.put(None)

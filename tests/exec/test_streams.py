@@ -132,6 +132,31 @@ def test_a_failing_op_or_stream_stops_the_step_with_one_error() -> None:
         step_values(g, inputs, 2, Recording(fail_on_start=True))
 
 
+def test_the_workers_and_their_streams_are_kept_from_step_to_step() -> None:
+    g, inputs = mlp()
+    api = Recording()
+    resolved = resolve(g, Plan(slots=2, threads=1), detect_host())
+    step = StreamStep(compile_graph(g), resolved, api)
+    before = set_intra_op_threads(1)
+    try:
+        for _ in range(3):
+            V: list[Any] = [None] * len(g.values)
+            for v, t in inputs.items():
+                V[v] = t.clone()
+            step.step(V)
+    finally:
+        set_intra_op_threads(before)
+    assert len(api.current) == 2  # two threads in all, each made its stream current once
+    assert sorted(api.current.values()) == [0, 1]
+    assert sum(1 for e in api.log if e[0] == "sync") == 3
+    threads = [t for t in step.pool._threads if t.is_alive()]
+    assert len(threads) == 2
+    step.close()
+    for t in threads:
+        t.join(timeout=10)
+        assert not t.is_alive()
+
+
 def test_issue_spans_and_the_api_per_device() -> None:
     assert issue_spans_us([(1000, 3000, 0), (0, 500, 1)]) == (2.0, 0.5)
     assert isinstance(streams_for("cpu"), HostStreams)
