@@ -5,7 +5,8 @@ simulator predicts such a GPU's steps on (`calibrate.cuda_fidelity` judges them)
 `calibrate_cuda` measures the roofline (`calibrate.cuda_run.roofline_figures`), each
 distinct op's kernel alone, the host's issue cost per aten target (from the executor's
 straight-line step on the GPU), what the co-run step on streams adds to it per op
-(`stream_issue_extra_us`) and the host<->device copy fits.
+(`stream_issue_extra_us`) and what an op's issue grows per other worker waiting to issue
+(`stream_contention_us`), and the host<->device copy fits.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from schedlab.calibrate.cuda_run import (
     synchronize,
     to_device,
 )
-from schedlab.calibrate.dispatch import probe_graph
+from schedlab.calibrate.dispatch import chains_graph
 from schedlab.capture import Captured, capture
 from schedlab.errors import SchedlabError
 from schedlab.exec.program import Program, compile_graph
@@ -127,22 +128,35 @@ def prepare_on(model: str, size: str, optimizer: str, device: str | torch.device
                     to_device(captured.input_values, device))
 
 
+def _per_op_us(graph: Graph, inputs: dict[int, torch.Tensor], slots: int, device: str | torch.device,
+               steps: int) -> float:
+    """The fastest step's wall µs per op of `graph` under `slots` on `device` (its executor step)."""
+    program = compile_graph(graph, device=device)
+    resolved = resolve(graph, Plan(device=GPU_ID, slots=slots), machine_for(device_name(device), streams=slots))
+    times, _ = replay_steps(program, stepper_for(program, resolved, device), True, to_device(inputs, device),
+                            device, steps)
+    return min(times.step_s) * 1e6 / len(graph.ops)
+
+
 def stream_issue_extra_us(device: str | torch.device, n_ops: int = 1000, steps: int = 5) -> float:
     """Host µs per op that the co-run step on streams (two slots) adds to the straight
-    line's: one chain of `n_ops` negligible ops (`calibrate.dispatch.probe_graph`) stepped
+    line's: one chain of `n_ops` negligible ops (`calibrate.dispatch.chains_graph`) stepped
     both ways, the fastest step's wall per op of each. It is the ready heap, the hand-over
     between workers and each op's event: what the simulator adds to a GPU op's issue cost
     under several slots (`Profile.kind_issue_us`)."""
-    graph, inputs = probe_graph(n_ops, views=False)
-    program = compile_graph(graph, device=device)
-    machine = machine_for(device_name(device), streams=2)
-    per_op_us: list[float] = []
-    for slots in (1, 2):
-        resolved = resolve(graph, Plan(device=GPU_ID, slots=slots), machine)
-        times, _ = replay_steps(program, stepper_for(program, resolved, device), True, to_device(inputs, device),
-                                device, steps)
-        per_op_us.append(min(times.step_s) * 1e6 / n_ops)
-    return max(0.0, per_op_us[1] - per_op_us[0])
+    graph, inputs = chains_graph(n_ops, 1)
+    one, two = (_per_op_us(graph, inputs, k, device, steps) for k in (1, 2))
+    return max(0.0, two - one)
+
+
+def stream_contention_us(device: str | torch.device, n_ops: int = 1000, steps: int = 5) -> float:
+    """Host µs an op's issue grows while another worker waits to issue: two independent
+    chains of `n_ops` negligible ops on two slots (both workers busy) against one chain on
+    two slots (the other worker idle), per op. The simulator charges it per worker queued
+    for the lock as a worker takes it (`sim/model.py`)."""
+    one, _ = chains_graph(n_ops, 1)
+    two, inputs = chains_graph(n_ops, 2)
+    return max(0.0, _per_op_us(two, inputs, 2, device, steps) - _per_op_us(one, inputs, 2, device, steps))
 
 
 Progress = Callable[[str], None]
@@ -191,8 +205,9 @@ def calibrate_cuda(
         raise SchedlabError("no calibration model ran on the GPU: " + "; ".join(
             f"{m}: {e}" for m, e in report["failed_models"].items()))
     issue, issue_default = issue_costs(replays)
-    say("the co-run step's cost per op on streams")
+    say("the co-run step's cost per op on streams, alone and contended")
     stream_extra = stream_issue_extra_us(device)
+    contention = stream_contention_us(device)
     say("host<->device copies")
     sizes = {} if copy_sizes is None else {"sizes": copy_sizes}
     h2d, d2h = copy_fit(device, True, **sizes), copy_fit(device, False, **sizes)
@@ -200,7 +215,7 @@ def calibrate_cuda(
         device=device_name(device), torch=torch.__version__, measured_unix_s=time.time(),
         launch_us=roof.launch_us, flops_per_s=roof.flops_per_s, bw_bytes_per_s=roof.bw_bytes_per_s,
         signatures=sigs, issue_us=issue, issue_default_us=issue_default, h2d=h2d, d2h=d2h,
-        stream_issue_extra_us=stream_extra,
+        stream_issue_extra_us=stream_extra, stream_contention_us=contention,
     )
     return costs, report
 

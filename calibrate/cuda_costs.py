@@ -27,6 +27,11 @@ median of CUDA-event-timed calls after warm-up):
   (several slots, one CUDA stream each: `exec.streams`) adds to the straight line's issue
   cost, on one chain of negligible ops (`calibrate.cuda_calibrate.stream_issue_extra_us`);
   a plan with several slots on the GPU is charged each op's issue cost plus this;
+- ``stream_contention_us``: host µs an op's issue grows per other worker waiting to issue
+  (the interpreter lock and the driver pass between the workers' threads at every launch):
+  two independent chains on two slots against one chain, per op
+  (`calibrate.cuda_calibrate.stream_contention_us`); the simulator adds it per worker
+  queued for the lock as a worker takes it (`sim/model.py`);
 - ``h2d`` / ``d2h``: a host<->device copy's fit (pinned memory), ``{"latency_us",
   "bw_bytes_per_s"}``: what this GPU's PCIe link measured. Recorded only: the simulator
   still prices a CPU+GPU machine's transfers by its machine description's links.
@@ -40,7 +45,7 @@ of this GPU. A view costs nothing on the GPU; its host issue cost stays. JSON::
                     "bw_bytes_per_s": 2.9e12, "signatures": {signature: kernel_us},
                     "issue_us": {target: host_us}, "issue_default_us": 9.0,
                     "h2d": {"latency_us", "bw_bytes_per_s"} | null, "d2h": ... | null,
-                    "stream_issue_extra_us": 3.2 | null}
+                    "stream_issue_extra_us": 3.2 | null, "stream_contention_us": 9.0 | null}
 
 The section is optional (files without it load with ``cuda`` None); `schedlab calibrate
 --cuda` on a CUDA machine writes it (`calibrate.cuda_calibrate`). The issue costs and links are
@@ -71,6 +76,7 @@ class CudaCosts:
     h2d: LinkFit | None = None  # pinned host -> device copies
     d2h: LinkFit | None = None  # device -> pinned host copies
     stream_issue_extra_us: float | None = None  # host µs per op the co-run step on streams adds (several slots)
+    stream_contention_us: float | None = None  # host µs an op's issue grows per other worker queued for the lock
 
     @property
     def label(self) -> str:
@@ -104,6 +110,7 @@ class CudaCosts:
             "h2d": None if self.h2d is None else self.h2d.to_json(),
             "d2h": None if self.d2h is None else self.d2h.to_json(),
             "stream_issue_extra_us": self.stream_issue_extra_us,
+            "stream_contention_us": self.stream_contention_us,
         }
 
     @staticmethod
@@ -119,6 +126,7 @@ class CudaCosts:
             raise TypeError("issue_us must be an object of aten target -> host µs")
         default = d.get("issue_default_us")
         extra = d.get("stream_issue_extra_us")
+        contention = d.get("stream_contention_us")
         return CudaCosts(
             device=str(d["device"]),
             torch=str(d.get("torch", "")),
@@ -132,6 +140,7 @@ class CudaCosts:
             h2d=LinkFit.from_json(d["h2d"], "h2d") if d.get("h2d") is not None else None,
             d2h=LinkFit.from_json(d["d2h"], "d2h") if d.get("d2h") is not None else None,
             stream_issue_extra_us=None if extra is None else _number(extra, "stream_issue_extra_us"),
+            stream_contention_us=None if contention is None else _number(contention, "stream_contention_us"),
         )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -217,12 +218,15 @@ def score(model: str, graph: Graph, resolved: ResolvedPlan, m: GpuMeasurement, p
 
 
 def rescore(saved: dict[str, Any], profile: Profile, *, refit: bool = False,
-            graph_of: Callable[[str, str, str], Graph] | None = None) -> list[CudaFidelityRow]:
+            graph_of: Callable[[str, str, str], Graph] | None = None,
+            fitted: dict[str, float] | None = None) -> list[CudaFidelityRow]:
     """The models of a saved `schedlab fidelity --cuda` results file predicted again from
     `profile` (its cuda section) by this simulator, against the measurements saved. With
     `refit`, the host issue costs are first re-fitted from the file's built-in models (the
     calibration workloads, measured in the same process, so a host that runs faster or
-    slower from process to process is not part of the error of the held-out ones)."""
+    slower from process to process is not part of the error of the held-out ones): the
+    issue cost per aten target from their one-slot rows, and where they have rows of
+    several slots, the contention cost (`fit_contention`). `fitted` gets the figures fitted."""
     if profile.cuda is None:
         raise SchedlabError("the profile has no cuda section: give the profile `schedlab calibrate --cuda` wrote")
     cond = saved.get("conditions", {})
@@ -246,10 +250,54 @@ def rescore(saved: dict[str, Any], profile: Profile, *, refit: bool = False,
         if not own:
             raise SchedlabError("re-fitting the issue costs needs built-in models in the files (the calibration "
                                 "workloads, measured in the same run): none is there")
-        profile = dataclasses.replace(profile, cuda=refit_issue(profile.cuda, own))
+        refitted = refit_issue(profile.cuda, own)
+        profile = dataclasses.replace(profile, cuda=refitted)
+        if fitted is not None and refitted.issue_default_us is not None:
+            fitted["issue_default_us"] = refitted.issue_default_us
     machines = {k: machine_for(gpu, streams=k) for k in {k for *_, k in runs}}
-    return [score(name, g, resolve(g, Plan(device=GPU_ID, slots=k), machines[k]), m, profile, machines[k])
-            for name, g, m, k in runs]
+    resolved = [resolve(g, Plan(device=GPU_ID, slots=k), machines[k]) for _, g, _, k in runs]
+    if refit:
+        corun = [(g, r, m, machines[k]) for (name, g, m, k), r in zip(runs, resolved, strict=True)
+                 if not is_heldout(name) and k > 1]
+        if corun:
+            assert profile.cuda is not None
+            h = fit_contention(corun, profile)
+            if fitted is not None:
+                fitted["stream_contention_us"] = h
+            profile = dataclasses.replace(profile, cuda=dataclasses.replace(profile.cuda, stream_contention_us=h))
+    return [score(name, g, r, m, profile, machines[k]) for (name, g, m, k), r in zip(runs, resolved, strict=True)]
+
+
+def fit_contention(runs: Sequence[tuple[Graph, ResolvedPlan, GpuMeasurement, Machine]], profile: Profile,
+                   hi_us: float = 50.0, iterations: int = 14) -> float:
+    """The cuda section's `stream_contention_us` that best predicts `runs` (co-run steps of
+    the built-ins: graph, plan, measurement, machine): the least mean |log(predicted /
+    measured)| by golden-section search over [0, `hi_us`]. The prediction grows with it
+    (more contention, longer dispatches, more workers queued)."""
+    assert profile.cuda is not None
+    cuda = profile.cuda
+
+    def loss(h: float) -> float:
+        p = dataclasses.replace(profile, cuda=dataclasses.replace(cuda, stream_contention_us=h))
+        return statistics.fmean(
+            abs(math.log(Simulator(g, machine, p.for_slots(r.slots)).run(r, record=False).step_time_s
+                         / statistics.median(m.step_s)))
+            for g, r, m, machine in runs)
+
+    lo, hi = 0.0, hi_us
+    g = (math.sqrt(5) - 1) / 2
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fb = loss(a), loss(b)
+    for _ in range(iterations):
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = hi - g * (hi - lo)
+            fa = loss(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = loss(b)
+    return (lo + hi) / 2
 
 
 def summary(rows: Sequence[CudaFidelityRow]) -> dict[str, Any]:

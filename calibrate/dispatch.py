@@ -106,6 +106,34 @@ def probe_graph(n_ops: int, views: bool = True) -> tuple[Graph, dict[int, torch.
     return graph, {0: torch.ones(1), 1: torch.ones(1), 2: torch.ones(2, 2)}
 
 
+def chains_graph(n_ops: int, chains: int) -> tuple[Graph, dict[int, torch.Tensor]]:
+    """`chains` independent chains of `n_ops` negligible arithmetic ops each, interleaved in
+    op order (op k belongs to chain k % chains), from one input x [1] and a constant c [1].
+
+    Values: 0 = x, 1 = c; then op outputs.
+    """
+    scalar = TensorMeta((1,), "float32", 4)
+    values: list[TensorMeta | None] = [scalar, scalar]
+    ops: list[Op] = []
+    last = [0] * chains
+    for k in range(n_ops * chains):
+        c, out = k % chains, len(values)
+        target = _ARITH[(k // chains) % len(_ARITH)]
+        values.append(scalar)
+        ops.append(Op(k, f"chain{c}_{k // chains}", target, OpKind.F, ({"v": last[c]}, {"v": 1}), {}, (last[c], 1),
+                      (out,), 1.0, 12))
+        last[c] = out
+    graph = Graph(
+        name=f"chains-probe-{chains}",
+        inputs=(GraphInput(0, "x", InputRole.USER), GraphInput(1, "c", InputRole.CONST)),
+        outputs=tuple(GraphOutput(v, f"chain{c}", OutputRole.LOSS if c == 0 else OutputRole.BUFFER)
+                      for c, v in enumerate(last)),
+        ops=tuple(ops),
+        values=tuple(values),
+    )
+    return graph, {0: torch.ones(1), 1: torch.ones(1)}
+
+
 def _executor_figures(
     graph: Graph, inputs: dict[int, torch.Tensor], machine: Machine, slots: int, steps: int
 ) -> tuple[float, float, float]:

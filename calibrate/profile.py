@@ -307,6 +307,13 @@ class Profile:
             extra = max(0.0, self.dispatch.corun_op_us - self.dispatch.op_us)
         return t + extra
 
+    def kind_contention_us(self, kind: str) -> float:
+        """Host µs a GPU op's issue grows per other worker queued to issue (the cuda
+        section's `stream_contention_us`; 0 where it has none)."""
+        if kind != "cuda" or self.cuda is None:
+            return 0.0
+        return self.cuda.stream_contention_us or 0.0
+
     def for_slots(self, slots: int) -> Profile:
         """This Profile with the dispatch cost of the executor running `slots` workers."""
         return dataclasses.replace(self, dispatch_slots=max(1, int(slots)))

@@ -181,13 +181,16 @@ def run_rescore_cuda(args: argparse.Namespace) -> int:
     merged = {"conditions": saved[0]["conditions"], "models": [r for d in saved for r in d["models"]]}
     if any(d["conditions"].get(k) != saved[0]["conditions"].get(k) for d in saved for k in ("size", "optimizer")):
         raise SchedlabError("the files were measured at different sizes or optimizers: re-score them one at a time")
-    rows = rescore(merged, profile, refit=args.refit_issue)
+    fitted: dict[str, float] = {}
+    rows = rescore(merged, profile, refit=args.refit_issue, fitted=fitted)
     scored = summary(rows)
     result: dict[str, Any] = {
-        "rescored": [str(p) for p in args.rescore], "refit_issue": args.refit_issue,
+        "rescored": [str(p) for p in args.rescore], "refit_issue": args.refit_issue, "fitted": fitted,
         "conditions": {**merged["conditions"], "cuda": cuda_summary(profile.cuda)},
         "summary": scored, "models": [r.to_json() for r in rows],
     }
     write_json_atomic(out, result, indent=1)
+    if fitted and not args.json:
+        print("re-fitted from the files' built-in models: " + ", ".join(f"{k} {v:.2f}" for k, v in fitted.items()))
     print_rows(rows, scored, {}, out, as_json=args.json, result=result)
     return 0

@@ -167,6 +167,16 @@ def op_dispatch_us(cost: CostModel, op: Op, device: Device) -> float:
     return float(cost.dispatch_us(op))
 
 
+def device_contention_us(cost: CostModel, device: Device) -> float:
+    """Host µs a GPU op's issue grows, under several slots, per other worker queued for its
+    process's lock as it takes it: the cost model's `kind_contention_us(kind)` where it has
+    one (a Profile with a cuda section that measured it), else 0 (and always 0 on a CPU)."""
+    if device.kind == "cpu":
+        return 0.0
+    fn = getattr(cost, "kind_contention_us", None)
+    return float(fn(device.kind)) if callable(fn) else 0.0
+
+
 def device_dispatches_us(
     ops: Sequence[Op], op_device: Sequence[int], devices: Sequence[Device], cost: CostModel, dispatch_us: list[float],
 ) -> list[float]:

@@ -44,7 +44,13 @@ from schedlab.plan import ResolvedPlan
 from schedlab.sim.collective import CollectiveTime, allreduce_time
 from schedlab.sim.comm import CommHostCost, CommOpCost, CommStructure, Role, comm_structure, has_comm
 from schedlab.sim.cost import CostModel, cores_kept_busy, shares_idle_threads
-from schedlab.sim.device_cost import cost_source, device_corun, device_dispatches_us, device_kernels_us
+from schedlab.sim.device_cost import (
+    cost_source,
+    device_contention_us,
+    device_corun,
+    device_dispatches_us,
+    device_kernels_us,
+)
 
 PINNED = 1 << 60  # reference count of a storage that is never freed (graph inputs and outputs)
 
@@ -114,6 +120,9 @@ class Prepared:
     comm_costs: tuple[CommOpCost | None, ...] = ()
     cost_sources: tuple[str, ...] = ()  # per device that runs ops: which model costs its kernels (sim.device_cost)
     core_pool: tuple[int, ...] = ()  # per device: the index of the core pool it shares (Machine.core_pools), or -1
+    # per device (else empty): host µs a heap worker's dispatch grows per other worker queued
+    # for the lock as it takes it (`sim.device_cost.device_contention_us`; 0 on a CPU)
+    contention_us: tuple[float, ...] = ()
 
     def pooled(self, device: int) -> bool:
         """Whether `device` shares a core pool with other devices' processes."""
@@ -204,6 +213,7 @@ def prepare(
         comm_costs=comm_costs,
         cost_sources=tuple(cost_source(cost, d) if i in used else "" for i, d in enumerate(machine.devices)),
         core_pool=tuple(pools.index(d.core_pool) if d.core_pool else -1 for d in machine.devices),
+        contention_us=tuple(device_contention_us(cost, d) for d in machine.devices),
     )
 
 

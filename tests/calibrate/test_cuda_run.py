@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -228,6 +229,7 @@ def test_co_run_slots_on_streams_are_measured_ranked_and_rescored(calibrated: tu
 
     costs, _ = calibrated
     assert costs.stream_issue_extra_us is not None and costs.stream_issue_extra_us >= 0.0
+    assert costs.stream_contention_us is not None and costs.stream_contention_us >= 0.0
     profile = dataclasses.replace(make_profile(), cuda=costs)
     rows = cuda_fidelity(["mlp", "heldout:mixer"], profile, size="tiny", device="cpu", steps=2, slots=(1, 2, 2))
     assert [(r.model, r.slots) for r in rows] == [("mlp", 1), ("mlp", 2), ("heldout:mixer", 1), ("heldout:mixer", 2)]
@@ -247,6 +249,17 @@ def test_co_run_slots_on_streams_are_measured_ranked_and_rescored(calibrated: tu
     again = rescore(saved, profile)
     assert [(r.model, r.slots) for r in again] == [(r.model, r.slots) for r in rows]
     assert [r.predicted_ms for r in again] == pytest.approx([r.predicted_ms for r in rows], rel=1e-6)
+    # Re-fitting also fits the contention cost to the built-in's two-slot row: no worse than none.
+    fitted: dict[str, float] = {}
+    refit = rescore(saved, profile, refit=True, fitted=fitted)
+    assert set(fitted) == {"issue_default_us", "stream_contention_us"} and 0.0 <= fitted["stream_contention_us"] <= 50.0
+    no_contention = rescore(saved, dataclasses.replace(profile, cuda=dataclasses.replace(costs, stream_contention_us=0.0)),
+                            refit=True)
+    no_contention_mlp2 = no_contention[1]
+    refit_mlp2 = refit[1]
+    assert refit_mlp2.model == "mlp" and refit_mlp2.slots == 2
+    assert abs(math.log(refit_mlp2.predicted_ms / refit_mlp2.measured_ms)) <= abs(
+        math.log(no_contention_mlp2.predicted_ms / no_contention_mlp2.measured_ms)) + 1e-3
     with pytest.raises(SchedlabError, match="slots must be >= 1"):
         cuda_fidelity(["mlp"], profile, size="tiny", device="cpu", slots=(0,))
 
@@ -275,3 +288,15 @@ def test_the_slots_flag_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
             parse_slots(bad)
     assert main(["fidelity", "--slots", "2", "mlp"]) == 2
     assert "--slots goes with --cuda" in capsys.readouterr().err
+
+
+def test_the_chains_probe_holds_independent_chains() -> None:
+    from schedlab.calibrate.dispatch import chains_graph
+
+    g, inputs = chains_graph(5, 3)
+    assert len(g.ops) == 15 and len(g.outputs) == 3 and set(inputs) == {0, 1}
+    depth = {}
+    for op in g.ops:  # each op reads its own chain's last value (or x), never another chain's
+        depth[op.id] = 1 + max((depth[p] for p in g.preds[op.id]), default=0)
+        assert len(g.preds[op.id]) <= 1
+    assert max(depth.values()) == 5
