@@ -6,7 +6,8 @@ simulator predicts such a GPU's steps on (`calibrate.cuda_fidelity` judges them)
 distinct op's kernel alone, the host's issue cost per aten target (from the executor's
 straight-line step on the GPU), what the co-run step on streams adds to it per op
 (`stream_issue_extra_us`) and what an op's issue grows per other worker waiting to issue
-(`stream_contention_us`), and the host<->device copy fits.
+(`stream_contention_us`), the share of the roofline each op class reached
+(`calibrate.cuda_costs.efficiencies`), and the host<->device copy fits.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from schedlab.calibrate.cuda_costs import CudaCosts
+from schedlab.calibrate.cuda_costs import CudaCosts, efficiencies
 from schedlab.calibrate.cuda_run import (
     Stepper,
     copy_fit,
@@ -217,6 +218,8 @@ def calibrate_cuda(
         signatures=sigs, issue_us=issue, issue_default_us=issue_default, h2d=h2d, d2h=d2h,
         stream_issue_extra_us=stream_extra, stream_contention_us=contention,
     )
+    per_class, default_eff = efficiencies(costs, (g for g, _ in replays))
+    costs = dataclasses.replace(costs, class_efficiency=per_class, default_efficiency=default_eff)
     return costs, report
 
 

@@ -36,16 +36,24 @@ median of CUDA-event-timed calls after warm-up):
   "bw_bytes_per_s"}``: what this GPU's PCIe link measured. Recorded only: the simulator
   still prices a CPU+GPU machine's transfers by its machine description's links.
 
+- ``class_efficiency``: op class -> the share of the measured roofline its measured ops
+  reached, the median over them of ``roofline / (kernel - launch_us)``;
+  ``default_efficiency`` the same over every measured op (`efficiencies`).
+
 An op whose signature is there costs what was measured; any other costs
-``launch_us + max(flops / flops_per_s, bytes / bw_bytes_per_s)``, the measured roofline
-of this GPU. A view costs nothing on the GPU; its host issue cost stays. JSON::
+``launch_us + max(flops / flops_per_s, bytes / bw_bytes_per_s) / efficiency``: the measured
+roofline of this GPU, at the share of it that the calibration's ops of its class reached
+(its class unseen: all of them; a section without efficiencies: the roofline itself). On
+an H200 at size gpu, the held-out models' unmeasured ops at the bare roofline made their
+steps 15-61% short. A view costs nothing on the GPU; its host issue cost stays. JSON::
 
     "cuda": null | {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130",
                     "measured_unix_s": ..., "launch_us": 5.1, "flops_per_s": 5.1e13,
                     "bw_bytes_per_s": 2.9e12, "signatures": {signature: kernel_us},
                     "issue_us": {target: host_us}, "issue_default_us": 9.0,
                     "h2d": {"latency_us", "bw_bytes_per_s"} | null, "d2h": ... | null,
-                    "stream_issue_extra_us": 3.2 | null, "stream_contention_us": 9.0 | null}
+                    "stream_issue_extra_us": 3.2 | null, "stream_contention_us": 9.0 | null,
+                    "class_efficiency": {op_class: share}, "default_efficiency": 0.4 | null}
 
 The section is optional (files without it load with ``cuda`` None); `schedlab calibrate
 --cuda` on a CUDA machine writes it (`calibrate.cuda_calibrate`). The issue costs and links are
@@ -55,11 +63,13 @@ optional inside it (older sections: the CPU profile's dispatch cost, the preset'
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from schedlab.calibrate.signature import signature
-from schedlab.graph import Op
+from schedlab.graph import Graph, Op
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,8 @@ class CudaCosts:
     d2h: LinkFit | None = None  # device -> pinned host copies
     stream_issue_extra_us: float | None = None  # host µs per op the co-run step on streams adds (several slots)
     stream_contention_us: float | None = None  # host µs an op's issue grows per other worker queued for the lock
+    class_efficiency: dict[str, float] = field(default_factory=dict)  # op class -> share of the roofline reached
+    default_efficiency: float | None = None  # the same over every measured op, for a class not in class_efficiency
 
     @property
     def label(self) -> str:
@@ -89,7 +101,12 @@ class CudaCosts:
         hit = self.signatures.get(signature(op))
         if hit is not None:
             return hit
-        return self.launch_us + 1e6 * max(op.flops / self.flops_per_s, op.bytes_moved / self.bw_bytes_per_s)
+        eff = self.class_efficiency.get(op.op_class, self.default_efficiency or 1.0)
+        return self.launch_us + self.roofline_us(op) / eff
+
+    def roofline_us(self, op: Op) -> float:
+        """`op`'s time at this GPU's measured peaks, beyond the launch: FLOPs or bytes, the larger."""
+        return 1e6 * max(op.flops / self.flops_per_s, op.bytes_moved / self.bw_bytes_per_s)
 
     def host_issue_us(self, op: Op) -> float | None:
         """Host µs the executor spends issuing `op` to this GPU; None when not calibrated."""
@@ -111,6 +128,8 @@ class CudaCosts:
             "d2h": None if self.d2h is None else self.d2h.to_json(),
             "stream_issue_extra_us": self.stream_issue_extra_us,
             "stream_contention_us": self.stream_contention_us,
+            "class_efficiency": {c: round(e, 4) for c, e in sorted(self.class_efficiency.items())},
+            "default_efficiency": self.default_efficiency,
         }
 
     @staticmethod
@@ -127,6 +146,10 @@ class CudaCosts:
         default = d.get("issue_default_us")
         extra = d.get("stream_issue_extra_us")
         contention = d.get("stream_contention_us")
+        eff = d.get("class_efficiency", {})
+        if not isinstance(eff, dict):
+            raise TypeError("class_efficiency must be an object of op class -> share of the roofline")
+        default_eff = d.get("default_efficiency")
         return CudaCosts(
             device=str(d["device"]),
             torch=str(d.get("torch", "")),
@@ -141,6 +164,8 @@ class CudaCosts:
             d2h=LinkFit.from_json(d["d2h"], "d2h") if d.get("d2h") is not None else None,
             stream_issue_extra_us=None if extra is None else _number(extra, "stream_issue_extra_us"),
             stream_contention_us=None if contention is None else _number(contention, "stream_contention_us"),
+            class_efficiency={str(k): _number(v, f"class_efficiency[{k!r}]", positive=True) for k, v in eff.items()},
+            default_efficiency=None if default_eff is None else _number(default_eff, "default_efficiency", positive=True),
         )
 
 
@@ -169,3 +194,34 @@ def _number(v: Any, name: str, positive: bool = False) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (positive and v == 0):
         raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {v!r}")
     return float(v)
+
+
+MIN_ROOFLINE_US = 5.0  # an op whose roofline time is below this is mostly launch: its share says little
+
+
+def efficiencies(cuda: CudaCosts, graphs: Iterable[Graph]) -> tuple[dict[str, float], float | None]:
+    """(op class -> share of the roofline reached, the share over all) of the ops of `graphs`
+    (the calibration workloads) whose kernels `cuda` measured and whose roofline time is at
+    least `MIN_ROOFLINE_US`: per distinct signature, ``roofline_us / (kernel_us -
+    launch_us)``, clipped to [0.001, 10] (a convolution may beat the fp32 roofline: cuDNN
+    uses TF32 by default), the median per class."""
+    shares: dict[str, float] = {}
+    classes: dict[str, str] = {}
+    for graph in graphs:
+        for op in graph.ops:
+            if op.is_view:
+                continue
+            sig = signature(op)
+            kernel = cuda.signatures.get(sig)
+            roof = cuda.roofline_us(op)
+            if kernel is None or sig in shares or roof < MIN_ROOFLINE_US:
+                continue
+            work = kernel - cuda.launch_us
+            shares[sig] = min(10.0, max(1e-3, roof / work)) if work > 0.0 else 10.0
+            classes[sig] = op.op_class
+    if not shares:
+        return {}, None
+    by_class: dict[str, list[float]] = {}
+    for sig, share in shares.items():
+        by_class.setdefault(classes[sig], []).append(share)
+    return ({c: statistics.median(xs) for c, xs in by_class.items()}, statistics.median(shares.values()))

@@ -39,6 +39,7 @@ from schedlab.calibrate.cuda_calibrate import (
     refit_issue,
     stepper_for,
 )
+from schedlab.calibrate.cuda_costs import efficiencies
 from schedlab.calibrate.cuda_run import Stepper, failure_text, replay_steps, synchronize
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.signature import signature
@@ -226,7 +227,9 @@ def rescore(saved: dict[str, Any], profile: Profile, *, refit: bool = False,
     calibration workloads, measured in the same process, so a host that runs faster or
     slower from process to process is not part of the error of the held-out ones): the
     issue cost per aten target from their one-slot rows, and where they have rows of
-    several slots, the contention cost (`fit_contention`). `fitted` gets the figures fitted."""
+    several slots, the contention cost (`fit_contention`). `fitted` gets the figures fitted.
+    A section written before the roofline's efficiencies were recorded gets them from the
+    file's built-in models (the workloads its kernels were measured on, at their size)."""
     if profile.cuda is None:
         raise SchedlabError("the profile has no cuda section: give the profile `schedlab calibrate --cuda` wrote")
     cond = saved.get("conditions", {})
@@ -245,6 +248,11 @@ def rescore(saved: dict[str, Any], profile: Profile, *, refit: bool = False,
         eager_s = tuple(row.get("eager_s") or (row["eager_ms"] / 1e3,))
         slots = int(row.get("slots", 1))
         runs.append((row["model"], graph, GpuMeasurement(step_s=step_s, eager_s=eager_s, op_issue_us=issue), slots))
+    if not profile.cuda.class_efficiency:  # a section written before they were recorded
+        graphs = {name: g for name, g, _, _ in runs if not is_heldout(name)}
+        per_class, default = efficiencies(profile.cuda, graphs.values())
+        profile = dataclasses.replace(profile, cuda=dataclasses.replace(
+            profile.cuda, class_efficiency=per_class, default_efficiency=default))
     if refit:  # from the straight line's issue times: a co-run row's spans hold its waits too
         own = [(g, m.op_issue_us) for name, g, m, k in runs if not is_heldout(name) and k == 1]
         if not own:

@@ -53,6 +53,7 @@ def test_the_calibration_times_every_distinct_op_and_each_targets_issue(calibrat
         issue_us={k: round(v, 4) for k, v in costs.issue_us.items()},
         h2d=LinkFit(round(costs.h2d.latency_us, 4), costs.h2d.bw_bytes_per_s),
         d2h=LinkFit(round(costs.d2h.latency_us, 4), costs.d2h.bw_bytes_per_s),
+        class_efficiency={k: round(v, 4) for k, v in costs.class_efficiency.items()},
     )
 
 
@@ -300,3 +301,24 @@ def test_the_chains_probe_holds_independent_chains() -> None:
         depth[op.id] = 1 + max((depth[p] for p in g.preds[op.id]), default=0)
         assert len(g.preds[op.id]) <= 1
     assert max(depth.values()) == 5
+
+
+def test_an_unmeasured_op_costs_the_roofline_at_its_class_share() -> None:
+    from schedlab.calibrate.cuda_costs import MIN_ROOFLINE_US, efficiencies
+
+    graph = capture(load_workload("mlp", "tiny")).graph
+    ops = [op for op in graph.ops if not op.is_view and op.op_class in ("addmm", "relu")]
+    base = CudaCosts(device="x", torch="t", measured_unix_s=0, launch_us=2.0, flops_per_s=1e8, bw_bytes_per_s=1e8)
+    # Measured kernels: every addmm at half its roofline speed, every relu at a quarter.
+    share = {"addmm": 0.5, "relu": 0.25}
+    sigs = {signature(op): base.launch_us + base.roofline_us(op) / share[op.op_class] for op in ops}
+    assert all(base.roofline_us(op) >= MIN_ROOFLINE_US for op in ops)  # large enough to count, at these peaks
+    cuda = dataclasses.replace(base, signatures=sigs)
+    per_class, default = efficiencies(cuda, [graph])
+    assert per_class == pytest.approx(share) and default is not None and 0.25 <= default <= 0.5
+    fitted = dataclasses.replace(base, class_efficiency=per_class, default_efficiency=default)
+    for op in ops:  # none of them measured here: each costs its class's share of the roofline
+        assert fitted.kernel_us(op) == pytest.approx(sigs[signature(op)])
+    other = next(op for op in graph.ops if not op.is_view and op.op_class not in share and base.roofline_us(op) > 0)
+    assert fitted.kernel_us(other) == pytest.approx(base.launch_us + base.roofline_us(other) / default)
+    assert base.kernel_us(other) == pytest.approx(base.launch_us + base.roofline_us(other))  # none recorded: the roofline
