@@ -33,7 +33,7 @@ def test_facade() -> None:
         "load_workload",
     }
     assert BUILTIN_WORKLOADS == ("mlp", "cnn", "transformer", "nmt")
-    assert SIZES == ("tiny", "default", "paper")
+    assert SIZES == ("tiny", "default", "paper", "gpu")
 
 
 @pytest.mark.parametrize("name", BUILTIN_WORKLOADS)
