@@ -45,7 +45,7 @@ cp "$base" "$w/profile-cuda-gpu.json"
 step calibrate-cuda-gpu 120 $sl calibrate --cuda --size gpu --out "$w/profile-cuda-gpu.json"
 step fidelity-cuda-gpu 150 $sl fidelity --cuda --size gpu --slots 1,2 --rounds 2 --steps 3 $models \
   --profile "$w/profile-cuda-gpu.json" --out "$w/fidelity-cuda-gpu.json"
-step rescore-cuda 60 $sl fidelity --cuda --rescore "$w/fidelity-cuda.json" --refit-issue --profile "$w/profile-cuda.json" \
+step rescore-cuda 150 $sl fidelity --cuda --rescore "$w/fidelity-cuda.json" --refit-issue --profile "$w/profile-cuda.json" \
   --out "$w/fidelity-cuda-refit.json"
 threads=$($py -c "n=$cores; print(','.join(str(t) for t in sorted({1 << k for k in range(n.bit_length()) if 1 << k <= n} | {n})))")
 step calibrate-cpu 200 $sl calibrate --quick --threads "$threads" --out "$w/profile-cpu.json" --no-progress
