@@ -40,7 +40,7 @@ from schedlab.calibrate.cuda_calibrate import (
     stepper_for,
 )
 from schedlab.calibrate.cuda_costs import efficiencies
-from schedlab.calibrate.cuda_run import Stepper, failure_text, replay_steps, synchronize
+from schedlab.calibrate.cuda_run import Stepper, failure_text, replay_steps, synchronize, to_device
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.signature import signature
 from schedlab.capture import capture
@@ -50,6 +50,7 @@ from schedlab.exec.check import eager_reference, eager_step
 from schedlab.graph import Graph
 from schedlab.machine import Machine
 from schedlab.plan import Plan, ResolvedPlan, resolve
+from schedlab.rng import random_op_index
 from schedlab.sim.engine import Simulator
 from schedlab.workloads.heldout import is_heldout
 from schedlab.workloads.loader import load_workload
@@ -71,6 +72,7 @@ class CudaFidelityRow:
     step_s: tuple[float, ...] = ()  # every timed executor step, in order
     eager_s: tuple[float, ...] = ()  # every timed eager step, each paired with the executor step above
     slots: int = 1  # the executor's co-run slots on the GPU (one CUDA stream each)
+    max_abs_diff: float | None = None  # co-run rows: outputs against the straight line's (None: not compared)
 
     @property
     def error_pct(self) -> float:
@@ -141,6 +143,7 @@ class GpuMeasurement:
     step_s: tuple[float, ...]
     eager_s: tuple[float, ...]
     op_issue_us: tuple[float, ...]
+    max_abs_diff: float | None = None  # a co-run step's outputs against the straight line's (None: not compared)
 
 
 @dataclass
@@ -157,6 +160,7 @@ class _Live:
     step_s: dict[int, list[float]] = dataclasses.field(default_factory=dict)
     eager_s: dict[int, list[float]] = dataclasses.field(default_factory=dict)
     issue_rounds: dict[int, list[tuple[float, ...]]] = dataclasses.field(default_factory=dict)
+    max_abs_diff: dict[int, float | None] = dataclasses.field(default_factory=dict)  # slots -> vs the straight line
 
     @staticmethod
     def start(model: str, size: str, optimizer: str, device: str, machine: Machine, slots: Sequence[int] = (1,)) -> _Live:
@@ -176,7 +180,9 @@ class _Live:
         resolved = {k: p.resolved if k == 1 else resolve(graph, Plan(device=GPU_ID, slots=k), gpu_machine(device, k))
                     for k in slots}
         steppers = {k: p.step if k == 1 else stepper_for(p.program, resolved[k], device) for k in slots}
-        return _Live(p=p, device=device, eager=eager, inputs=p.inputs, resolved=resolved, steppers=steppers)
+        diffs = {k: max_diff_vs_line(p, steppers[k], device) for k in slots if k > 1}
+        return _Live(p=p, device=device, eager=eager, inputs=p.inputs, resolved=resolved, steppers=steppers,
+                     max_abs_diff=diffs)
 
     def measure(self, steps: int, warmup: int) -> None:
         """`steps` steps under each slot count in turn, each paired with an eager step."""
@@ -194,7 +200,27 @@ class _Live:
     def measured(self, slots: int = 1) -> GpuMeasurement:
         rounds = self.issue_rounds[slots]
         issue = tuple(statistics.median(r[i] for r in rounds) for i in range(len(rounds[0])))
-        return GpuMeasurement(step_s=tuple(self.step_s[slots]), eager_s=tuple(self.eager_s[slots]), op_issue_us=issue)
+        return GpuMeasurement(step_s=tuple(self.step_s[slots]), eager_s=tuple(self.eager_s[slots]), op_issue_us=issue,
+                              max_abs_diff=self.max_abs_diff.get(slots))
+
+
+def max_diff_vs_line(p: Prepared, step: Stepper, device: str) -> float | None:
+    """The largest absolute difference, over every output of one step from the captured
+    inputs, between `step` (a co-run step on streams) and the straight line; None for a
+    graph with random ops (their draws follow the order the ops run in)."""
+    graph = p.captured.graph
+    if random_op_index(graph):
+        return None
+    outs = []
+    for run in (p.step, step):
+        V: list[Any] = [None] * len(graph.values)
+        for v, t in to_device(p.captured.input_values, device).items():
+            V[v] = t
+        run(V)
+        synchronize(device)
+        outs.append([V[o.value] for o in graph.outputs])
+    return max((float((a.double() - b.double()).abs().max()) for a, b in zip(*outs, strict=True)
+                if isinstance(a, torch.Tensor) and a.numel()), default=0.0)
 
 
 def score(model: str, graph: Graph, resolved: ResolvedPlan, m: GpuMeasurement, profile: Profile,
@@ -215,6 +241,7 @@ def score(model: str, graph: Graph, resolved: ResolvedPlan, m: GpuMeasurement, p
         ratio_vs_eager=ratio, issue_ms=sum(m.op_issue_us) / 1e3,
         predicted_ms=1e3 * predicted, roofline_ms=1e3 * roofline, known_signatures=known,
         op_issue_us=m.op_issue_us, step_s=m.step_s, eager_s=m.eager_s, slots=resolved.slots,
+        max_abs_diff=m.max_abs_diff,
     )
 
 
@@ -230,11 +257,12 @@ def rescore(saved: dict[str, Any], profile: Profile, *, refit: bool = False,
     several slots, the contention cost (`fit_contention`). `fitted` gets the figures fitted.
     A section written before the roofline's efficiencies were recorded gets them from the
     file's built-in models (the workloads its kernels were measured on, at their size)."""
-    if profile.cuda is None:
+    cuda = profile.cuda
+    if cuda is None:
         raise SchedlabError("the profile has no cuda section: give the profile `schedlab calibrate --cuda` wrote")
     cond = saved.get("conditions", {})
     size, optimizer = str(cond.get("size", "default")), str(cond.get("optimizer", "sgd"))
-    gpu = str((cond.get("cuda") or {}).get("device", profile.cuda.device))
+    gpu = str((cond.get("cuda") or {}).get("device", cuda.device))
     get = graph_of or (lambda m, sz, opt: capture(load_workload(m, sz), opt).graph)
     runs: list[tuple[str, Graph, GpuMeasurement, int]] = []
     for row in saved.get("models", []):
@@ -247,32 +275,32 @@ def rescore(saved: dict[str, Any], profile: Profile, *, refit: bool = False,
         step_s = tuple(row.get("step_s") or (row["measured_ms"] / 1e3,))
         eager_s = tuple(row.get("eager_s") or (row["eager_ms"] / 1e3,))
         slots = int(row.get("slots", 1))
-        runs.append((row["model"], graph, GpuMeasurement(step_s=step_s, eager_s=eager_s, op_issue_us=issue), slots))
-    if not profile.cuda.class_efficiency:  # a section written before they were recorded
+        diff = row.get("max_abs_diff")
+        runs.append((row["model"], graph, GpuMeasurement(step_s=step_s, eager_s=eager_s, op_issue_us=issue,
+                                                         max_abs_diff=None if diff is None else float(diff)), slots))
+    if not cuda.class_efficiency:  # a section written before they were recorded
         graphs = {name: g for name, g, _, _ in runs if not is_heldout(name)}
-        per_class, default = efficiencies(profile.cuda, graphs.values())
-        profile = dataclasses.replace(profile, cuda=dataclasses.replace(
-            profile.cuda, class_efficiency=per_class, default_efficiency=default))
+        per_class, default = efficiencies(cuda, graphs.values())
+        cuda = dataclasses.replace(cuda, class_efficiency=per_class, default_efficiency=default)
     if refit:  # from the straight line's issue times: a co-run row's spans hold its waits too
         own = [(g, m.op_issue_us) for name, g, m, k in runs if not is_heldout(name) and k == 1]
         if not own:
             raise SchedlabError("re-fitting the issue costs needs built-in models in the files (the calibration "
                                 "workloads, measured in the same run): none is there")
-        refitted = refit_issue(profile.cuda, own)
-        profile = dataclasses.replace(profile, cuda=refitted)
-        if fitted is not None and refitted.issue_default_us is not None:
-            fitted["issue_default_us"] = refitted.issue_default_us
+        cuda = refit_issue(cuda, own)
+        if fitted is not None and cuda.issue_default_us is not None:
+            fitted["issue_default_us"] = cuda.issue_default_us
+    profile = dataclasses.replace(profile, cuda=cuda)
     machines = {k: machine_for(gpu, streams=k) for k in {k for *_, k in runs}}
     resolved = [resolve(g, Plan(device=GPU_ID, slots=k), machines[k]) for _, g, _, k in runs]
     if refit:
         corun = [(g, r, m, machines[k]) for (name, g, m, k), r in zip(runs, resolved, strict=True)
                  if not is_heldout(name) and k > 1]
         if corun:
-            assert profile.cuda is not None
             h = fit_contention(corun, profile)
             if fitted is not None:
                 fitted["stream_contention_us"] = h
-            profile = dataclasses.replace(profile, cuda=dataclasses.replace(profile.cuda, stream_contention_us=h))
+            profile = dataclasses.replace(profile, cuda=dataclasses.replace(cuda, stream_contention_us=h))
     return [score(name, g, r, m, profile, machines[k]) for (name, g, m, k), r in zip(runs, resolved, strict=True)]
 
 
@@ -330,6 +358,9 @@ def _mape_groups(rows: Sequence[CudaFidelityRow]) -> dict[str, Any]:
                 "roofline_mape_pct": statistics.fmean(abs(r.roofline_error_pct) for r in sel),
                 "ratio_vs_eager_median": statistics.median(r.ratio_vs_eager for r in sel),
             }
+            diffs = [r.max_abs_diff for r in sel if r.max_abs_diff is not None and r.slots > 1]
+            if diffs:
+                out[label]["max_abs_diff_vs_line"] = max(diffs)
     return out
 
 

@@ -153,8 +153,10 @@ def print_rows(rows: list[Any], scored: dict[str, Any], failed: dict[str, str], 
         for label in ("builtin", "heldout"):
             if label in group:
                 s = group[label]
+                diff = s.get("max_abs_diff_vs_line")
+                same = "" if diff is None else f"; outputs within {diff:.2g} of the one-slot step's"
                 print(f"{prefix}{label}: MAPE {s['mape_pct']:.1f}% calibrated, {s['roofline_mape_pct']:.1f}% datasheet "
-                      f"roofline; executor/eager {s['ratio_vs_eager_median']:.2f} (median)")
+                      f"roofline; executor/eager {s['ratio_vs_eager_median']:.2f} (median){same}")
     ranking = scored.get("slots_ranking")
     if ranking:
         print(f"fastest slot count predicted right for {ranking['agree']} of {ranking['of']} models")

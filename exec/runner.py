@@ -66,12 +66,7 @@ class Executor:
         self._n_values = n_values
         if resolved.slots == 1:
             self._straight = self.program.straight_line(resolved.sequence, resolved.threads, self.keep)
-        # Remaining-use counts for freeing values in the co-run path.
-        uses = [0] * n_values
-        for op in graph.ops:
-            for v in op.inputs:
-                uses[v] += 1
-        self._uses = uses
+        self._uses = value_uses(graph)  # remaining-use counts for freeing values in the co-run path
         self._indeg = [len(p) for p in graph.preds]
 
     def step(self, inputs: dict[int, torch.Tensor]) -> tuple[dict[int, torch.Tensor], StepRecord]:
@@ -102,27 +97,40 @@ class Executor:
         return StepRecord(spans=tuple(spans), wall_ns=T[-1] - t0)
 
     def _step_corun(self, V: list[Any]) -> StepRecord:
-        g = self.graph
-        keep = self.keep
-        inputs_of = [op.inputs for op in g.ops]
-        uses = list(self._uses)
         op_fns = self.program.op_fns
-
-        release = freeing(inputs_of, uses, keep, V)
-
-        loop = ReadyLoop(
-            ops=range(len(g.ops)),
-            prio=self.resolved.priority,
-            succs=g.succs,
-            indeg=list(self._indeg),
-            threads=self.resolved.threads,
-            run_op=lambda i: op_fns[i](V),
-            release=release,
-            fail=lambda i, e: op_failed(g, i, e),
-            n_spans=len(g.ops),
-        )
+        loop = whole_step_loop(self.graph, self.resolved, V, self._uses, self._indeg, self.keep,
+                               lambda i: op_fns[i](V))
         spans = loop.run(self.resolved.slots)
         return StepRecord(spans=tuple(spans), wall_ns=time.perf_counter_ns() - loop.start_ns)
+
+
+def value_uses(graph: Graph) -> list[int]:
+    """Per value, how many op inputs read it."""
+    uses = [0] * len(graph.values)
+    for op in graph.ops:
+        for v in op.inputs:
+            uses[v] += 1
+    return uses
+
+
+def whole_step_loop(
+    graph: Graph, resolved: ResolvedPlan, V: list[Any], uses: list[int], indeg: list[int], keep: set[int],
+    run_op: Callable[[int], None],
+) -> ReadyLoop:
+    """The co-run loop of every op of `graph` under `resolved`'s priorities and threads,
+    freeing each value of `V` after its last use unless kept (`uses` and `indeg`, from
+    `value_uses` and the graph's predecessors, are copied, not consumed)."""
+    return ReadyLoop(
+        ops=range(len(graph.ops)),
+        prio=resolved.priority,
+        succs=graph.succs,
+        indeg=list(indeg),
+        threads=resolved.threads,
+        run_op=run_op,
+        release=freeing([op.inputs for op in graph.ops], list(uses), keep, V),
+        fail=lambda i, e: op_failed(graph, i, e),
+        n_spans=len(graph.ops),
+    )
 
 
 def next_inputs(graph: Graph, inputs: dict[int, torch.Tensor], outputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:

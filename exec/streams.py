@@ -36,8 +36,8 @@ import torch
 
 from schedlab.errors import SchedlabError
 from schedlab.exec.program import Program
-from schedlab.exec.runner import op_failed
-from schedlab.exec.workers import ReadyLoop, Span, WorkerPool, freeing
+from schedlab.exec.runner import value_uses, whole_step_loop
+from schedlab.exec.workers import Span, WorkerPool
 from schedlab.plan import ResolvedPlan
 
 
@@ -148,10 +148,7 @@ class StreamStep:
             tuple(dict.fromkeys((v, producer[v]) for v in op.inputs if v in producer)) for op in g.ops
         )
         self.keep = {o.value for o in g.outputs}
-        self._uses = [0] * len(g.values)
-        for op in g.ops:
-            for v in op.inputs:
-                self._uses[v] += 1
+        self._uses = value_uses(g)
         self._indeg = [len(p) for p in g.preds]
         self.cross_stream_waits = 0  # of the last step: inputs an op read from another stream
         self._local = threading.local()
@@ -190,17 +187,7 @@ class StreamStep:
             api.record(events[i], s)
             stream_of[i] = w
 
-        loop = ReadyLoop(
-            ops=range(len(g.ops)),
-            prio=self.resolved.priority,
-            succs=g.succs,
-            indeg=list(self._indeg),
-            threads=self.resolved.threads,
-            run_op=run_op,
-            release=freeing([op.inputs for op in g.ops], list(self._uses), self.keep, V),
-            fail=lambda i, e: op_failed(g, i, e),
-            n_spans=len(g.ops),
-        )
+        loop = whole_step_loop(g, self.resolved, V, self._uses, self._indeg, self.keep, run_op)
         spans = loop.run(self.slots, pool=self.pool)
         api.synchronize()
         self.cross_stream_waits = waits[0]

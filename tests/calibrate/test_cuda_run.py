@@ -236,6 +236,8 @@ def test_co_run_slots_on_streams_are_measured_ranked_and_rescored(calibrated: tu
     assert [(r.model, r.slots) for r in rows] == [("mlp", 1), ("mlp", 2), ("heldout:mixer", 1), ("heldout:mixer", 2)]
     for r in rows:
         assert len(r.step_s) == len(r.eager_s) == 2 and len(r.op_issue_us) == r.ops and r.predicted_ms > 0
+        # a co-run step gives the straight line's results (on the CPU, exactly)
+        assert r.max_abs_diff == (None if r.slots == 1 else 0.0)
     s = summary(rows)
     assert s["builtin"]["models"] == 1  # the straight line's rows, as before
     assert set(s["slots"]) == {"1", "2"} and s["slots"]["2"]["heldout"]["models"] == 1
