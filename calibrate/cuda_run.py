@@ -207,11 +207,16 @@ Stepper = Callable[[list[Any]], Sequence[float]]  # runs one step on V; per op (
 
 def line_stepper(run: Callable[[list[Any], list[int]], None], sequence: Sequence[int], n_ops: int) -> Stepper:
     """A straight line `run(V, T)` of `sequence` (`Program.straight_line`) as a `Stepper`: an
-    op's issue is the time between its stamp and the next."""
+    op's issue is the time between its stamp and the next. The line sets each op's intra-op
+    threads; the caller's count comes back after it."""
 
     def step(V: list[Any]) -> list[float]:
         T = [0] * (len(sequence) + 1)
-        run(V, T)
+        threads = torch.get_num_threads()
+        try:
+            run(V, T)
+        finally:
+            torch.set_num_threads(threads)
         out = [0.0] * n_ops
         for k, op_id in enumerate(sequence):
             out[op_id] = (T[k + 1] - T[k]) / 1e3

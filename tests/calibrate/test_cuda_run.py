@@ -81,8 +81,8 @@ def test_replaying_leaves_the_callers_thread_count_as_it_was(calibrated: tuple[C
     try:
         torch.set_num_threads(2)
         cuda_fidelity(["mlp"], dataclasses.replace(make_profile(), cuda=calibrated[0]), size="tiny", device="cpu",
-                      steps=1)  # its straight line runs each op at the GPU device's one thread
-        assert torch.get_num_threads() == 2
+                      steps=1, slots=(1, 2))  # its straight line runs each op at the GPU device's one thread
+        assert torch.get_num_threads() == 2  # also after comparing the co-run step's outputs with the line's
     finally:
         torch.set_num_threads(before)
 
