@@ -171,7 +171,7 @@ class StreamStep:
         op_fns = self.program.op_fns
         stream_of = [-1] * len(g.ops)
         local = self._local
-        waits = [0]
+        waits = [0] * self.slots  # per worker: each counts its own
 
         def run_op(i: int) -> None:
             w = local.w
@@ -182,7 +182,7 @@ class StreamStep:
                     t = V[v]
                     if isinstance(t, torch.Tensor):
                         api.keep_alive(t, s)
-                    waits[0] += 1
+                    waits[w] += 1
             op_fns[i](V)
             api.record(events[i], s)
             stream_of[i] = w
@@ -190,7 +190,7 @@ class StreamStep:
         loop = whole_step_loop(g, self.resolved, V, self._uses, self._indeg, self.keep, run_op)
         spans = loop.run(self.slots, pool=self.pool)
         api.synchronize()
-        self.cross_stream_waits = waits[0]
+        self.cross_stream_waits = sum(waits)
         return spans, time.perf_counter_ns() - loop.start_ns
 
 
