@@ -4,9 +4,8 @@ simulator predicts such a GPU's steps on (`calibrate.cuda_fidelity` judges them)
 
 `calibrate_cuda` measures the roofline (`calibrate.cuda_run.roofline_figures`), each
 distinct op's kernel alone, the host's issue cost per aten target (from the executor's
-straight-line step on the GPU), what the co-run step on streams adds to it per op
-(`stream_issue_extra_us`) and what an op's issue grows per other worker waiting to issue
-(`stream_contention_us`), the share of the roofline each op class reached
+straight-line step on the GPU), what the co-run step on streams adds to it per op and
+what an op's issue grows while another worker waits to issue (`stream_costs_us`), the share of the roofline each op class reached
 (`calibrate.cuda_costs.efficiencies`), and the host<->device copy fits.
 """
 
@@ -129,35 +128,32 @@ def prepare_on(model: str, size: str, optimizer: str, device: str | torch.device
                     to_device(captured.input_values, device))
 
 
-def _per_op_us(graph: Graph, inputs: dict[int, torch.Tensor], slots: int, device: str | torch.device,
+def _per_op_us(program: Program, inputs: dict[int, torch.Tensor], slots: int, device: str | torch.device,
                steps: int) -> float:
-    """The fastest step's wall µs per op of `graph` under `slots` on `device` (its executor step)."""
-    program = compile_graph(graph, device=device)
+    """The fastest step's wall µs per op of `program` under `slots` on `device` (its executor step)."""
+    graph = program.graph
     resolved = resolve(graph, Plan(device=GPU_ID, slots=slots), machine_for(device_name(device), streams=slots))
     times, _ = replay_steps(program, stepper_for(program, resolved, device), True, to_device(inputs, device),
                             device, steps)
     return min(times.step_s) * 1e6 / len(graph.ops)
 
 
-def stream_issue_extra_us(device: str | torch.device, n_ops: int = 1000, steps: int = 5) -> float:
-    """Host µs per op that the co-run step on streams (two slots) adds to the straight
-    line's: one chain of `n_ops` negligible ops (`calibrate.dispatch.chains_graph`) stepped
-    both ways, the fastest step's wall per op of each. It is the ready heap, the hand-over
-    between workers and each op's event: what the simulator adds to a GPU op's issue cost
-    under several slots (`Profile.kind_issue_us`)."""
-    graph, inputs = chains_graph(n_ops, 1)
-    one, two = (_per_op_us(graph, inputs, k, device, steps) for k in (1, 2))
-    return max(0.0, two - one)
+def stream_costs_us(device: str | torch.device, n_ops: int = 1000, steps: int = 5) -> tuple[float, float]:
+    """What the co-run step on streams costs the host per op, from chains of `n_ops`
+    negligible ops (`calibrate.dispatch.chains_graph`), each the fastest step's wall per op:
 
-
-def stream_contention_us(device: str | torch.device, n_ops: int = 1000, steps: int = 5) -> float:
-    """Host µs an op's issue grows while another worker waits to issue: two independent
-    chains of `n_ops` negligible ops on two slots (both workers busy) against one chain on
-    two slots (the other worker idle), per op. The simulator charges it per worker queued
-    for the lock as a worker takes it (`sim/model.py`)."""
-    one, _ = chains_graph(n_ops, 1)
-    two, inputs = chains_graph(n_ops, 2)
-    return max(0.0, _per_op_us(two, inputs, 2, device, steps) - _per_op_us(one, inputs, 2, device, steps))
+    - *extra*: one chain on two slots against the straight line: the ready heap, the
+      hand-over between workers and each op's event, what the simulator adds to a GPU op's
+      issue cost under several slots (`Profile.kind_issue_us`);
+    - *contention*: two independent chains on two slots (both workers busy) against one
+      chain on two slots (the other idle): what an op's issue grows while another worker
+      waits to issue, which the simulator scales by log2(1 + workers queued) (`sim/model.py`).
+    """
+    one, inputs = chains_graph(n_ops, 1)
+    two, _ = chains_graph(n_ops, 2)
+    line, alone = (_per_op_us(compile_graph(one, device=device), inputs, k, device, steps) for k in (1, 2))
+    contended = _per_op_us(compile_graph(two, device=device), inputs, 2, device, steps)
+    return max(0.0, alone - line), max(0.0, contended - alone)
 
 
 Progress = Callable[[str], None]
@@ -207,8 +203,7 @@ def calibrate_cuda(
             f"{m}: {e}" for m, e in report["failed_models"].items()))
     issue, issue_default = issue_costs(replays)
     say("the co-run step's cost per op on streams, alone and contended")
-    stream_extra = stream_issue_extra_us(device)
-    contention = stream_contention_us(device)
+    stream_extra, contention = stream_costs_us(device)
     say("host<->device copies")
     sizes = {} if copy_sizes is None else {"sizes": copy_sizes}
     h2d, d2h = copy_fit(device, True, **sizes), copy_fit(device, False, **sizes)

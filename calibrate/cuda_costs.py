@@ -25,19 +25,19 @@ median of CUDA-event-timed calls after warm-up):
   ``issue_default_us`` the median over all of them, for a target not seen;
 - ``stream_issue_extra_us``: host µs per op that the executor's co-run step on streams
   (several slots, one CUDA stream each: `exec.streams`) adds to the straight line's issue
-  cost, on one chain of negligible ops (`calibrate.cuda_calibrate.stream_issue_extra_us`);
+  cost, on one chain of negligible ops (`calibrate.cuda_calibrate.stream_costs_us`);
   a plan with several slots on the GPU is charged each op's issue cost plus this;
-- ``stream_contention_us``: host µs an op's issue grows per other worker waiting to issue
-  (the interpreter lock and the driver pass between the workers' threads at every launch):
-  two independent chains on two slots against one chain, per op
-  (`calibrate.cuda_calibrate.stream_contention_us`); the simulator adds it per worker
-  queued for the lock as a worker takes it (`sim/model.py`);
+- ``stream_contention_us``: host µs an op's issue grows while another worker waits to issue
+  (the interpreter lock passes between the workers' threads at every launch): two
+  independent chains on two slots against one chain, per op (`stream_costs_us`); the
+  simulator adds it x log2(1 + the workers queued for the lock) as a worker takes it
+  (`sim/model.py`);
 - ``h2d`` / ``d2h``: a host<->device copy's fit (pinned memory), ``{"latency_us",
   "bw_bytes_per_s"}``: what this GPU's PCIe link measured. Recorded only: the simulator
-  still prices a CPU+GPU machine's transfers by its machine description's links.
-
-- ``class_efficiency``: op class -> the share of the measured roofline its measured ops
-  reached, the median over them of ``roofline / (kernel - launch_us)``;
+  still prices a CPU+GPU machine's transfers by its machine description's links;
+- ``class_efficiency``: op class -> the share of the measured roofline its measured ops of
+  at least `MIN_ROOFLINE_US` of roofline reached, the median over them of ``roofline /
+  (kernel - launch_us)``;
   ``default_efficiency`` the same over every measured op (`efficiencies`).
 
 An op whose signature is there costs what was measured; any other costs
@@ -86,7 +86,7 @@ class CudaCosts:
     h2d: LinkFit | None = None  # pinned host -> device copies
     d2h: LinkFit | None = None  # device -> pinned host copies
     stream_issue_extra_us: float | None = None  # host µs per op the co-run step on streams adds (several slots)
-    stream_contention_us: float | None = None  # host µs an op's issue grows per other worker queued for the lock
+    stream_contention_us: float | None = None  # host µs an op's issue grows while another worker waits to issue
     class_efficiency: dict[str, float] = field(default_factory=dict)  # op class -> share of the roofline reached
     default_efficiency: float | None = None  # the same over every measured op, for a class not in class_efficiency
 

@@ -9,10 +9,11 @@ Profile's cuda section (`calibrate.cuda_calibrate`, from the built-ins), and wit
 GPU's datasheet roofline and the CPU profile's dispatch cost (what the simulator does with
 no GPU calibration). Held-out models are predicted from what the built-ins calibrated:
 their own ops' kernels are not measured, so a signature never seen is costed by the
-measured roofline.
+measured roofline at the share of it that its op class reached in calibration.
 
 `rescore` predicts a saved results file again (no GPU needed), optionally with the host's
-issue costs re-fitted from the built-in models measured in the same process.
+issue costs (and the co-run contention cost) re-fitted from the built-in models measured
+in the same process.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from scipy.optimize import minimize_scalar
 
 from schedlab.calibrate.cuda_calibrate import (
     GPU_ID,
@@ -180,7 +182,7 @@ class _Live:
         resolved = {k: p.resolved if k == 1 else resolve(graph, Plan(device=GPU_ID, slots=k), gpu_machine(device, k))
                     for k in slots}
         steppers = {k: p.step if k == 1 else stepper_for(p.program, resolved[k], device) for k in slots}
-        diffs = {k: max_diff_vs_line(p, steppers[k], device) for k in slots if k > 1}
+        diffs = max_diffs_vs_line(p, {k: s for k, s in steppers.items() if k > 1}, device)
         return _Live(p=p, device=device, eager=eager, inputs=p.inputs, resolved=resolved, steppers=steppers,
                      max_abs_diff=diffs)
 
@@ -204,23 +206,26 @@ class _Live:
                               max_abs_diff=self.max_abs_diff.get(slots))
 
 
-def max_diff_vs_line(p: Prepared, step: Stepper, device: str) -> float | None:
-    """The largest absolute difference, over every output of one step from the captured
-    inputs, between `step` (a co-run step on streams) and the straight line; None for a
-    graph with random ops (their draws follow the order the ops run in)."""
+def max_diffs_vs_line(p: Prepared, steps: dict[int, Stepper], device: str) -> dict[int, float | None]:
+    """Per slot count, the largest absolute difference, over every output of one step from
+    the captured inputs, between its step (`steps`: co-run steps on streams) and the straight
+    line; None for a graph with random ops (their draws follow the order the ops run in)."""
     graph = p.captured.graph
-    if random_op_index(graph):
-        return None
-    outs = []
-    for run in (p.step, step):
+    if not steps or random_op_index(graph):
+        return dict.fromkeys(steps)
+
+    def outputs(run: Stepper) -> list[Any]:
         V: list[Any] = [None] * len(graph.values)
         for v, t in to_device(p.captured.input_values, device).items():
             V[v] = t
         run(V)
         synchronize(device)
-        outs.append([V[o.value] for o in graph.outputs])
-    return max((float((a.double() - b.double()).abs().max()) for a, b in zip(*outs, strict=True)
-                if isinstance(a, torch.Tensor) and a.numel()), default=0.0)
+        return [V[o.value] for o in graph.outputs]
+
+    line = outputs(p.step)
+    return {k: max((float((a.double() - b.double()).abs().max()) for a, b in zip(outputs(s), line, strict=True)
+                    if isinstance(a, torch.Tensor) and a.numel()), default=0.0)
+            for k, s in steps.items()}
 
 
 def score(model: str, graph: Graph, resolved: ResolvedPlan, m: GpuMeasurement, profile: Profile,
@@ -305,11 +310,11 @@ def rescore(saved: dict[str, Any], profile: Profile, *, refit: bool = False,
 
 
 def fit_contention(runs: Sequence[tuple[Graph, ResolvedPlan, GpuMeasurement, Machine]], profile: Profile,
-                   hi_us: float = 50.0, iterations: int = 14) -> float:
+                   hi_us: float = 50.0, xatol_us: float = 0.05) -> float:
     """The cuda section's `stream_contention_us` that best predicts `runs` (co-run steps of
     the built-ins: graph, plan, measurement, machine): the least mean |log(predicted /
-    measured)| by golden-section search over [0, `hi_us`]. The prediction grows with it
-    (more contention, longer dispatches, more workers queued)."""
+    measured)| over [0, `hi_us`] (scipy's bounded scalar minimiser). The prediction grows
+    with it (more contention, longer dispatches, more workers queued)."""
     assert profile.cuda is not None
     cuda = profile.cuda
 
@@ -320,20 +325,8 @@ def fit_contention(runs: Sequence[tuple[Graph, ResolvedPlan, GpuMeasurement, Mac
                          / statistics.median(m.step_s)))
             for g, r, m, machine in runs)
 
-    lo, hi = 0.0, hi_us
-    g = (math.sqrt(5) - 1) / 2
-    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-    fa, fb = loss(a), loss(b)
-    for _ in range(iterations):
-        if fa <= fb:
-            hi, b, fb = b, a, fa
-            a = hi - g * (hi - lo)
-            fa = loss(a)
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + g * (hi - lo)
-            fb = loss(b)
-    return (lo + hi) / 2
+    fit = minimize_scalar(loss, bounds=(0.0, hi_us), method="bounded", options={"xatol": xatol_us})
+    return float(fit.x)
 
 
 def summary(rows: Sequence[CudaFidelityRow]) -> dict[str, Any]:

@@ -308,8 +308,9 @@ class Profile:
         return t + extra
 
     def kind_contention_us(self, kind: str) -> float:
-        """Host µs a GPU op's issue grows per other worker queued to issue (the cuda
-        section's `stream_contention_us`; 0 where it has none)."""
+        """Host µs a GPU op's issue grows while another worker waits to issue (the cuda
+        section's `stream_contention_us`; 0 where it has none); the simulator scales it by
+        log2(1 + the workers queued)."""
         if kind != "cuda" or self.cuda is None:
             return 0.0
         return self.cuda.stream_contention_us or 0.0

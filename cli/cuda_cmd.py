@@ -79,7 +79,7 @@ def cuda_summary(c: Any) -> dict[str, Any]:
         "bw_tb_per_s": c.bw_bytes_per_s / 1e12, "signatures": len(c.signatures), "issue_default_us": c.issue_default_us,
         "h2d": None if c.h2d is None else {"latency_us": c.h2d.latency_us, "gb_per_s": c.h2d.bw_bytes_per_s / 1e9},
         "d2h": None if c.d2h is None else {"latency_us": c.d2h.latency_us, "gb_per_s": c.d2h.bw_bytes_per_s / 1e9},
-        "stream_issue_extra_us": c.stream_issue_extra_us,
+        "stream_issue_extra_us": c.stream_issue_extra_us, "stream_contention_us": c.stream_contention_us,
     }
 
 
@@ -88,7 +88,9 @@ def print_cuda_summary(s: dict[str, Any]) -> None:
           f"add {s['bw_tb_per_s']:.2f} TB/s; {s['signatures']} op signatures; host issue {s['issue_default_us']:.1f} us "
           "per op (median)")
     if s.get("stream_issue_extra_us") is not None:
-        print(f"  co-run slots on streams: +{s['stream_issue_extra_us']:.1f} us host issue per op")
+        contention = s.get("stream_contention_us")
+        print(f"  co-run slots on streams: +{s['stream_issue_extra_us']:.1f} us host issue per op"
+              + ("" if contention is None else f", +{contention:.1f} us while another worker waits to issue"))
     for k in ("h2d", "d2h"):
         if s[k]:
             print(f"  {k}: {s[k]['latency_us']:.1f} us + bytes / {s[k]['gb_per_s']:.1f} GB/s (pinned)")

@@ -128,8 +128,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument(
         "--refit-issue", action="store_true",
-        help="with --cuda --rescore: re-fit the host's issue costs from the built-in models in the files (measured in "
-        "the same process as the held-out ones) before predicting; results in fidelity-cuda-rescored.json",
+        help="with --cuda --rescore: re-fit the host's issue costs (and, from rows of several slots, the co-run "
+        "contention cost) from the built-in models in the files (measured in the same process as the held-out ones) "
+        "before predicting; results in fidelity-cuda-rescored.json",
     )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(handler=run)
@@ -189,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     models = chosen_models(args)
     if getattr(args, "cuda", False):
         if args.devices is not None or args.plan_list:
-            raise SchedlabError("--cuda measures one GPU under the executor's one-stream step: drop --devices and "
+            raise SchedlabError("--cuda measures one GPU (its co-run slots with --slots): drop --devices and "
                                 "--plans")
         from schedlab.cli.cuda_cmd import run_fidelity_cuda
 

@@ -17,7 +17,8 @@ is launched: its successors may be issued while it runs, and the device keeps th
 - The workers are threads kept from step to step (`workers.WorkerPool`), each with its
   stream made current once: on an H200 a new thread per step planned every cuDNN
   convolution again (PyTorch keeps those plans per thread), and the two-slot step of the
-  convolutional models took 6-9x the one-slot step.
+  four convolutional models took 7.5-10.3x their one-slot step (1.42-1.58x with kept
+  threads, on another H200).
 
 The streams, events and current-stream calls go through `StreamApi`, so the bookkeeping
 is tested on the CPU with a recording fake (`tests/exec/test_streams.py`); `HostStreams`

@@ -168,8 +168,9 @@ def op_dispatch_us(cost: CostModel, op: Op, device: Device) -> float:
 
 
 def device_contention_us(cost: CostModel, device: Device) -> float:
-    """Host µs a GPU op's issue grows, under several slots, per other worker queued for its
-    process's lock as it takes it: the cost model's `kind_contention_us(kind)` where it has
+    """Host µs a GPU op's issue grows, under several slots, while another worker waits for its
+    process's lock (scaled by log2(1 + the workers queued) in `sim/model.py`): the cost
+    model's `kind_contention_us(kind)` where it has
     one (a Profile with a cuda section that measured it), else 0 (and always 0 on a CPU)."""
     if device.kind == "cpu":
         return 0.0

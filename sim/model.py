@@ -42,7 +42,7 @@ The model (time unit: microseconds):
   several, it waits for them, as an event would make it). With several workers, each
   dispatch grows by `prep.contention_us` x log2(1 + the workers queued for the lock as it
   takes it): the interpreter lock and the driver pass between the threads at every launch
-  (`calibrate.cuda_calibrate.stream_contention_us` measures one waiting worker's cost). The
+  (`calibrate.cuda_calibrate.stream_costs_us` measures one waiting worker's cost). The
   log2 was chosen over a linear count on the built-ins' two- and four-slot steps on an
   H200 (mean error 13.2% against 16.4%), then checked on the held-out models (17.9%
   against 22.9%). Every other successor (a CPU

@@ -120,8 +120,8 @@ class Prepared:
     comm_costs: tuple[CommOpCost | None, ...] = ()
     cost_sources: tuple[str, ...] = ()  # per device that runs ops: which model costs its kernels (sim.device_cost)
     core_pool: tuple[int, ...] = ()  # per device: the index of the core pool it shares (Machine.core_pools), or -1
-    # per device (else empty): host µs a heap worker's dispatch grows per other worker queued
-    # for the lock as it takes it (`sim.device_cost.device_contention_us`; 0 on a CPU)
+    # per device (else empty): host µs a heap worker's dispatch grows while another worker waits
+    # for the lock, x log2(1 + workers queued) (`sim.device_cost.device_contention_us`; 0 on a CPU)
     contention_us: tuple[float, ...] = ()
 
     def pooled(self, device: int) -> bool:
