@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -26,6 +26,7 @@ from schedlab.graph import op_class_of
 from schedlab.recurrent import LSTM_MODE, fused_layer_args
 
 Builder = Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,46 @@ class SweepSpec:
 
 def _log_int(rng: random.Random, lo: int, hi: int) -> int:
     return round(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+
+
+def _band(lo: float, hi: float, i: int, n: int) -> tuple[float, float]:
+    """The i-th of n equal bands of [lo, hi] in log space, as (log low, log high)."""
+    step = (math.log(hi) - math.log(lo)) / max(1, n)
+    return math.log(lo) + step * i, math.log(lo) + step * (i + 1)
+
+
+def _log_int_in_band(rng: random.Random, lo: int, hi: int, i: int, n: int) -> int:
+    """Log-uniform in the i-th of n log bands of [lo, hi]: case i of a class's n."""
+    a, b = _band(lo, hi, i, n)
+    return round(math.exp(rng.uniform(a, b)))
+
+
+MAX_BAND_TRIES = 20_000
+
+
+def _draw_in_band(
+    rng: random.Random, draw: Callable[[], T | None], work: Callable[[T], float], lo: float, hi: float, i: int, n: int
+) -> T:
+    """A draw (None: invalid, drawn again) whose work lies in the i-th of n log bands of
+    [lo, hi], else after MAX_BAND_TRIES the valid draw nearest to it. The dimensions are
+    drawn as before, but case i of a class's n has its own band of work, so a few cases
+    span the whole range: 12 convolutions of log-uniform dimensions under the cap reached
+    only 2e7 FLOPs (a quick profile), while the convolutions of models run to 5e8."""
+    a, b = _band(lo, hi, i, n)
+    best: T | None = None
+    best_gap = math.inf
+    for _ in range(MAX_BAND_TRIES):
+        x = draw()
+        if x is None:
+            continue
+        w = math.log(max(work(x), 1e-30))
+        gap = max(a - w, w - b, 0.0)
+        if gap == 0.0:
+            return x
+        if gap < best_gap:
+            best, best_gap = x, gap
+    assert best is not None, "no valid draw"
+    return best
 
 
 MODEL_DIM_SHARE = 0.75  # share of feature and channel sizes drawn as models have them: multiples of 8
@@ -148,6 +189,44 @@ def _layer_norm(r: int, c: int) -> Call:
     return (torch.randn(r, c), [c], torch.randn(c), torch.randn(c), 1e-5), {}
 
 
+def _nchw(e: int, c: int) -> torch.Tensor:
+    """A feature map of about `e` elements with `c` channels: [N, C, H, W], square H = W."""
+    hw = max(1, round(math.sqrt(max(1, e // c) / 2)))
+    return torch.randn(max(1, e // (c * hw * hw)), c, hw, hw)
+
+
+def _batch_norm(e: int, c: int) -> Call:
+    """Batch norm in training, as a captured `nn.BatchNorm2d` calls it (functional: running
+    statistics are outputs)."""
+    return (_nchw(e, c), torch.randn(c), torch.randn(c), torch.zeros(c), torch.ones(c), True, 0.1, 1e-5), {}
+
+
+def _batch_norm_backward(e: int, c: int) -> Call:
+    x = _nchw(e, c)
+    w, rm, rv = torch.randn(c), torch.zeros(c), torch.ones(c)
+    _, mean, invstd, _, _ = torch.ops.aten._native_batch_norm_legit_functional.default(x, w, None, rm, rv, True, 0.1, 1e-5)
+    return (torch.randn_like(x), x, w, rm, rv, mean, invstd, True, 1e-5, [True, True, True]), {}
+
+
+def _group_norm(e: int, c: int) -> Call:
+    x = _nchw(e, c)
+    n, _, h, w = x.shape
+    return (x, torch.randn(c), torch.randn(c), n, c, h * w, _groups_of(c), 1e-5), {}
+
+
+def _group_norm_backward(e: int, c: int) -> Call:
+    x = _nchw(e, c)
+    n, _, h, w = x.shape
+    wt = torch.randn(c)
+    _, mean, rstd = torch.ops.aten.native_group_norm.default(x, wt, None, n, c, h * w, _groups_of(c), 1e-5)
+    return (torch.randn_like(x), x, mean, rstd, wt, n, c, h * w, _groups_of(c), [True, True, True]), {}
+
+
+def _groups_of(c: int) -> int:
+    """A group count as GroupNorm layers have them: 8 where the channels divide, else 1."""
+    return 8 if c % 8 == 0 else 1
+
+
 def _embedding(vocab: int, dim: int, n_idx: int) -> Call:
     return (torch.randn(vocab, dim), torch.randint(vocab, (n_idx,))), {}
 
@@ -176,112 +255,146 @@ def _lstm_layer_backward(t: int, b: int, i: int, h: int) -> Call:
 # ---- shapes ----------------------------------------------------------------------------------
 
 
-def _matmul_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
-    def dims(batch: int = 1) -> tuple[int, int, int]:
-        while True:
-            m, k, n = _log_int(rng, 4, 2048), _model_dim(rng, 4, 2048), _model_dim(rng, 4, 2048)  # rows: any
-            if 2 * batch * m * k * n <= cfg.max_flops:
-                return m, k, n
+MIN_MATMUL_FLOPS = 1e3  # the bands of work the sweep spreads matmuls and convolutions over
+MIN_CONV_FLOPS = 1e4
 
-    specs = [SweepSpec("aten.mm.default", partial(_mm, *dims())) for _ in range(cfg.per_class)]
-    specs += [SweepSpec("aten.addmm.default", partial(_addmm, *dims())) for _ in range(cfg.per_class)]
-    for _ in range(cfg.per_class):
+
+def _matmul_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
+    def dims(batch: int = 1) -> tuple[int, int, int] | None:
+        m, k, n = _log_int(rng, 4, 2048), _model_dim(rng, 4, 2048), _model_dim(rng, 4, 2048)  # rows: any
+        return (m, k, n) if 2 * batch * m * k * n <= cfg.max_flops else None
+
+    def banded(i: int, batch: int = 1) -> tuple[int, int, int]:
+        return _draw_in_band(rng, lambda: dims(batch), lambda d: 2.0 * batch * math.prod(d),
+                             MIN_MATMUL_FLOPS, cfg.max_flops, i, cfg.per_class)
+
+    specs = [SweepSpec("aten.mm.default", partial(_mm, *banded(i))) for i in range(cfg.per_class)]
+    specs += [SweepSpec("aten.addmm.default", partial(_addmm, *banded(i))) for i in range(cfg.per_class)]
+    for i in range(cfg.per_class):
         b = _log_int(rng, 2, 64)
-        specs.append(SweepSpec("aten.bmm.default", partial(_bmm, b, *dims(b))))
+        specs.append(SweepSpec("aten.bmm.default", partial(_bmm, b, *banded(i, b))))
     return specs
 
 
 def _conv_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
     """Dense convolutions (1x1, 3x3, 5x5), and one draw in four grouped: depthwise (a group
     per channel) or a few groups, as MobileNet- and ResNeXt-like blocks have them."""
+    Dims = tuple[int, int, int, int, int, int, int]
 
-    def draw() -> tuple[int, int, int, int, int, int, int]:
-        while True:
-            n, c, o = _log_int(rng, 1, 32), _model_dim(rng, 3, 256), _model_dim(rng, 8, 256)
-            hw, k, s = _log_int(rng, 4, 64), rng.choice((1, 3, 3, 5)), rng.choice((1, 1, 2))
-            groups = 1
-            kind = rng.choice(("dense", "dense", "dense", "grouped"))
-            if kind == "grouped" and k > 1:
-                groups = rng.choice((c, 2, 4, 8))
-                c = o = max(groups, c - c % groups)  # channels a multiple of the groups, out = in
-            out_hw = (hw + 2 * (k // 2) - k) // s + 1
-            if out_hw >= 1 and 2 * n * o * out_hw * out_hw * (c // groups) * k * k <= cfg.max_flops:
-                return n, c, o, hw, k, s, groups
+    def draw() -> Dims | None:
+        n, c, o = _log_int(rng, 1, 32), _model_dim(rng, 3, 256), _model_dim(rng, 8, 256)
+        hw, k, s = _log_int(rng, 4, 64), rng.choice((1, 3, 3, 5)), rng.choice((1, 1, 2))
+        groups = 1
+        kind = rng.choice(("dense", "dense", "dense", "grouped"))
+        if kind == "grouped" and k > 1:
+            groups = rng.choice((c, 2, 4, 8))
+            c = o = max(groups, c - c % groups)  # channels a multiple of the groups, out = in
+        out_hw = (hw + 2 * (k // 2) - k) // s + 1
+        ok = out_hw >= 1 and _conv_flops((n, c, o, hw, k, s, groups)) <= cfg.max_flops
+        return (n, c, o, hw, k, s, groups) if ok else None
+
+    def banded(i: int) -> Dims:
+        return _draw_in_band(rng, draw, _conv_flops, MIN_CONV_FLOPS, cfg.max_flops, i, cfg.per_class)
 
     masks = ((True, True, False), (False, True, False), (True, True, True))
-    specs = [SweepSpec("aten.convolution.default", partial(_conv, *draw())) for _ in range(cfg.per_class)]
+    specs = [SweepSpec("aten.convolution.default", partial(_conv, *banded(i))) for i in range(cfg.per_class)]
     specs += [
-        SweepSpec("aten.convolution_backward.default", partial(_conv_backward, *draw(), rng.choice(masks)))
-        for _ in range(cfg.per_class)
+        SweepSpec("aten.convolution_backward.default", partial(_conv_backward, *banded(i), rng.choice(masks)))
+        for i in range(cfg.per_class)
     ]
     return specs
+
+
+def _conv_flops(d: tuple[int, int, int, int, int, int, int]) -> float:
+    n, c, o, hw, k, s, groups = d
+    out_hw = (hw + 2 * (k // 2) - k) // s + 1
+    return 2.0 * n * o * out_hw * out_hw * (c // groups) * k * k
+
+
+MIN_LSTM_FLOPS = 1e5
 
 
 def _lstm_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
-    def draw() -> tuple[int, int, int, int]:
-        while True:  # sequence models' sizes: hidden 32-1024, up to the cap on matmul work
-            t, b = _log_int(rng, 4, 64), _log_int(rng, 2, 64)
-            i, h = _log_int(rng, 16, 512), _log_int(rng, 32, 1024)
-            if 2 * t * b * 4 * h * (i + h) <= cfg.max_flops:
-                return t, b, i, h
+    def draw() -> tuple[int, int, int, int] | None:  # sequence models' sizes: hidden 32-1024
+        t, b = _log_int(rng, 4, 64), _log_int(rng, 2, 64)
+        i, h = _log_int(rng, 16, 512), _log_int(rng, 32, 1024)
+        return (t, b, i, h) if _lstm_flops((t, b, i, h)) <= cfg.max_flops else None
 
-    specs = [SweepSpec("aten.mkldnn_rnn_layer.default", partial(_lstm_layer, *draw())) for _ in range(cfg.per_class)]
+    def banded(i: int) -> tuple[int, int, int, int]:
+        return _draw_in_band(rng, draw, _lstm_flops, MIN_LSTM_FLOPS, cfg.max_flops, i, cfg.per_class)
+
+    specs = [SweepSpec("aten.mkldnn_rnn_layer.default", partial(_lstm_layer, *banded(i))) for i in range(cfg.per_class)]
     specs += [
-        SweepSpec("aten.mkldnn_rnn_layer_backward.default", partial(_lstm_layer_backward, *draw()))
-        for _ in range(cfg.per_class)
+        SweepSpec("aten.mkldnn_rnn_layer_backward.default", partial(_lstm_layer_backward, *banded(i)))
+        for i in range(cfg.per_class)
     ]
     return specs
 
 
-def _memory_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
-    def numel() -> int:
-        return _log_int(rng, 16, cfg.max_elems)
+def _lstm_flops(d: tuple[int, int, int, int]) -> float:
+    t, b, i, h = d
+    return 2.0 * t * b * 4 * h * (i + h)
 
-    def rows_cols() -> tuple[int, int]:
-        total = max(16, numel())  # last dims as models have them: 16 (heads) .. 4096 (hidden, vocab)
+
+def _memory_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
+    per = max(2, cfg.per_class)
+
+    def numel(i: int) -> int:  # case i of a class's `per`: its own band of sizes
+        return _log_int_in_band(rng, 16, cfg.max_elems, i, per)
+
+    def rows_cols(i: int) -> tuple[int, int]:
+        total = max(16, numel(i))  # last dims as models have them: 16 (heads) .. 4096 (hidden, vocab)
         cols = _log_int(rng, 16, min(4096, total))
         return max(1, total // cols), cols
 
     unary = ("aten.relu.default", "aten.sigmoid.default", "aten.tanh.default", "aten.gelu.default", "aten.clone.default")
     binary = ("aten.add.Tensor", "aten.mul.Tensor", "aten.div.Tensor")
-    per = max(2, cfg.per_class)
     specs: list[SweepSpec] = []
     for target in unary:
-        specs += [SweepSpec(target, partial(_unary, numel())) for _ in range(per)]
+        specs += [SweepSpec(target, partial(_unary, numel(i))) for i in range(per)]
     for target in binary:
-        specs += [SweepSpec(target, partial(_binary, numel())) for _ in range(per)]
-    specs += [SweepSpec("aten.threshold_backward.default", partial(_threshold_backward, numel())) for _ in range(per)]
-    specs += [SweepSpec("aten.sum.dim_IntList", partial(_sum, *rows_cols(), rng.choice((0, 1)))) for _ in range(per)]
-    specs += [SweepSpec("aten._softmax.default", partial(_softmax, *rows_cols())) for _ in range(per)]
-    specs += [SweepSpec("aten._log_softmax.default", partial(_softmax, *rows_cols())) for _ in range(per)]
-    specs += [SweepSpec("aten.native_layer_norm.default", partial(_layer_norm, *rows_cols())) for _ in range(per)]
+        specs += [SweepSpec(target, partial(_binary, numel(i))) for i in range(per)]
+    specs += [SweepSpec("aten.threshold_backward.default", partial(_threshold_backward, numel(i))) for i in range(per)]
+    specs += [SweepSpec("aten.sum.dim_IntList", partial(_sum, *rows_cols(i), rng.choice((0, 1)))) for i in range(per)]
+    specs += [SweepSpec("aten._softmax.default", partial(_softmax, *rows_cols(i))) for i in range(per)]
+    specs += [SweepSpec("aten._log_softmax.default", partial(_softmax, *rows_cols(i))) for i in range(per)]
+    specs += [SweepSpec("aten.native_layer_norm.default", partial(_layer_norm, *rows_cols(i))) for i in range(per)]
     # the backward of the two most common activations' and norms' forwards above
-    specs += [SweepSpec("aten.gelu_backward.default", partial(_gelu_backward, numel())) for _ in range(per)]
+    specs += [SweepSpec("aten.gelu_backward.default", partial(_gelu_backward, numel(i))) for i in range(per)]
     specs += [
-        SweepSpec("aten.native_layer_norm_backward.default", partial(_layer_norm_backward, *rows_cols()))
-        for _ in range(per)
+        SweepSpec("aten.native_layer_norm_backward.default", partial(_layer_norm_backward, *rows_cols(i)))
+        for i in range(per)
     ]
     # dropout in training draws a random mask (measured 2026-11-26 on heldout:dropout-encoder:
     # its 10 dropouts, of 1.5 K to 295 K elements, took 13.4 ms a step, which the profile,
     # never having timed one, predicted at 0.35); attention's masked softmax
     # (nn.MultiheadAttention) and softmax's backward
-    specs += [SweepSpec("aten.native_dropout.default", partial(_dropout, numel(), rng.choice((0.1, 0.2, 0.5))))
-              for _ in range(per)]
+    specs += [SweepSpec("aten.native_dropout.default", partial(_dropout, numel(i), rng.choice((0.1, 0.2, 0.5))))
+              for i in range(per)]
     specs += [
-        SweepSpec("aten.native_dropout_backward.default", partial(_dropout_backward, numel(), rng.choice((0.1, 0.5))))
-        for _ in range(per)
+        SweepSpec("aten.native_dropout_backward.default", partial(_dropout_backward, numel(i), rng.choice((0.1, 0.5))))
+        for i in range(per)
     ]
-    specs += [SweepSpec("aten._safe_softmax.default", partial(_safe_softmax, *rows_cols())) for _ in range(per)]
-    specs += [SweepSpec("aten._softmax_backward_data.default", partial(_softmax_backward, *rows_cols()))
-              for _ in range(per)]
+    specs += [SweepSpec("aten._safe_softmax.default", partial(_safe_softmax, *rows_cols(i))) for i in range(per)]
+    specs += [SweepSpec("aten._softmax_backward_data.default", partial(_softmax_backward, *rows_cols(i)))
+              for i in range(per)]
     specs += [
         SweepSpec(
             "aten.embedding.default",
             partial(_embedding, _log_int(rng, 16, 32768), _log_int(rng, 8, 512), _log_int(rng, 1, 4096)),
         )
-        for _ in range(per)
+        for i in range(per)
     ]
-    specs += [SweepSpec("aten.cat.default", partial(_cat, *rows_cols(), rng.choice((2, 3, 4)))) for _ in range(per)]
+    specs += [SweepSpec("aten.cat.default", partial(_cat, *rows_cols(i), rng.choice((2, 3, 4)))) for i in range(per)]
+    # the norms of convolutional models, over feature maps of every size (captured models
+    # alone gave a quick profile four batch norms of at most 25 KB; models' run to 8 MB)
+    for target, build in (
+        ("aten._native_batch_norm_legit_functional.default", _batch_norm),
+        ("aten.native_batch_norm_backward.default", _batch_norm_backward),
+        ("aten.native_group_norm.default", _group_norm),
+        ("aten.native_group_norm_backward.default", _group_norm_backward),
+    ):
+        specs += [SweepSpec(target, partial(build, numel(i), _model_dim(rng, 8, 512))) for i in range(per)]
     return specs
 
 
