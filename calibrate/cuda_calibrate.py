@@ -35,7 +35,7 @@ from schedlab.calibrate.cuda_run import (
     to_device,
 )
 from schedlab.calibrate.dispatch import chains_graph
-from schedlab.capture import Captured, capture
+from schedlab.capture import Captured, capture, cpu_only_ops
 from schedlab.errors import SchedlabError
 from schedlab.exec.program import Program, compile_graph
 from schedlab.exec.streams import StreamStep, issue_spans_us, streams_for
@@ -119,9 +119,14 @@ class Prepared:
 
 
 def prepare_on(model: str, size: str, optimizer: str, device: str | torch.device, machine: Machine) -> Prepared:
+    """`model` captured portable (`schedlab.capture`: its LSTM layers and attention lowered
+    to ops a GPU runs too) and compiled for `device`."""
     workload = load_workload(model, size)
-    captured = capture(workload, optimizer)
+    captured = capture(workload, optimizer, portable=True)
     graph = captured.graph
+    left = cpu_only_ops(graph)
+    if left and torch.device(device).type != "cpu":
+        raise SchedlabError(f"{model}: its graph holds ops only a CPU runs ({', '.join(left)}), even captured portable")
     program = compile_graph(graph, device=device)
     resolved = resolve(graph, Plan(device=GPU_ID), machine)
     return Prepared(model, workload.module, captured, resolved, stepper_for(program, resolved, device), program,

@@ -268,7 +268,7 @@ def rescore(saved: dict[str, Any], profile: Profile, *, refit: bool = False,
     cond = saved.get("conditions", {})
     size, optimizer = str(cond.get("size", "default")), str(cond.get("optimizer", "sgd"))
     gpu = str((cond.get("cuda") or {}).get("device", cuda.device))
-    get = graph_of or (lambda m, sz, opt: capture(load_workload(m, sz), opt).graph)
+    get = graph_of or (lambda m, sz, opt: capture(load_workload(m, sz), opt, portable=True).graph)  # as measured
     runs: list[tuple[str, Graph, GpuMeasurement, int]] = []
     for row in saved.get("models", []):
         graph = get(row["model"], size, optimizer)

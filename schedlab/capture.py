@@ -18,9 +18,10 @@ Kinds:
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,12 +192,39 @@ class _Importer:
         return tuple(out_ids) if multi else out_ids[0]
 
 
-def _check_workload_exports(workload: Workload) -> tuple[Any, Any]:
+# Op names that mark a kernel only the CPU has: oneDNN's (mkldnn) fused LSTM layer and
+# the CPU flash attention. A graph holding one runs on the CPU only (`cpu_only_ops`).
+CPU_ONLY_MARKERS = ("_for_cpu", "mkldnn_")
+
+
+def cpu_only_ops(graph: Graph) -> list[str]:
+    """The distinct targets of `graph`'s ops that only a CPU runs, sorted (empty: portable)."""
+    return sorted({op.target for op in graph.ops if any(m in op.target for m in CPU_ONLY_MARKERS)})
+
+
+@contextlib.contextmanager
+def _lowering(portable: bool) -> Iterator[None]:
+    """How the export lowers what has device-specific kernels. As eager does on the CPU
+    (default): an `nn.LSTM` layer as oneDNN's fused layer, attention as the CPU's flash
+    kernel. `portable`: ops every device runs, for a graph that is compiled for a GPU
+    although captured here (the LSTM cell unrolled into matmuls and pointwise ops,
+    attention in its math form: matmuls and a softmax)."""
+    if not portable:
+        with fused_lstm_capture():
+            yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        yield
+
+
+def _check_workload_exports(workload: Workload, portable: bool = False) -> tuple[Any, Any]:
     from torch._functorch.aot_autograd import aot_export_module
 
     wrapper = _LossTuple(workload.module)
     try:
-        with warnings.catch_warnings(), fused_lstm_capture():
+        with warnings.catch_warnings(), _lowering(portable):
             warnings.simplefilter("ignore")
             return aot_export_module(wrapper, list(workload.inputs), trace_joint=True, output_loss_index=0)
     except Exception as e:
@@ -204,14 +232,15 @@ def _check_workload_exports(workload: Workload) -> tuple[Any, Any]:
         raise SchedlabError(f"cannot capture workload {workload.name!r} as a joint graph: {type(e).__name__}: {msg}") from None
 
 
-def capture(workload: Workload, optimizer: str = "sgd", lr: float | None = None) -> Captured:
-    """One training step of `workload` with `optimizer` ("sgd" or "adam") as a Graph."""
+def capture(workload: Workload, optimizer: str = "sgd", lr: float | None = None, *, portable: bool = False) -> Captured:
+    """One training step of `workload` with `optimizer` ("sgd" or "adam") as a Graph;
+    `portable`: of ops a GPU runs too (see `_lowering`), for the GPU path."""
     if optimizer not in OPTIMIZERS:
         raise SchedlabError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
     spec: OptimizerSpec = OPTIMIZERS[optimizer]
     lr = spec.default_lr if lr is None else lr
     module = workload.module
-    gm, sig = _check_workload_exports(workload)
+    gm, sig = _check_workload_exports(workload, portable)
 
     imp = _Importer()
     named_params = {_strip(k): p for k, p in _LossTuple(module).named_parameters()}
@@ -288,6 +317,7 @@ def capture(workload: Workload, optimizer: str = "sgd", lr: float | None = None)
             "torch": torch.__version__,
             "params": len(named_params),
             "param_elements": int(sum(p.numel() for p in named_params.values())),
+            **({"portable": True} if portable else {}),
         },
     )
     graph.validate()
