@@ -81,7 +81,7 @@ from schedlab.calibrate.links import LinkFits, collective_s
 from schedlab.calibrate.model import WorkThreadsModel
 from schedlab.calibrate.roofline import Roofline
 from schedlab.calibrate.signature import graph_signatures, signature
-from schedlab.calibrate.trace_cal import trace_figures, trace_slots
+from schedlab.calibrate.trace_cal import step_factor, trace_figures, trace_slots
 from schedlab.calibrate.views import NO_VIEW_COSTS, ViewCosts
 from schedlab.distribute import ALL_REDUCE, RECV, SEND
 from schedlab.errors import SchedlabError
@@ -405,23 +405,28 @@ class Profile:
 
     # ---- trace-driven calibration ------------------------------------------------------
 
-    def with_trace(self, trace: Trace, graph: Graph) -> Profile:
+    def with_trace(self, trace: Trace, graph: Graph, *, typical_step: bool = True) -> Profile:
         """A new Profile whose signature table also holds the kernels measured in `trace`.
 
         Each (signature, threads) seen in the trace gets the median of its event durations,
         stalls dropped (`calibrate.trace_cal.robust_low`), minus the executor's in-event
         floor and, for the first op of each target, its first-use extra (which a bound
         Profile adds back where it applies); trace entries replace microbenchmark ones,
-        other thread counts of the signature are kept.
+        other thread counts of the signature are kept. With `typical_step` (default) the
+        trace's entries are scaled by its step factor, so that they sum to what a median
+        step spent in those kernels (`calibrate.trace_cal.step_factor`).
         """
         floor_us = self.dispatch.event_floor_us(trace_slots(trace))
         first = first_uses(graph)
-        figs = trace_figures(
-            trace, graph, floor_us, lambda op: self.context.first_use(op.op_class) if op.id in first else 0.0
-        )
+
+        def less_us(op: Op) -> float:
+            return self.context.first_use(op.op_class) if op.id in first else 0.0
+
+        figs = trace_figures(trace, graph, floor_us, less_us)
+        factor = step_factor(trace, graph, figs.signatures, floor_us, less_us) if typical_step else 1.0
         merged = {sig: dict(row) for sig, row in self.signatures.items()}
         for sig, row in figs.signatures.items():
-            merged.setdefault(sig, {}).update(row)
+            merged.setdefault(sig, {}).update({k: us * factor for k, us in row.items()})
         record = {
             "graph": graph.name,
             "graph_hash": graph.hash,
@@ -429,6 +434,7 @@ class Profile:
             "events_used": figs.n_events_used,
             "events_overlapping": figs.n_events_overlapping,
             "signatures": len(figs.signatures),
+            "step_factor": round(factor, 4),
             "added_unix_s": time.time(),
         }
         meta = {**self.meta, "traces": [*self.meta.get("traces", []), record]}

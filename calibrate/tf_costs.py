@@ -6,8 +6,9 @@ Profile:
 
 - **kernels**: per (signature, intra-op threads), the kernel times `step_stats` recorded
   (`calibrate.trace_cal.trace_figures`: stalls dropped, co-running events left out), at
-  the thread counts measured; other counts interpolated as the Profile does
-  (`calibrate.profile.row_kernel_us`). A kernel no trace timed falls back on the torch
+  the thread counts measured, each run's scaled by its step factor (what a median step
+  spends in its kernels over the table's sum, `calibrate.trace_cal.step_factor`); other
+  counts interpolated as the Profile does (`calibrate.profile.row_kernel_us`). A kernel no trace timed falls back on the torch
   Profile's model of the aten class it computes (`schedlab.tf.opcost`), and is counted;
 - **dispatch**: TensorFlow's executor cost per node outside its kernel (`node_us`), from
   one-inter-op-thread traces: the step's span less the time inside events, per node;
@@ -30,7 +31,7 @@ from typing import Any, ClassVar
 
 from schedlab.calibrate.profile import Profile, row_kernel_us
 from schedlab.calibrate.signature import signature
-from schedlab.calibrate.trace_cal import trace_figures
+from schedlab.calibrate.trace_cal import step_factor, trace_figures
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, Op
 from schedlab.trace import Trace
@@ -136,7 +137,7 @@ def tf_costs(runs: Sequence[TFCalibrationRun], base: Profile | None) -> TFCosts:
     step_factors: list[float] = []
     for run in runs:
         figs = trace_figures(run.trace, run.graph, floor_us=0.0)
-        factor = step_factor(run, figs.signatures)
+        factor = step_factor(run.trace, run.graph, figs.signatures, floor_us=0.0)
         step_factors.append(factor)
         for sig, row in figs.signatures.items():
             table.setdefault(sig, {}).update({k: us * factor for k, us in row.items()})
@@ -162,29 +163,3 @@ def tf_costs(runs: Sequence[TFCalibrationRun], base: Profile | None) -> TFCosts:
                        for r, f in zip(runs, step_factors, strict=True)]},
     )
 
-
-STEP_FACTOR_RANGE = (0.5, 2.0)  # beyond it the run's steps and its table disagree too much to trust either
-
-
-def step_factor(run: TFCalibrationRun, signatures: dict[str, dict[int, float]]) -> float:
-    """What a typical step of `run` spends in its kernels over what its signature table
-    (each signature's typical event, `robust_low`) sums to for the same events: the median
-    step's time inside events / the table's sum. Each op's own spread is right-skewed on a
-    shared host (a preempted kernel, a cold cache), and every step pays some of it
-    somewhere: the sum of per-op medians falls short of the median step's sum (an
-    attention encoder's 389 nodes: 25.0 ms by the table, 29-30 ms a median step, 24.7 to
-    33.8 over ten), and predictions of even the calibrated settings came out 14-17% fast.
-    The run's kernels are scaled by it, clamped to STEP_FACTOR_RANGE (1.0: no events)."""
-    busy_ns: list[float] = []
-    table_us: list[float] = []
-    for step in sorted({e.step for e in run.trace.events}):
-        evs = [e for e in run.trace.step_events(step) if not run.graph.ops[e.op].is_view]
-        rows = [(e, signatures.get(signature(run.graph.ops[e.op]), {}).get(max(1, e.threads))) for e in evs]
-        timed = [(e, us) for e, us in rows if us is not None]
-        if timed:
-            busy_ns.append(sum(e.dur_ns for e, _ in timed))
-            table_us.append(sum(us for _, us in timed))
-    if not busy_ns or statistics.median(table_us) <= 0:
-        return 1.0
-    lo, hi = STEP_FACTOR_RANGE
-    return min(hi, max(lo, statistics.median(busy_ns) / 1e3 / statistics.median(table_us)))

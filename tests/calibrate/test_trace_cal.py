@@ -35,10 +35,12 @@ def test_with_trace_adds_signatures_at_the_recorded_threads() -> None:
     graph = make_graph()
     p = make_profile().with_trace(one_slot_trace(), graph)
     mm, view, relu = graph.ops
-    # one slot: events hold the whole dispatch, so the floor is op_us
-    assert p.signatures[signature(mm)] == {2: pytest.approx(53.0 - DISPATCH.op_us)}
-    assert p.kernel_us(mm, 2) == pytest.approx(50.0)
-    assert p.kernel_us(relu, 2) == pytest.approx(10.0)
+    # one slot: events hold the whole dispatch, so the floor is op_us; the stalled step is
+    # not the median one, so the step factor is 1 (to the events' nanosecond rounding)
+    assert p.meta["traces"][0]["step_factor"] == pytest.approx(1.0, abs=1e-4)
+    assert p.signatures[signature(mm)] == {2: pytest.approx(53.0 - DISPATCH.op_us, rel=1e-4)}
+    assert p.kernel_us(mm, 2) == pytest.approx(50.0, rel=1e-4)
+    assert p.kernel_us(relu, 2) == pytest.approx(10.0, rel=1e-4)
     assert signature(view) not in p.signatures and p.kernel_us(view, 2) == 0.0
     record = p.meta["traces"][0]
     assert record["graph_hash"] == graph.hash and record["slots"] == 1
@@ -50,7 +52,7 @@ def test_trace_entries_replace_microbenchmark_ones_and_keep_other_threads() -> N
     graph = make_graph()
     mm = graph.ops[0]
     p = make_profile(signatures={signature(mm): {1: 90.0, 2: 70.0}}).with_trace(one_slot_trace(), graph)
-    assert p.signatures[signature(mm)] == {1: 90.0, 2: pytest.approx(50.0)}
+    assert p.signatures[signature(mm)] == {1: 90.0, 2: pytest.approx(50.0, rel=1e-4)}
 
 
 def test_corun_trace_uses_the_corun_floor_and_leaves_out_overlapping_events() -> None:
@@ -66,6 +68,27 @@ def test_corun_trace_uses_the_corun_floor_and_leaves_out_overlapping_events() ->
     assert signature(graph.ops[0]) not in p.signatures
     assert p.signatures[signature(graph.ops[2])] == {1: pytest.approx(11.6 - DISPATCH.corun_event_floor_us)}
     assert p.meta["traces"][0]["events_overlapping"] == 2
+
+
+def test_a_trace_whose_every_step_pays_a_slow_kernel_scales_its_kernels_up() -> None:
+    """Every step has one slow mm (a different repetition each time, under the stall cut):
+    each op's typical event is the fast one, yet a typical step holds a slow one, and the
+    table is scaled by the median step's kernel time over the typical times' sum."""
+    events = []
+    for step in range(3):
+        t = 0.0
+        for rep in range(10):
+            for op, dur in ((0, 53.0), (2, 13.0)):
+                dur = dur * 2 if op == 0 and rep == step else dur
+                events.append(event(op, t, dur, step=step))
+                t += dur
+    graph = make_graph()
+    p = make_profile().with_trace(Trace(events=tuple(events), meta={"source": "exec", "plan": {"slots": 1}}), graph)
+    typical = 10 * (53.0 - DISPATCH.op_us) + 10 * (13.0 - DISPATCH.op_us)
+    factor = (typical + 53.0) / typical
+    assert p.meta["traces"][0]["step_factor"] == pytest.approx(factor, rel=1e-4)
+    assert p.kernel_us(graph.ops[0], 1) == pytest.approx((53.0 - DISPATCH.op_us) * factor, rel=1e-4)
+    assert p.kernel_us(graph.ops[2], 1) == pytest.approx((13.0 - DISPATCH.op_us) * factor, rel=1e-4)
 
 
 def test_slots_default_to_one() -> None:
