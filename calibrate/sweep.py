@@ -1,7 +1,8 @@
 """A synthetic sweep of shapes per op class, for the per-class fits.
 
 The workloads give the shapes a real step uses; the sweep spreads each class over a
-range of sizes (log-uniform, seeded) so the fitted model holds between and beyond them.
+range of sizes (seeded; case i of a class's n drawn in the i-th of n equal log bands of
+work, `_draw_in_band`) so the fitted model holds between and beyond them.
 The FLOPs and bytes of every case come from `schedlab.flops.op_cost`, the same formulas
 the Graph's ops carry, so a fitted model applies to Graph ops unchanged.
 """
