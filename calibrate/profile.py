@@ -81,7 +81,7 @@ from schedlab.calibrate.links import LinkFits, collective_s
 from schedlab.calibrate.model import WorkThreadsModel
 from schedlab.calibrate.roofline import Roofline
 from schedlab.calibrate.signature import graph_signatures, signature
-from schedlab.calibrate.trace_cal import step_factor, trace_figures, trace_slots
+from schedlab.calibrate.trace_cal import trace_figures, trace_slots
 from schedlab.calibrate.views import NO_VIEW_COSTS, ViewCosts
 from schedlab.distribute import ALL_REDUCE, RECV, SEND
 from schedlab.errors import SchedlabError
@@ -414,7 +414,7 @@ class Profile:
         Profile adds back where it applies); trace entries replace microbenchmark ones,
         other thread counts of the signature are kept. With `typical_step` (default) the
         trace's entries are scaled by its step factor, so that they sum to what a median
-        step spent in those kernels (`calibrate.trace_cal.step_factor`).
+        step spent in those kernels (`TraceFigures.step_factor`).
         """
         floor_us = self.dispatch.event_floor_us(trace_slots(trace))
         first = first_uses(graph)
@@ -423,7 +423,7 @@ class Profile:
             return self.context.first_use(op.op_class) if op.id in first else 0.0
 
         figs = trace_figures(trace, graph, floor_us, less_us)
-        factor = step_factor(trace, graph, figs.signatures, floor_us, less_us) if typical_step else 1.0
+        factor = figs.step_factor if typical_step else 1.0
         merged = {sig: dict(row) for sig, row in self.signatures.items()}
         for sig, row in figs.signatures.items():
             merged.setdefault(sig, {}).update({k: us * factor for k, us in row.items()})

@@ -262,8 +262,8 @@ MIN_CONV_FLOPS = 1e4
 
 def _matmul_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
     def dims(batch: int = 1) -> tuple[int, int, int] | None:
-        m, k, n = _log_int(rng, 4, 2048), _model_dim(rng, 4, 2048), _model_dim(rng, 4, 2048)  # rows: any
-        return (m, k, n) if 2 * batch * m * k * n <= cfg.max_flops else None
+        d = _log_int(rng, 4, 2048), _model_dim(rng, 4, 2048), _model_dim(rng, 4, 2048)  # rows: any
+        return d if 2.0 * batch * math.prod(d) <= cfg.max_flops else None
 
     def banded(i: int, batch: int = 1) -> tuple[int, int, int]:
         return _draw_in_band(rng, lambda: dims(batch), lambda d: 2.0 * batch * math.prod(d),
@@ -290,9 +290,8 @@ def _conv_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
         if kind == "grouped" and k > 1:
             groups = rng.choice((c, 2, 4, 8))
             c = o = max(groups, c - c % groups)  # channels a multiple of the groups, out = in
-        out_hw = (hw + 2 * (k // 2) - k) // s + 1
-        ok = out_hw >= 1 and _conv_flops((n, c, o, hw, k, s, groups)) <= cfg.max_flops
-        return (n, c, o, hw, k, s, groups) if ok else None
+        d = (n, c, o, hw, k, s, groups)
+        return d if 0 < _conv_flops(d) <= cfg.max_flops else None
 
     def banded(i: int) -> Dims:
         return _draw_in_band(rng, draw, _conv_flops, MIN_CONV_FLOPS, cfg.max_flops, i, cfg.per_class)
@@ -307,8 +306,9 @@ def _conv_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
 
 
 def _conv_flops(d: tuple[int, int, int, int, int, int, int]) -> float:
+    """The convolution's FLOPs (0 where its output would be empty)."""
     n, c, o, hw, k, s, groups = d
-    out_hw = (hw + 2 * (k // 2) - k) // s + 1
+    out_hw = max(0, (hw + 2 * (k // 2) - k) // s + 1)
     return 2.0 * n * o * out_hw * out_hw * (c // groups) * k * k
 
 

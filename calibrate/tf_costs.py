@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 from schedlab.calibrate.profile import Profile, row_kernel_us
 from schedlab.calibrate.signature import signature
-from schedlab.calibrate.trace_cal import step_factor, trace_figures
+from schedlab.calibrate.trace_cal import trace_figures
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, Op
 from schedlab.trace import Trace
@@ -137,10 +137,9 @@ def tf_costs(runs: Sequence[TFCalibrationRun], base: Profile | None) -> TFCosts:
     step_factors: list[float] = []
     for run in runs:
         figs = trace_figures(run.trace, run.graph, floor_us=0.0)
-        factor = step_factor(run.trace, run.graph, figs.signatures, floor_us=0.0)
-        step_factors.append(factor)
+        step_factors.append(figs.step_factor)
         for sig, row in figs.signatures.items():
-            table.setdefault(sig, {}).update({k: us * factor for k, us in row.items()})
+            table.setdefault(sig, {}).update({k: us * figs.step_factor for k, us in row.items()})
         steps = sorted({e.step for e in run.trace.events})
         for k, step in enumerate(steps):
             evs = run.trace.step_events(step)

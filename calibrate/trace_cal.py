@@ -48,6 +48,9 @@ class TraceFigures:
     slots: int
     # Ops (not views) whose every event overlapped another: the trace gives them no time.
     ops_without_clean_event: frozenset[int] = frozenset()
+    # What a typical step spends in the used events over what the table sums to for them
+    # (`step_factor`): callers scale the table by it.
+    step_factor: float = 1.0
 
 
 STALL_FACTOR = 3.0  # an event over this many times the op's fastest is a stall
@@ -125,7 +128,7 @@ def trace_figures(
     events = [e for e in trace.events if e.kind not in _NOT_KERNELS]
     overlapping = _overlapping(events)
     durations: dict[tuple[str, int], list[float]] = defaultdict(list)
-    used = 0
+    used: list[tuple[int, tuple[str, int], float]] = []  # (step, table key, net ns) of each event used
     clean: set[int] = set()
     for i, e in enumerate(events):
         op = graph.ops[e.op]
@@ -133,52 +136,42 @@ def trace_figures(
             continue
         clean.add(e.op)
         less_ns = less_us(op) * 1e3 if less_us is not None else 0.0
-        durations[(signature(op), max(1, e.threads))].append(e.dur_ns - less_ns)
-        used += 1
+        key = (signature(op), max(1, e.threads))
+        durations[key].append(e.dur_ns - less_ns)
+        used.append((e.step, key, e.dur_ns - less_ns))
     table: dict[str, dict[int, float]] = defaultdict(dict)
     for (sig, threads), durs in durations.items():
         table[sig][threads] = max(0.0, robust_low(durs) / 1e3 - floor_us)
+    busy: dict[int, float] = defaultdict(float)
+    typical: dict[int, float] = defaultdict(float)
+    for step, (sig, threads), net_ns in used:
+        busy[step] += max(0.0, net_ns / 1e3 - floor_us)
+        typical[step] += table[sig][threads]
     return TraceFigures(
-        signatures=dict(table), n_events_used=used, n_events_overlapping=len(overlapping), slots=trace_slots(trace),
+        signatures=dict(table), n_events_used=len(used), n_events_overlapping=len(overlapping),
+        slots=trace_slots(trace),
         ops_without_clean_event=frozenset(e.op for e in events if not graph.ops[e.op].is_view) - clean,
+        step_factor=step_factor(list(busy.values()), list(typical.values())),
     )
 
 
 STEP_FACTOR_RANGE = (0.5, 2.0)  # beyond it a trace's steps and its table disagree too much to trust either
 
 
-def step_factor(
-    trace: Trace, graph: Graph, table: dict[str, dict[int, float]], floor_us: float,
-    less_us: Callable[[Op], float] | None = None,
-) -> float:
-    """What a typical step of `trace` spends in its kernels over what `table` (each
-    signature's typical event, `trace_figures`) sums to for the same events: the median
-    over steps of the events' kernel time (less `floor_us` and `less_us`, as the table)
-    over the median of the table's sum, clamped to STEP_FACTOR_RANGE (1.0: nothing
-    timed). Each op's times are right-skewed on a shared host (a preempted kernel, a cold
-    cache) and every step pays some of that somewhere, so the sum of per-op typical times
-    falls short of a typical step: a TensorFlow attention encoder's 389 nodes summed to
-    25.0 ms where a median step spent 29-30 ms in them (24.7-33.8 over ten steps), and even
-    the settings calibrated on were predicted 14-17% fast. Events that overlap another
-    are left out, as the table leaves them out."""
-    events = [e for e in trace.events if e.kind not in _NOT_KERNELS]
-    overlapping = _overlapping(events)
-    busy: dict[int, float] = defaultdict(float)
-    typical: dict[int, float] = defaultdict(float)
-    for i, e in enumerate(events):
-        op = graph.ops[e.op]
-        if op.is_view or i in overlapping:
-            continue
-        us = table.get(signature(op), {}).get(max(1, e.threads))
-        if us is None:
-            continue
-        less = less_us(op) if less_us is not None else 0.0
-        busy[e.step] += max(0.0, e.dur_ns / 1e3 - less - floor_us)
-        typical[e.step] += us
-    if not busy or statistics.median(typical.values()) <= 0:
+def step_factor(busy_us: Sequence[float], typical_us: Sequence[float]) -> float:
+    """What a typical step spends in its kernels over what the table (each signature's
+    typical event) sums to for the same events: per step, the events' kernel time
+    (`busy_us`) and the table's sum (`typical_us`); the median of one over the median of
+    the other, clamped to STEP_FACTOR_RANGE (1.0: nothing timed). Each op's times are
+    right-skewed on a shared host (a preempted kernel, a cold cache) and every step pays
+    some of that somewhere, so the sum of per-op typical times falls short of a typical
+    step: a TensorFlow attention encoder's 389 nodes summed to 25.0 ms where a median step
+    spent 29-30 ms in them (24.7-33.8 over ten steps), and even the settings calibrated on
+    were predicted 14-17% fast."""
+    if not busy_us or statistics.median(typical_us) <= 0:
         return 1.0
     lo, hi = STEP_FACTOR_RANGE
-    return min(hi, max(lo, statistics.median(busy.values()) / statistics.median(typical.values())))
+    return min(hi, max(lo, statistics.median(busy_us) / statistics.median(typical_us)))
 
 
 def calibrate_with_traces(

@@ -7,8 +7,9 @@ import statistics
 
 import pytest
 
+from schedlab.calibrate.signature import signature
 from schedlab.calibrate.tf_costs import TFCalibrationRun, tf_costs
-from schedlab.calibrate.trace_cal import step_factor, trace_figures
+from schedlab.calibrate.trace_cal import trace_figures
 from schedlab.trace import Trace, TraceEvent
 from tests.conftest import captured_workload
 
@@ -36,8 +37,8 @@ def _run(slow: float) -> tuple[TFCalibrationRun, list[int]]:
 
 def test_the_step_factor_scales_the_table_to_the_median_steps_kernels() -> None:
     run, busy = _run(slow=2.5)
-    table = trace_figures(run.trace, run.graph, floor_us=0.0).signatures
-    factor = step_factor(run.trace, run.graph, table, floor_us=0.0)
+    figs = trace_figures(run.trace, run.graph, floor_us=0.0)
+    table, factor = figs.signatures, figs.step_factor
     # every op's typical time is its unslowed one, yet every step paid one slow kernel
     table_sum_us = sum(table[sig][1] for sig in _sigs_of_events(run))
     assert factor == pytest.approx(statistics.median(busy) / 1e3 / table_sum_us)
@@ -50,11 +51,8 @@ def test_the_step_factor_scales_the_table_to_the_median_steps_kernels() -> None:
 
 def test_steps_that_pay_nothing_beyond_their_typical_ops_are_left_alone() -> None:
     run, _ = _run(slow=1.0)
-    table = trace_figures(run.trace, run.graph, floor_us=0.0).signatures
-    assert step_factor(run.trace, run.graph, table, floor_us=0.0) == pytest.approx(1.0)
+    assert trace_figures(run.trace, run.graph, floor_us=0.0).step_factor == pytest.approx(1.0)
 
 
 def _sigs_of_events(run: TFCalibrationRun) -> list[str]:
-    from schedlab.calibrate.signature import signature
-
     return [signature(run.graph.ops[e.op]) for e in run.trace.step_events(0)]
