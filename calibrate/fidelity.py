@@ -179,19 +179,27 @@ def measure(
     return [pooled_rounds(taken) for taken in per_round]
 
 
+def pooled_steps(rounds_steps: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], int, tuple[float, ...]]:
+    """Several rounds of one plan's timed steps as one: every round's steps (their median is
+    the plan's time), the index of the round whose median is nearest that (the round whose
+    trace stands for the plan), and each round's median."""
+    steps = tuple(t for taken in rounds_steps for t in taken)
+    medians = tuple(statistics.median(taken) for taken in rounds_steps)
+    whole = statistics.median(steps)
+    typical = min(range(len(medians)), key=lambda k: abs(medians[k] - whole))
+    return steps, typical, medians
+
+
 def pooled_rounds(taken: Sequence[Measurement]) -> Measurement:
-    """One plan's rounds as one Measurement: every round's timed steps (their median is the
-    plan's time), the trace of the round whose median is nearest that, the busiest round's
-    foreign CPU share, and each round's median. One round is returned as it is."""
+    """One plan's rounds as one Measurement (`pooled_steps`): every round's timed steps, the
+    trace of the typical round, the busiest round's foreign CPU share, and each round's
+    median. One round is returned as it is."""
     if len(taken) == 1:
         return taken[0]
-    steps = tuple(t for m in taken for t in m.run.step_times_s)
-    medians = tuple(m.run.step_time_s for m in taken)
-    whole = statistics.median(steps)
-    typical = min(taken, key=lambda m: abs(m.run.step_time_s - whole))
+    steps, typical, medians = pooled_steps([m.run.step_times_s for m in taken])
     foreign = [m.foreign_cpu_frac for m in taken if m.foreign_cpu_frac is not None]
-    return Measurement(run=dataclasses.replace(typical.run, step_times_s=steps), foreign_cpu_frac=max(foreign, default=None),
-                       round_medians_s=medians)
+    return Measurement(run=dataclasses.replace(taken[typical].run, step_times_s=steps),
+                       foreign_cpu_frac=max(foreign, default=None), round_medians_s=medians)
 
 
 def predict(graph: Graph, plans: Sequence[ResolvedPlan], profile: Profile, machine: Machine) -> list[Prediction]:

@@ -8,17 +8,25 @@ the simulator predicts every setting on that setting's own captured graph, TF's 
 pool as the plan's co-run slots. Rows are `calibrate.fidelity.FidelityRow`s, scored as
 torch's are (MAPE, worst error, Kendall tau), on all plans and on the plans calibration
 did not see.
+
+With `rounds`, the whole spread runs that many times round-robin, each setting in a fresh
+process every round: a TensorFlow step of a few milliseconds is at the mercy of the state
+its process found the host in (two runs of one setting here differ by up to 2x), and a
+slow spell then falls on every setting alike. Each setting is scored on the median of all
+its rounds' steps and calibrates with its typical round (`calibrate.fidelity.pooled_steps`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from schedlab.calibrate.fidelity import TRACE_CALIBRATED, FidelityRow
+from schedlab.calibrate.fidelity import TRACE_CALIBRATED, FidelityRow, pooled_steps
 from schedlab.calibrate.host_load import foreign_cpu_frac, snapshot
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.tf_costs import TFCalibrationRun, TFCosts, tf_costs
+from schedlab.errors import SchedlabError
 from schedlab.exec.tf_job import TFRequest, TFResult
 from schedlab.exec.tf_launch import DEFAULT_TF_TIMEOUT_S, run_tf_worker
 from schedlab.graph import Graph
@@ -88,27 +96,45 @@ def tf_fidelity(
     optimizer: str = "sgd",
     steps: int = 3,
     warmup: int = 1,
+    rounds: int = 1,
     timeout_s: float = DEFAULT_TF_TIMEOUT_S,
     progress: Callable[[str], None] | None = None,
 ) -> TFFidelity:
-    """Measure every plan in TensorFlow, calibrate on the one-inter-op ones, predict all."""
+    """Measure every plan in TensorFlow (`rounds` times, round-robin), calibrate on the
+    one-inter-op ones, predict all."""
     if not any(is_tf_calibration(t) for t in plans):
         raise ValueError("the spread needs a plan with one inter-op thread to calibrate on")
-    results: dict[str, TFResult] = {}
-    foreign: dict[str, float | None] = {}
-    for threads in plans:
-        req = TFRequest(workload=workload, size=size, threads=threads, steps=steps, warmup=warmup, optimizer=optimizer)
-        before = snapshot()
-        results[plan_name(threads)] = run_tf_worker(req, timeout_s=timeout_s)
-        foreign[plan_name(threads)] = foreign_cpu_frac(before, snapshot())
-        if progress is not None:
-            progress(f"{workload} {plan_name(threads)}")
+    if rounds < 1:
+        raise SchedlabError(f"rounds must be at least 1, got {rounds}")
+    taken: dict[str, list[TFResult]] = {plan_name(t): [] for t in plans}
+    shares: dict[str, list[float]] = {plan_name(t): [] for t in plans}  # foreign CPU, per round where readable
+    for _ in range(rounds):
+        for threads in plans:
+            req = TFRequest(workload=workload, size=size, threads=threads, steps=steps, warmup=warmup,
+                            optimizer=optimizer)
+            name = plan_name(threads)
+            before = snapshot()
+            taken[name].append(run_tf_worker(req, timeout_s=timeout_s))
+            share = foreign_cpu_frac(before, snapshot())
+            if share is not None:
+                shares[name].append(share)
+            if progress is not None:
+                progress(f"{workload} {name}")
+    foreign = {name: max(s, default=None) for name, s in shares.items()}  # the busiest round's
+    results: dict[str, TFResult] = {}  # every round's steps, the typical round's graph and trace
+    typical_run: dict[str, TFResult] = {}  # that round as it was: its trace's steps are its step times
+    round_medians: dict[str, tuple[float, ...]] = {}
+    for name, runs in taken.items():
+        all_steps, typical, medians = pooled_steps([r.step_times_s for r in runs])
+        typical_run[name] = runs[typical]
+        results[name] = dataclasses.replace(runs[typical], step_times_s=all_steps)
+        round_medians[name] = medians if rounds > 1 else ()
     cores = machine.default_device.cores
-    runs = [
+    cal_runs = [
         TFCalibrationRun(r.graph, r.trace, r.step_times_s, t.intra_op or cores, t.inter_op or cores)
-        for t in plans if is_tf_calibration(t) for r in [results[plan_name(t)]]
+        for t in plans if is_tf_calibration(t) for r in [typical_run[plan_name(t)]]
     ]
-    costs = tf_costs(runs, base)
+    costs = tf_costs(cal_runs, base)
     rows = []
     for threads in plans:
         res = results[plan_name(threads)]
@@ -119,5 +145,6 @@ def tf_fidelity(
             sim_wall_s=pred.sim_wall_s, sim_cold_s=pred.sim_cold_s, ops=len(res.graph),
             in_calibration=is_tf_calibration(threads), method=TRACE_CALIBRATED,
             foreign_cpu_frac=foreign[plan_name(threads)], plan_kind=PLAN_KIND,
+            round_medians_s=round_medians[plan_name(threads)],
         ))
     return TFFidelity(workload, rows, costs, results, foreign)

@@ -31,6 +31,7 @@ DEFAULT_HELDOUT_OUT = TRACES_DIR / "fidelity-heldout.json"
 DEFAULT_RANKS_OUT = TRACES_DIR / "fidelity-ranks.json"
 DEFAULT_HELDOUT_RANKS_OUT = TRACES_DIR / "fidelity-heldout-ranks.json"
 DEFAULT_TF_OUT = TRACES_DIR / "fidelity-tf.json"
+DEFAULT_TF_HELDOUT_OUT = TRACES_DIR / "fidelity-tf-heldout.json"
 
 
 def rescored_out(set_name: str, devices: int) -> Path:
@@ -103,7 +104,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--backend", choices=("torch", "tensorflow"), default="torch",
         help="the runtime predicted: torch (schedlab's executor, default) or tensorflow (TensorFlow's own runtime, "
         "each threading setting, intra-op 1 and all cores x inter-op 1 and all cores, in a fresh process; "
-        f"calibrated on its one-inter-op settings; results in {DEFAULT_TF_OUT.name})",
+        f"calibrated on its one-inter-op settings; results in {DEFAULT_TF_OUT.name}, or "
+        f"{DEFAULT_TF_HELDOUT_OUT.name} with --held-out: the TF held-out models)",
     )
     p.add_argument(
         "--rescore", action="append", default=[], metavar="RESULTS.json",

@@ -1,9 +1,11 @@
 """`schedlab fidelity --backend tensorflow`: the simulator against TensorFlow's own runtime.
 
 Per built-in workload, each threading setting of `calibrate.tf_fidelity.tf_plan_spread`
-runs in a fresh TensorFlow process; the cost model is calibrated on the one-inter-op
-settings and predicts all. The results file has the layout of the torch protocol's (rows
-under "plans", summaries under "workloads"), so `schedlab report` draws it the same way.
+runs in a fresh TensorFlow process (`--rounds R`: the whole spread R times, round-robin);
+the cost model is calibrated on the one-inter-op settings and predicts all. `--held-out`
+runs the TF held-out models (`schedlab.tf.heldout`) instead. The results file has the
+layout of the torch protocol's (rows under "plans", summaries under "workloads"), so
+`schedlab report` draws it the same way.
 """
 
 from __future__ import annotations
@@ -15,21 +17,31 @@ from pathlib import Path
 from typing import Any
 
 from schedlab.cli.common import print_json
-from schedlab.cli.fidelity_cmd import DEFAULT_TF_OUT, conditions, pct, scores, tau
+from schedlab.cli.fidelity_cmd import DEFAULT_TF_HELDOUT_OUT, DEFAULT_TF_OUT, conditions, pct, scores, tau
 from schedlab.errors import SchedlabError
 
 
 def tf_models(args: argparse.Namespace, named: list[str]) -> list[str]:
-    """The TF built-ins to run (all of them by default); anything else is refused by name."""
+    """The TF models to run: the built-ins by default, the TF held-out models with
+    `--held-out` (by name with or without `schedlab.tf.heldout:`), or as named; anything
+    TensorFlow has no version of is refused by name."""
     from schedlab.tf.builtins import TF_BUILTINS
+    from schedlab.tf.heldout import SPEC_PREFIX, TF_HELDOUT
     from schedlab.tf.user import require_tf_model
 
-    for flag, given in (("--held-out", args.held_out), ("--devices", args.devices is not None),
-                        ("--plans", bool(args.plan_list)), ("--no-trace-calibration", args.no_trace_calibration)):
+    for flag, given in (("--devices", args.devices is not None), ("--plans", bool(args.plan_list)),
+                        ("--no-trace-calibration", args.no_trace_calibration)):
         if given:
             raise SchedlabError(f"{flag} is not available with --backend tensorflow yet: TensorFlow fidelity runs "
-                                "the built-in workloads on one device, trace-calibrated on its one-inter-op runs")
-    models = named or list(TF_BUILTINS)
+                                "on one device, trace-calibrated on its one-inter-op runs")
+    if args.held_out:
+        unknown = [m for m in named if m.removeprefix(SPEC_PREFIX) not in TF_HELDOUT]
+        if unknown:
+            raise SchedlabError(f"{', '.join(unknown)}: not a TensorFlow held-out model; they are "
+                                f"{', '.join(TF_HELDOUT)}")
+        models = [SPEC_PREFIX + m.removeprefix(SPEC_PREFIX) for m in named or TF_HELDOUT]
+    else:
+        models = named or list(TF_BUILTINS)
     for m in models:
         require_tf_model(m, args.optimizer)
     return models
@@ -50,7 +62,7 @@ def run_tf(args: argparse.Namespace, named: list[str]) -> int:
     if not tensorflow_available():
         raise SchedlabError(f"--backend tensorflow needs tensorflow; {INSTALL_HINT}")
     t0 = time.perf_counter()
-    out = Path(args.out) if args.out else DEFAULT_TF_OUT
+    out = Path(args.out) if args.out else (DEFAULT_TF_HELDOUT_OUT if args.held_out else DEFAULT_TF_OUT)
     check_writable(out)  # before minutes of measuring, not after
     machine = detect_host()
     base = load_profile(args.profile)
@@ -58,12 +70,12 @@ def run_tf(args: argparse.Namespace, named: list[str]) -> int:
     timeout_s = DEFAULT_TF_TIMEOUT_S + 2.0 * args.steps  # a step of the default sizes takes under a second here
     per_model: list[dict[str, Any]] = []
     rows = []
-    with tqdm(total=len(models) * len(plans), desc="tensorflow fidelity", unit="plan", file=sys.stderr,
+    with tqdm(total=len(models) * len(plans) * args.rounds, desc="tensorflow fidelity", unit="plan", file=sys.stderr,
               disable=None) as bar:
         for model in models:
             bar.set_postfix_str(model)
             fid = tf_fidelity(model, args.size, plans, base, machine, optimizer=args.optimizer, steps=args.steps, warmup=1,
-                              timeout_s=timeout_s, progress=lambda _name: bar.update(1))
+                              rounds=args.rounds, timeout_s=timeout_s, progress=lambda _name: bar.update(1))
             rows += fid.rows
             first = next(iter(fid.results.values()))
             per_model.append({
@@ -118,8 +130,9 @@ def _tf_version() -> str:
 
 
 def _print(result: dict[str, Any], cpu: Any, cores: int, out: Path) -> None:
+    rounds = result.get("rounds", 1)
     print(f"tensorflow {result['tensorflow']} fidelity on {cpu} ({cores} cores), size {result['size']}, "
-          f"{result['steps_per_plan']} steps/plan")
+          f"{result['steps_per_plan']} steps/plan" + (f" in each of {rounds} rounds" if rounds > 1 else ""))
     print(f"{'workload':<18}{'threading':<20}{'measured ms':>12}{'(min-max)':>16}{'predicted ms':>13}{'error':>8}"
           f"{'others':>8}")
     for r in result["plans"]:

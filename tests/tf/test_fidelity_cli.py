@@ -15,7 +15,8 @@ from schedlab.cli import main
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
-        (("--held-out",), "--held-out is not available with --backend tensorflow"),
+        (("--held-out", "gru-tagger"), "gru-tagger: not a TensorFlow held-out model"),
+        (("--rounds", "0"), "--rounds must be >= 1"),
         (("--devices", "2"), "--devices is not available"),
         (("gru-tagger",), "'gru-tagger' has no TensorFlow version"),
     ],
@@ -58,3 +59,16 @@ def test_results_file_contract_and_report(capsys, tmp_path: Path) -> None:  # ty
     # the torch protocol's report draws it
     assert main(["report", str(out)]) == 0
     assert list(tmp_path.glob("fidelity-tf-report/*.png"))
+
+
+def test_held_out_names_the_tf_held_out_models() -> None:
+    """--held-out runs every TF held-out model, or those named, with or without their module."""
+    import argparse
+
+    from schedlab.cli.fidelity_tf import tf_models
+    from schedlab.tf.heldout import SPEC_PREFIX, TF_HELDOUT
+
+    args = argparse.Namespace(held_out=True, devices=None, plan_list=[], no_trace_calibration=False, optimizer="sgd")
+    assert tf_models(args, []) == [SPEC_PREFIX + m for m in TF_HELDOUT]
+    assert tf_models(args, ["wide_regressor", SPEC_PREFIX + "gru_tagger"]) == [
+        SPEC_PREFIX + "wide_regressor", SPEC_PREFIX + "gru_tagger"]

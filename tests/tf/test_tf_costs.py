@@ -118,3 +118,38 @@ def test_the_cost_model_round_trips_and_a_corrupt_one_is_named(mlp_run) -> None:
         tf_costs_from_json({"schema": "other"}, base=None)
     with pytest.raises(SchedlabError, match=r"corrupt tf_costs\.json"):
         tf_costs_from_json({**costs.to_json(), "node_us": "fast"}, base=None)
+
+
+def test_rounds_measure_the_spread_round_robin_and_score_on_every_rounds_steps(mlp_run, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """With rounds, every setting runs once per round in spread order; a setting's time is
+    the median of all its rounds' steps, each round's median is kept, and calibration takes
+    the round whose median is nearest that (its own step times, which its trace's steps are)."""
+    import statistics
+
+    from schedlab.calibrate import tf_fidelity
+    from schedlab.exec.tf_job import TFResult
+
+    plans = [TFThreads(1, 1), TFThreads(1, 2)]
+    n = len(mlp_run.step_times_s)
+    scale = {0: 1.0, 1: 3.0, 2: 1.1}  # round 1 is a slow spell
+    asked: list[str] = []
+
+    def fake_worker(req, timeout_s):  # type: ignore[no-untyped-def]
+        k = len(asked) // len(plans)
+        asked.append(tf_fidelity.plan_name(req.threads))
+        times = tuple(t * scale[k] for t in mlp_run.step_times_s)
+        return TFResult(mlp_run.graph, mlp_run.trace, times, {"numerics_ok": True}, None)
+
+    monkeypatch.setattr(tf_fidelity, "run_tf_worker", fake_worker)
+    fid = tf_fidelity.tf_fidelity("mlp", "tiny", plans, None, cpu_machine(cores=2), rounds=3)
+    assert asked == ["tf-intra1-inter1", "tf-intra1-inter2"] * 3
+    every = [t * scale[k] for k in range(3) for t in mlp_run.step_times_s]
+    for row in fid.rows:
+        assert row.measured_s == pytest.approx(statistics.median(every))
+        assert row.round_medians_s == pytest.approx(tuple(statistics.median(mlp_run.step_times_s) * scale[k]
+                                                          for k in range(3)))
+        assert row.measured_spread_s == (min(every), max(every))
+    assert [r["steps"] for r in fid.costs.meta["runs"]] == [n]  # one round calibrates, not the pooled steps
+    assert len(fid.results["tf-intra1-inter1"].step_times_s) == 3 * n
+    with pytest.raises(SchedlabError, match="rounds must be at least 1"):
+        tf_fidelity.tf_fidelity("mlp", "tiny", plans, None, cpu_machine(cores=2), rounds=0)
