@@ -82,8 +82,9 @@ class TFFidelity:
     workload: str
     rows: list[FidelityRow]
     costs: TFCosts
-    results: dict[str, TFResult]  # plan name -> what TensorFlow measured
+    results: dict[str, TFResult]  # plan name -> what TensorFlow measured (every round's steps, the typical round's rest)
     foreign_cpu: dict[str, float | None]  # plan name -> share of the CPU other processes used meanwhile
+    numerics_ok: bool = True  # every run of every round matched TF eager
 
 
 def tf_fidelity(
@@ -147,4 +148,5 @@ def tf_fidelity(
             foreign_cpu_frac=foreign[plan_name(threads)], plan_kind=PLAN_KIND,
             round_medians_s=round_medians[plan_name(threads)],
         ))
-    return TFFidelity(workload, rows, costs, results, foreign)
+    numerics_ok = all(bool(r.check.get("numerics_ok")) for runs in taken.values() for r in runs)
+    return TFFidelity(workload, rows, costs, results, foreign, numerics_ok)

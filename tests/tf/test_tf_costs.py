@@ -138,7 +138,7 @@ def test_rounds_measure_the_spread_round_robin_and_score_on_every_rounds_steps(m
         k = len(asked) // len(plans)
         asked.append(tf_fidelity.plan_name(req.threads))
         times = tuple(t * scale[k] for t in mlp_run.step_times_s)
-        return TFResult(mlp_run.graph, mlp_run.trace, times, {"numerics_ok": True}, None)
+        return TFResult(mlp_run.graph, mlp_run.trace, times, {"numerics_ok": k != 1}, None)  # the slow round's check failed
 
     monkeypatch.setattr(tf_fidelity, "run_tf_worker", fake_worker)
     fid = tf_fidelity.tf_fidelity("mlp", "tiny", plans, None, cpu_machine(cores=2), rounds=3)
@@ -151,5 +151,6 @@ def test_rounds_measure_the_spread_round_robin_and_score_on_every_rounds_steps(m
         assert row.measured_spread_s == (min(every), max(every))
     assert [r["steps"] for r in fid.costs.meta["runs"]] == [n]  # one round calibrates, not the pooled steps
     assert len(fid.results["tf-intra1-inter1"].step_times_s) == 3 * n
+    assert fid.numerics_ok is False  # a failed check in any round, not only the typical one's
     with pytest.raises(SchedlabError, match="rounds must be at least 1"):
         tf_fidelity.tf_fidelity("mlp", "tiny", plans, None, cpu_machine(cores=2), rounds=0)
