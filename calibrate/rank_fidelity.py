@@ -31,7 +31,6 @@ so that calibration and measurement meet the same spells of a shared host.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from schedlab.calibrate.fidelity import (
 from schedlab.calibrate.host_load import CpuSnapshot, snapshot
 from schedlab.calibrate.links import apply_link_fit
 from schedlab.calibrate.profile import Profile
+from schedlab.calibrate.trace_cal import joined_traces
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
 from schedlab.layer_split import layer_costs_us, layer_split, layers_in_order
@@ -58,7 +58,7 @@ from schedlab.machine import Machine, host_ranks
 from schedlab.order import OpCostUs
 from schedlab.pipeline_plan import with_named_schedule
 from schedlab.plan import DEFAULT_STEADY_STEPS, Plan, ResolvedPlan, resolve
-from schedlab.trace import Trace, TraceEvent
+from schedlab.trace import Trace
 
 PLACED = "placed"
 DATA_PARALLEL = "data-parallel"
@@ -330,18 +330,6 @@ def with_calibration(profile: Profile, traces: CalibrationTraces) -> Profile:
     for _, (graph, runs) in sorted(traces.items()):
         profile = profile.with_trace(joined_traces(runs), graph)
     return profile
-
-
-def joined_traces(runs: Sequence[Trace]) -> Trace:
-    """Several runs of one graph as one trace: the later runs' steps numbered after the earlier ones'."""
-    if len(runs) == 1:
-        return runs[0]
-    events: list[TraceEvent] = []
-    offset = 0
-    for tr in runs:
-        events.extend(dataclasses.replace(e, step=e.step + offset) for e in tr.events)
-        offset += 1 + max((e.step for e in tr.events), default=-1)
-    return Trace(tuple(events), {**runs[0].meta, "joined_runs": len(runs)})
 
 
 def ranks_machine(devices: int, profile: Profile) -> Machine:

@@ -22,6 +22,7 @@ The slot count is read from the trace's plan (`meta.plan.slots`; 1 if absent).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -181,16 +182,42 @@ def calibrate_with_traces(
     machine: Machine,
     steps: int,
     step_times_s: dict[int, float] | None = None,
+    rounds: int = 1,
 ) -> Profile:
     """The Profile plus the op times of `graph` measured in a few real steps under one
-    slot, program order, 1 thread and all threads: the trace-driven calibration.
-    `step_times_s`, if given, gets each run's step time (median) by thread count."""
+    slot, program order, 1 thread and all threads: the trace-driven calibration. With
+    `rounds`, the thread counts alternate that many times and each count's runs are joined
+    (`joined_traces`), so that a slow spell of a shared host lands on both counts' medians
+    alike instead of deciding one of them (a search's calibration once put mlp's 2-thread
+    kernels 28% above a quiet run's, and predicted every plan that far slow).
+    `step_times_s`, if given, gets each thread count's step time (median over its runs' steps)."""
     from schedlab.exec import run_steps
     from schedlab.plan import Plan
 
-    for threads in sorted({1, machine.default_device.cores}):
-        res = run_steps(graph, input_values, Plan(threads=threads), machine, steps=steps, warmup=1)
-        profile = profile.with_trace(res.trace, graph)
+    if rounds < 1:
+        raise SchedlabError(f"rounds must be at least 1, got {rounds}")
+    counts = sorted({1, machine.default_device.cores})
+    traces: dict[int, list[Trace]] = {n: [] for n in counts}
+    times: dict[int, list[float]] = {n: [] for n in counts}
+    for _ in range(rounds):
+        for threads in counts:
+            res = run_steps(graph, input_values, Plan(threads=threads), machine, steps=steps, warmup=1)
+            traces[threads].append(res.trace)
+            times[threads].extend(res.step_times_s)
+    for threads in counts:
+        profile = profile.with_trace(joined_traces(traces[threads]), graph)
         if step_times_s is not None:
-            step_times_s[threads] = res.step_time_s
+            step_times_s[threads] = statistics.median(times[threads])
     return profile
+
+
+def joined_traces(runs: Sequence[Trace]) -> Trace:
+    """Several runs of one graph as one trace: the later runs' steps numbered after the earlier ones'."""
+    if len(runs) == 1:
+        return runs[0]
+    events: list[TraceEvent] = []
+    offset = 0
+    for tr in runs:
+        events.extend(dataclasses.replace(e, step=e.step + offset) for e in tr.events)
+        offset += 1 + max((e.step for e in tr.events), default=-1)
+    return Trace(tuple(events), {**runs[0].meta, "joined_runs": len(runs)})

@@ -264,7 +264,7 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
             cal_steps: dict[int, float] = {}
             if cal_threads:
                 profile = calibrate_with_traces(profile, c.graph, c.input_values, machine, steps=args.steps,
-                                                step_times_s=cal_steps)
+                                                step_times_s=cal_steps, rounds=args.rounds)
             mine = measure_and_predict(
                 model, c.graph, c.input_values, plans, profile, machine, steps=args.steps,
                 calibration_threads=cal_threads, progress=lambda: bar.update(1), rounds=args.rounds,

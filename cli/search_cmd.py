@@ -179,11 +179,12 @@ def run(args: argparse.Namespace) -> int:
         graph = captured.graph
         if not args.no_trace_calibration:
             # Trace-driven calibration: a few real steps of this very graph teach the
-            # profile what each op costs here (fidelity: ~6% MAPE with it).
+            # profile what each op costs here (fidelity: ~6% MAPE with it), in two rounds
+            # that alternate the thread counts so a slow spell cannot decide one count alone.
             from schedlab.calibrate.trace_cal import calibrate_with_traces
 
             print(f"schedlab search: timing a few steps of {args.model} to calibrate the simulator", file=sys.stderr)
-            profile = calibrate_with_traces(profile, graph, captured.input_values, host, steps=3)
+            profile = calibrate_with_traces(profile, graph, captured.input_values, host, steps=2, rounds=2)
             profile = _calibrate_micro_batches(args, profile, graph, machine)
             profile_path = profile.save(run_profile)
     storage = args.storage or (storage_url(run_dir, old) if old else default_storage(run_dir))

@@ -21,7 +21,6 @@ from schedlab.calibrate.rank_fidelity import (
     REVERSE_FIRST_K,
     RankFidelity,
     RankPlanSpec,
-    joined_traces,
     layers_cut_at,
     pooled_rounds,
     rank_cases,
@@ -29,6 +28,7 @@ from schedlab.calibrate.rank_fidelity import (
     rank_summary,
     step_shapes,
 )
+from schedlab.calibrate.trace_cal import joined_traces
 from schedlab.cli import main
 from schedlab.errors import SchedlabError
 from schedlab.machine import detect_host, host_ranks

@@ -119,3 +119,48 @@ def test_robust_low_ignores_stalls() -> None:
     assert robust_low([100 * us, 120 * us, 140 * us]) == 120 * us  # ordinary spread: the median
     # below zero (an event shorter than the context taken off it): no stall rule drops them all
     assert robust_low([-30 * us, -20 * us, 500 * us]) == -25 * us
+
+
+def test_calibration_rounds_alternate_the_thread_counts_and_pool_their_steps(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """With rounds, 1 thread and all threads alternate; each count's runs are joined, so one
+    slow round moves its median part way instead of deciding it."""
+    import statistics
+    from types import SimpleNamespace
+
+    import schedlab.exec
+    from schedlab.calibrate.trace_cal import calibrate_with_traces
+    from schedlab.sim.testing import cpu_machine
+
+    graph = make_graph()
+    mm = graph.ops[0]
+    asked: list[int] = []
+
+    def fake_run_steps(g, inputs, plan, machine, steps, warmup):  # type: ignore[no-untyped-def]
+        slow = 1.5 if len(asked) == 1 else 1.0  # the first round's all-threads run hit a slow spell
+        asked.append(plan.threads)
+        events = []
+        for step in range(steps):
+            t = 0.0
+            for op, dur in ((0, 53.0), (1, 2.1), (2, 13.0)):
+                events.append(event(op, t, dur * slow, threads=plan.threads, step=step))
+                t += dur * slow
+        times = tuple(0.01 * slow * (1 + k / 100) for k in range(steps))
+        trace = Trace(tuple(events), {"source": "exec", "plan": {"slots": 1}})
+        return SimpleNamespace(trace=trace, step_times_s=times, step_time_s=statistics.median(times))
+
+    monkeypatch.setattr(schedlab.exec, "run_steps", fake_run_steps)
+    machine = cpu_machine(cores=2)
+    once: dict[int, float] = {}
+    one_round = calibrate_with_traces(make_profile(), graph, {}, machine, steps=3, step_times_s=once)
+    assert asked == [1, 2]
+    asked.clear()
+    pooled: dict[int, float] = {}
+    two = calibrate_with_traces(make_profile(), graph, {}, machine, steps=3, step_times_s=pooled, rounds=2)
+    assert asked == [1, 2, 1, 2]
+    slow_us, quiet_us = one_round.signatures[signature(mm)][2], two.signatures[signature(mm)][2]
+    assert quiet_us < slow_us  # the slow round no longer decides the 2-thread time alone
+    assert two.signatures[signature(mm)][1] == pytest.approx(one_round.signatures[signature(mm)][1])
+    assert [t["events_used"] for t in two.meta["traces"]] == [12, 12]  # 2 kernels x 3 steps x 2 rounds, per count
+    assert pooled[2] == pytest.approx(statistics.median([0.01 * s * (1 + k / 100) for s in (1.5, 1.0) for k in range(3)]))
+    with pytest.raises(SchedlabError, match="rounds must be at least 1"):
+        calibrate_with_traces(make_profile(), graph, {}, machine, steps=3, rounds=0)
