@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,7 +53,42 @@ TRACE_CALIBRATED = "trace-calibrated"  # the Profile plus op times from traces o
 
 def plan_spread(cores: int, orders: Sequence[str] = DEFAULT_ORDERS) -> list[Plan]:
     """Every order policy under each (slots, threads) of `concurrency_spread(cores)`."""
-    return [Plan(slots=s, threads=t, order=o, name=f"s{s}-t{t}-{o}") for s, t in concurrency_spread(cores) for o in orders]
+    return [Plan(slots=s, threads=t, order=o, name=f"{shape_name(s, t)}-{o}")
+            for s, t in concurrency_spread(cores) for o in orders]
+
+
+def shape_name(slots: int, threads: int) -> str:
+    """A spread plan's shape, the head of its name: ``s2-t1`` is 2 slots of 1 thread."""
+    return f"s{slots}-t{threads}"
+
+
+_SHAPE = re.compile(r"^(s\d+-t\d+)-")
+
+
+def plan_shape(plan_name: str) -> str | None:
+    """The shape (`shape_name`) a `plan_spread` plan's name starts with; None for other plans."""
+    m = _SHAPE.match(plan_name)
+    return m.group(1) if m else None
+
+
+def shape_errors(rows: Sequence[FidelityRow]) -> list[dict[str, Any]]:
+    """Errors per method and plan shape, over every model: how many rows, the mean signed
+    error (a bias: negative is predicted fast) and the MAPE. A shape whose orders and models
+    all lean one way is a missing piece of the model, not noise. Rows of plans outside the
+    spread (`plan_shape` None) are left out."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        shape = plan_shape(r.plan)
+        if shape is not None:
+            groups.setdefault((r.method, shape), []).append(r.error)
+    return [{"method": method, "shape": shape, "n_plans": len(errs), "mean_error": statistics.fmean(errs),
+             "mape": statistics.fmean(abs(e) for e in errs)}
+            for (method, shape), errs in sorted(groups.items(), key=lambda kv: (kv[0][0], _shape_key(kv[0][1])))]
+
+
+def _shape_key(shape: str) -> tuple[int, int]:
+    slots, threads = shape[1:].split("-t")
+    return int(slots), int(threads)
 
 
 def concurrency_spread(cores: int) -> list[tuple[int, int]]:
@@ -417,5 +453,7 @@ def held_out_summary(results: Sequence[HeldOutResult]) -> dict[str, Any]:
         f"{r.workload}/{r.plan}" for res in results for r in res.profile_only if (r.foreign_cpu_frac or 0.0) > BUSY_FRAC
     ]
     classes = [c.to_json() for c in pooled(res.op_classes for res in results)]
-    return {"overall": overall, "models": models, "op_classes": classes, "plans": plans, "busy_frac": BUSY_FRAC,
-            "busy_plans": busy}
+    shapes = shape_errors([r for res in results for method in (PROFILE_ONLY, TRACE_CALIBRATED)
+                           for r in res.scored(method)])
+    return {"overall": overall, "models": models, "op_classes": classes, "plan_shapes": shapes, "plans": plans,
+            "busy_frac": BUSY_FRAC, "busy_plans": busy}

@@ -34,6 +34,7 @@ from schedlab.calibrate.fidelity import (
     plan_spread,
     predict,
     resolve_all,
+    shape_errors,
 )
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.rank_fidelity import ONE_DEVICE, StepOf, rank_cases, rank_plan_spread
@@ -211,5 +212,6 @@ def rescore(runs: SavedRuns, profile: Profile, machine: Machine, plans_of: Plans
             "run_spread": [statistics.fmean(s) if s else 0.0 for s in spread],
         },
         "models": models,
+        "plan_shapes": shape_errors(rows),
         "plans": [{**r.__dict__, "error": r.error} for r in rows],
     }

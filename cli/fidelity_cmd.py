@@ -225,7 +225,7 @@ def conditions(set_name: str, args: argparse.Namespace, machine: Any) -> dict[st
 def scores(rows: list[Any]) -> dict[str, Any]:
     """What a fidelity results file says of its `FidelityRow`s: MAPE over all plans and over
     those calibration never ran, the worst error, per-workload summaries, and every row."""
-    from schedlab.calibrate.fidelity import summarise
+    from schedlab.calibrate.fidelity import shape_errors, summarise
 
     errs = [abs(r.error) for r in rows]
     unseen = [abs(r.error) for r in rows if not r.in_calibration]
@@ -234,6 +234,7 @@ def scores(rows: list[Any]) -> dict[str, Any]:
         "mape_unseen_plans": sum(unseen) / len(unseen) if unseen else None,
         "worst_error": max((r.error for r in rows), key=abs),
         "workloads": [s.__dict__ for s in summarise(rows)],
+        "plan_shapes": shape_errors(rows),
         "plans": [{**r.__dict__, "error": r.error} for r in rows],
     }
 
@@ -300,6 +301,7 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
           f"worst {float(result['worst_error']) * 100:.1f}%   (* = plan shape used in trace calibration)")
     print("exec/sim: measured step time over simulation time, with the Simulator a search reuses; "
           "(cold): a simulate() call with a new cost model object")
+    print_plan_shapes(result["plan_shapes"])
     for d in drifts:
         if abs(d["drift"]) > DRIFT_WARN:
             print(f"warning: {d['workload']}: its trace-calibration run ({d['threads']} thread(s), one slot, program "
@@ -426,8 +428,27 @@ def run_rescore(args: argparse.Namespace) -> int:
     a = result["overall"]["profile_only"]
     print(f"{'all (tau: median)':<30}{pct(a['mape'], 8)}{pct(a['worst_error'], 8)}{tau(a['median_kendall_tau'], 7)}   "
           f"{' '.join(pct(x, 7) for x in result['overall']['run_spread'])}")
+    print_plan_shapes(result.get("plan_shapes", []))
     print(f"results: {out}")
     return 0
+
+
+def print_plan_shapes(shapes: list[dict[str, Any]]) -> None:
+    """Errors per plan shape (`calibrate.fidelity.shape_errors`): where the model leans one way."""
+    if not shapes:
+        return
+    methods = list(dict.fromkeys(s["method"] for s in shapes))
+    by = {(s["method"], s["shape"]): s for s in shapes}
+    print()
+    print("by plan shape (all models; mean error: negative is predicted fast):")
+    print(f"{'':<10}" + "".join(f"{'--- ' + m + ' ---':>25}" for m in methods))
+    print(f"{'shape':<10}" + f"{'plans':>9}{'mean':>8}{'MAPE':>8}" * len(methods))
+    for shape in dict.fromkeys(s["shape"] for s in shapes):
+        cells = []
+        for m in methods:
+            s = by.get((m, shape))
+            cells.append(f"{'-':>25}" if s is None else f"{s['n_plans']:>9}{pct(s['mean_error'], 8)}{pct(s['mape'], 8)}")
+        print(f"{shape:<10}" + "".join(cells))
 
 
 def pct(x: float | None, width: int) -> str:
@@ -488,6 +509,7 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
     print("seen ops: share of the model's kernel ops whose exact signature the profile measured in calibration")
     print("others: share of the CPU other processes used while the plan was measured")
     print_op_classes(result.get("op_classes", []), cal)
+    print_plan_shapes(result.get("plan_shapes", []))
     busy = result["busy_plans"]
     if busy:
         named = ", ".join(busy[:5]) + (f" and {len(busy) - 5} more" if len(busy) > 5 else "")

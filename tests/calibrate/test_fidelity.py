@@ -17,8 +17,11 @@ from schedlab.calibrate.fidelity import (
     HeldOutResult,
     held_out_fidelity,
     measure_and_predict,
+    FidelityRow,
+    plan_shape,
     plan_spread,
     resolve_all,
+    shape_errors,
 )
 from schedlab.cli import main
 from schedlab.cli.fidelity_cmd import chosen_models, print_held_out
@@ -161,8 +164,14 @@ def test_held_out_command_json_and_table(capsys, tmp_path: Path, profile_file: P
     assert sum(c["n_ops"] for c in stored["op_classes"]) == kernels
     assert all(c["measured_us"] >= 0 and c["predicted_us"] > 0 for c in stored["op_classes"])
 
+    # per shape, each method over its scored rows: the calibration plan's trace-calibrated row is left out
+    shapes = {(s["method"], s["shape"]): s for s in stored["plan_shapes"]}
+    assert sum(s["n_plans"] for (method, _), s in shapes.items() if method == PROFILE_ONLY) == n
+    assert shapes[(TRACE_CALIBRATED, "s1-t1")]["n_plans"] == shapes[(PROFILE_ONLY, "s1-t1")]["n_plans"] - 1
+
     print_held_out(stored, "Test CPU", out)
     text = capsys.readouterr().out
+    assert "by plan shape" in text and "s1-t1" in text
     assert "profile-only" in text and "trace-calibrated" in text and "mixer" in text
     assert "ops whose signature it never measured" in text and stored["op_classes"][0]["op_class"] in text
     assert text.count("*") >= 1 and f"other {n - 1} plans" in text and "others" in text and "seen ops" in text
@@ -273,3 +282,23 @@ def test_a_scored_run_far_from_its_own_calibration_run_is_reported_as_drift() ->
     assert abs(drifts[0]["drift"]) < DRIFT_WARN < abs(drifts[1]["drift"])
     assert drifts[1]["drift"] == pytest.approx(0.326 / 0.509 - 1)
     assert calibration_drift("mlp", {}, rows) == []  # --no-trace-calibration
+
+
+def test_errors_by_plan_shape_show_a_bias_that_the_overall_mape_hides() -> None:
+    """Every order of a shape predicted 20% fast is one bias, printed as such; plans outside
+    the spread are left out of the shapes."""
+    def row(plan: str, predicted_s: float, method: str = PROFILE_ONLY) -> FidelityRow:
+        return FidelityRow(workload="m", plan=plan, measured_s=1.0, measured_spread_s=(1.0, 1.0), predicted_s=predicted_s,
+                           sim_wall_s=0.0, sim_cold_s=0.0, ops=1, in_calibration=False, method=method)
+
+    rows = [row("s2-t2-topo", 0.8), row("s2-t2-w-last", 0.8), row("s1-t1-topo", 1.1), row("s1-t1-random:0", 0.9),
+            row("s1-t1-topo", 1.05, TRACE_CALIBRATED), row("dp-b25", 0.5)]
+    assert plan_shape("s2-t2-random:0") == "s2-t2" and plan_shape("s12-t16-topo") == "s12-t16"
+    assert plan_shape("dp-b25") is None and plan_shape("tf-intra1-inter2") is None
+    got = [(s["method"], s["shape"], s["n_plans"], round(s["mean_error"], 6), round(s["mape"], 6))
+           for s in shape_errors(rows)]
+    assert got == [
+        (PROFILE_ONLY, "s1-t1", 2, 0.0, 0.1),  # errors that cancel: no bias, 10% MAPE
+        (PROFILE_ONLY, "s2-t2", 2, -0.2, 0.2),  # a bias: every plan predicted fast
+        (TRACE_CALIBRATED, "s1-t1", 1, 0.05, 0.05),
+    ]

@@ -100,6 +100,10 @@ def test_cli_rescores_without_running_and_never_overwrites_its_inputs(capsys, tm
     assert rc == 0 and json.loads(out.read_text()) == printed
     assert printed["runs"] == [str(a), str(b)] and printed["overall"]["run_spread"] == pytest.approx([1.0, 1 / 3])
     assert printed["set"] == "held-out" and printed["rescored"] and printed["machine"] == {"cpu_model": "Test CPU"}
+    assert sum(s["n_plans"] for s in printed["plan_shapes"]) == len(printed["plans"])  # every spread plan, by shape
+    assert main(["fidelity", "--held-out", "--rescore", str(a), "--profile", str(profile),
+                 "--out", str(tmp_path / "again.json")]) == 0
+    assert "by plan shape" in capsys.readouterr().out
     assert main(["report", str(out), "--out", str(tmp_path / "report"), "--json"]) == 0  # drawn as a fidelity file
     assert json.loads(capsys.readouterr().out)["figures"][0]["name"] == "fidelity"
     from schedlab.reports.figures.fidelity import load_fidelity
