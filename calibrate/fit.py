@@ -22,23 +22,8 @@ import numpy as np
 from scipy.optimize import least_squares, minimize_scalar
 
 from schedlab.calibrate.model import PARAM_NAMES, Array, WorkThreadsModel, predict_array
+from schedlab.graph import COMPUTE_CLASSES  # the fallback model is fitted on the other classes
 
-# Classes whose cost is mostly arithmetic; the fallback model is fitted on the others.
-COMPUTE_CLASSES = frozenset(
-    {
-        "mm",
-        "addmm",
-        "bmm",
-        "baddbmm",
-        "convolution",
-        "convolution_backward",
-        "_convolution",
-        "mkldnn_rnn_layer",
-        "mkldnn_rnn_layer_backward",
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_flash_attention_for_cpu_backward",
-    }
-)
 MIN_SIGNATURES_FULL_FIT = 8  # fewer: the fallback's shape, scaled to the class
 # A class whose shapes span less than this factor of work (bytes and FLOPs alike) gets the
 # fallback's shape too: eight tiny `_unsafe_view`s spanning 2-14 KB once fitted a DRAM

@@ -10,7 +10,9 @@ argument written as "T":
 Two ops with equal signatures do the same arithmetic on the same amount of data; what a
 signature cannot see is the strides of its inputs (a transposed input of the same size),
 which is why a measurement from a real trace (`Profile.with_trace`) beats one from a
-microbenchmark. Computing it needs the Op only, so the simulator can call
+microbenchmark. Capture does mark an op that reads a non-contiguous input (`Op.strided`,
+"|strided" at the end of its signature): a transposed `add` reads as many bytes as a
+contiguous one and takes several times as long. Computing it needs the Op only, so the simulator can call
 `kernel_us(op, threads)` without the Graph.
 """
 
@@ -42,8 +44,25 @@ def signature_of(target: str, flops: float, nbytes: int, args: Any, kwargs: dict
 
 
 def signature(op: Op) -> str:
-    """The signature of `op` (see the module docstring)."""
-    return signature_of(op.target, op.flops, op.bytes_moved, op.args, op.kwargs)
+    """The signature of `op` (see the module docstring); ``|strided`` ends that of an op
+    that reads a non-contiguous input (`Op.strided`)."""
+    key = signature_of(op.target, op.flops, op.bytes_moved, op.args, op.kwargs)
+    return key + STRIDED_MARK if op.strided else key
+
+
+STRIDED_MARK = "|strided"
+STRIDED_CLASS = "[strided]"  # a class model's name for the strided cases of a class (`Profile.class_key`)
+
+
+def fit_class(op_class: str, strided: bool) -> str:
+    """The class a measurement is fitted under: ``add`` or, for a call that reads a
+    transposed input, ``add[strided]``."""
+    return op_class + STRIDED_CLASS if strided else op_class
+
+
+def base_class(name: str) -> str:
+    """`fit_class`'s op class: ``add[strided]`` -> ``add``."""
+    return name.removesuffix(STRIDED_CLASS)
 
 
 def graph_signatures(graph: Graph) -> tuple[str, ...]:

@@ -31,7 +31,19 @@ from torch import nn
 
 from schedlab.errors import SchedlabError
 from schedlab.flops import op_cost
-from schedlab.graph import Graph, GraphInput, GraphOutput, InputRole, Op, OpKind, OutputRole, TensorMeta, storage_root
+from schedlab.graph import (
+    COMPUTE_CLASSES,
+    Graph,
+    GraphInput,
+    GraphOutput,
+    InputRole,
+    Op,
+    OpKind,
+    OutputRole,
+    TensorMeta,
+    op_class_of,
+    storage_root,
+)
 from schedlab.op_kinds import owner_of, tag_kinds
 from schedlab.optim import OPTIMIZERS, OptimizerSpec
 from schedlab.recurrent import fused_lstm_capture
@@ -175,6 +187,7 @@ class _Importer:
         out_metas = [self.values[i] for i in out_ids]
         flops, nbytes = op_cost(target, node.args, node.kwargs, vals, in_metas, out_metas, is_view)
         op = Op(
+            strided=not is_view and op_class_of(str(target)) not in COMPUTE_CLASSES and _reads_strided(node.args),
             id=len(self.ops),
             name=f"{prefix}{node.name}",
             target=str(target),
@@ -190,6 +203,24 @@ class _Importer:
         )
         self.ops.append(op)
         return tuple(out_ids) if multi else out_ids[0]
+
+
+def _reads_strided(args: Any) -> bool:
+    """Whether a tensor argument (at any depth of lists) is, as traced, a transposed or
+    permuted view: its innermost dimension's elements lie apart (stride above 1), so the
+    kernel gathers them. A slice along the last dimension (an LSTM's gate chunks) keeps
+    its rows contiguous and a broadcast (stride 0) reads less: neither counts."""
+    if isinstance(args, (list, tuple)):
+        return any(_reads_strided(a) for a in args)
+    if isinstance(args, fx.Node):
+        val = args.meta.get("val")
+        return isinstance(val, torch.Tensor) and is_transposed(val)
+    return False
+
+
+def is_transposed(t: torch.Tensor) -> bool:
+    """Whether `t`'s innermost dimension's elements lie apart (`_reads_strided`)."""
+    return t.dim() > 1 and t.shape[-1] > 1 and t.stride(-1) > 1
 
 
 # Op names that mark a kernel only the CPU has: oneDNN's (mkldnn) fused LSTM layer and

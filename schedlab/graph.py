@@ -56,6 +56,26 @@ class OutputRole(StrEnum):
     OPT_STATE = "opt_state"  # updated optimizer state
 
 
+# Classes whose cost is mostly arithmetic (matmuls, convolutions, fused RNN layers,
+# attention): they read a transposed operand at no extra cost (BLAS takes it as a flag), so
+# capture marks only other ops `strided`; the cost model's fallback is fitted on the others.
+COMPUTE_CLASSES = frozenset(
+    {
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "convolution",
+        "convolution_backward",
+        "_convolution",
+        "mkldnn_rnn_layer",
+        "mkldnn_rnn_layer_backward",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+    }
+)
+
+
 def op_class_of(target: str) -> str:
     """"aten.addmm.default" -> "addmm"; a TensorFlow kernel ("tf.MatMul") -> the aten class it
     computes ("mm", `schedlab.tf.opcost`); other namespaces: the whole target."""
@@ -124,6 +144,9 @@ class Op:
     bytes_moved: int  # bytes read + written (0 for views)
     layer: str | None = None  # module path the op came from, where recoverable
     is_view: bool = False
+    # A tensor input is laid out non-contiguously (a transposed or permuted view): the
+    # kernel reads it with strides, which a memory-bound op pays for (`Profile.class_key`).
+    strided: bool = False
 
     @property
     def op_class(self) -> str:
@@ -144,6 +167,7 @@ class Op:
             "bytes_moved": self.bytes_moved,
             "layer": self.layer,
             "is_view": self.is_view,
+            **({"strided": True} if self.strided else {}),
         }
 
     @staticmethod
@@ -161,6 +185,7 @@ class Op:
             bytes_moved=int(d["bytes_moved"]),
             layer=d.get("layer"),
             is_view=bool(d.get("is_view", False)),
+            strided=bool(d.get("strided", False)),
         )
 
 

@@ -46,13 +46,13 @@ class KeyedCostModel(Protocol):
 
 def content_keys(graph: Graph) -> tuple[Hashable, ...]:
     """Per op of `graph`: its target, kind, FLOPs, bytes, view-ness, numbers of inputs and
-    outputs, and its arguments with every tensor written as one tag (as `calibrate.signature`
-    writes them "T"). Computed once per graph object and kept on it."""
+    outputs, its arguments with every tensor written as one tag (as `calibrate.signature`
+    writes them "T"), and whether it reads a strided input. Computed once per graph object and kept on it."""
     keys = graph.__dict__.get("_sim_content_keys")
     if keys is None:
         keys = graph.__dict__["_sim_content_keys"] = tuple(
             (op.target, op.kind.value, repr(float(op.flops)), int(op.bytes_moved), op.is_view, len(op.inputs),
-             len(op.outputs), _frozen(op.args), _frozen(op.kwargs) if op.kwargs else None)
+             len(op.outputs), _frozen(op.args), _frozen(op.kwargs) if op.kwargs else None, op.strided)
             for op in graph.ops
         )  # fmt: skip
     assert isinstance(keys, tuple)
