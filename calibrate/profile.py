@@ -80,7 +80,7 @@ from schedlab.calibrate.fit import ClassFit
 from schedlab.calibrate.links import LinkFits, collective_s
 from schedlab.calibrate.model import WorkThreadsModel
 from schedlab.calibrate.roofline import Roofline
-from schedlab.calibrate.signature import graph_signatures, signature
+from schedlab.calibrate.signature import fit_class, graph_signatures, signature
 from schedlab.calibrate.trace_cal import trace_figures, trace_slots
 from schedlab.calibrate.views import NO_VIEW_COSTS, ViewCosts
 from schedlab.distribute import ALL_REDUCE, RECV, SEND
@@ -157,7 +157,7 @@ class Profile:
         if row:
             warm = self._from_row(op, row, n)
         else:
-            warm = max(0.0, self.class_model(op.op_class).kernel_us(op.flops, op.bytes_moved, n))
+            warm = max(0.0, self.model_of(op).kernel_us(op.flops, op.bytes_moved, n))
         out = max(0.0, warm + self.first_use_us(op))
         self._alone[(id(op), n)] = (op, out)
         return out
@@ -337,7 +337,7 @@ class Profile:
         if op.is_view or busy_cores <= 0 or total_cores <= 1:
             return 1.0
         frac = min(1.0, busy_cores / (total_cores - 1))
-        model = self.class_model(op.op_class)
+        model = self.model_of(op)
         f, b = op.flops, op.bytes_moved
         mem = model.memory_share(f, b)
         c = self.corun
@@ -349,6 +349,22 @@ class Profile:
         return out
 
     # ---- lookups -----------------------------------------------------------------------
+
+    def class_key(self, op: Op) -> str:
+        """The class model `op` takes: its op class, or, for an op that reads a strided input
+        (`Op.strided`) of a class whose strided cases calibration timed, that class's
+        strided model (``add[strided]``, `calibrate.signature.fit_class`): a transposed operand makes a memory-bound
+        kernel several times slower at the same bytes. Profiles without one fall back on
+        the contiguous model."""
+        if op.strided:
+            key = fit_class(op.op_class, strided=True)
+            if key in self.classes:
+                return key
+        return op.op_class
+
+    def model_of(self, op: Op) -> WorkThreadsModel | Roofline:
+        """`class_model` of `op`'s `class_key`."""
+        return self.class_model(self.class_key(op))
 
     def class_model(self, op_class: str) -> WorkThreadsModel | Roofline:
         """The fitted model of `op_class`; for a class never measured, the roofline (or,
@@ -366,7 +382,7 @@ class Profile:
         (`ClassFit.trusted`: it misses its own calibration points by far)."""
         if op.is_view or self._row(op):
             return False
-        fit = self.classes.get(op.op_class)
+        fit = self.classes.get(self.class_key(op))
         return fit is None or (not fit.trusted and self.roofline is not None)
 
     def coverage(self, graph: Graph) -> dict[str, Any]:
@@ -400,7 +416,7 @@ class Profile:
         return signature(op)
 
     def _from_row(self, op: Op, row: dict[int, float], n: int) -> float:
-        model = self.class_model(op.op_class)
+        model = self.model_of(op)
         return row_kernel_us(row, n, lambda k: model.kernel_us(op.flops, op.bytes_moved, k))
 
     # ---- trace-driven calibration ------------------------------------------------------

@@ -38,7 +38,7 @@ from schedlab.calibrate.host_load import foreign_cpu_frac, snapshot
 from schedlab.calibrate.links import LinkConfig, LinkFits, measure_links, quick_link_config
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.roofline import Roofline, measure_roofline
-from schedlab.calibrate.signature import signature
+from schedlab.calibrate.signature import base_class, signature
 from schedlab.calibrate.sweep import SweepConfig, sweep_cases, sweep_specs
 from schedlab.calibrate.threads import thread_counts
 from schedlab.calibrate.timing import RetryBudget, TimingConfig, time_point
@@ -373,7 +373,7 @@ def _in_step(acc: _Bench, roofline: Roofline) -> tuple[ContextCosts, list[tuple[
             return sig_warm[c.signature]
         if c.is_view:
             return context.warm(f"view:{c.op_class}")
-        return bounded_warm(context, c.op_class, c.nbytes, lambda b: roofline.mem_us(b, 1))
+        return bounded_warm(context, base_class(c.op_class), c.nbytes, lambda b: roofline.mem_us(b, 1))
 
     return context, [(c, k, max(0.0, t + warm(c))) for c, k, t in acc.results]
 

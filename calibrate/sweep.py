@@ -20,10 +20,10 @@ import torch
 
 from schedlab.calibrate.aten_call import fast_callable, resolve_target
 from schedlab.calibrate.cases import Case
-from schedlab.calibrate.signature import signature_of
-from schedlab.capture import dtype_name, tensor_meta
+from schedlab.calibrate.signature import STRIDED_MARK, fit_class, signature_of
+from schedlab.capture import dtype_name, is_transposed, tensor_meta
 from schedlab.flops import op_cost
-from schedlab.graph import op_class_of
+from schedlab.graph import COMPUTE_CLASSES, op_class_of
 from schedlab.recurrent import LSTM_MODE, fused_layer_args
 
 Builder = Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]
@@ -145,6 +145,26 @@ def _unary(e: int) -> Call:
 
 def _binary(e: int) -> Call:
     return (torch.randn(e), torch.randn(e)), {}
+
+
+def _transposed(batch: int, rows: int, cols: int) -> torch.Tensor:
+    """A (batch, rows, cols) view of a (batch, cols, rows) tensor: what a transpose of the
+    last two dimensions in a model hands on (token mixing, attention's heads)."""
+    return torch.randn(batch, cols, rows).transpose(1, 2)
+
+
+def _strided_unary(batch: int, rows: int, cols: int) -> Call:
+    return (_transposed(batch, rows, cols),), {}
+
+
+def _strided_binary(batch: int, rows: int, cols: int) -> Call:
+    return (_transposed(batch, rows, cols), torch.randn(batch, rows, cols)), {}
+
+
+def _contiguous_copy(batch: int, rows: int, cols: int) -> Call:
+    """`.contiguous()` of a transposed view: a clone into the contiguous layout, the
+    transposing copy (a plain clone keeps the view's strides and copies straight)."""
+    return (_transposed(batch, rows, cols),), {"memory_format": torch.contiguous_format}
 
 
 def _threshold_backward(e: int) -> Call:
@@ -399,6 +419,27 @@ def _memory_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
     return specs
 
 
+def _strided_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
+    """Memory-bound ops on a transposed input (an MLP-Mixer's token mixing): as many bytes
+    as their contiguous cases, read with strides, several times the time. Each class's cases
+    fit its strided model (`calibrate.signature.fit_class`); drawn from their own random
+    stream, so the other cases stay as they were."""
+    per = max(2, cfg.per_class)
+
+    def shape(i: int) -> tuple[int, int, int]:  # case i in its band of sizes; each side 16..1024
+        total = _log_int_in_band(rng, 256, cfg.max_elems, i, per)
+        rows = _log_int(rng, 16, min(1024, total // 16))
+        cols = _log_int(rng, 16, max(16, min(1024, total // rows)))
+        return max(1, total // (rows * cols)), rows, cols
+
+    specs: list[SweepSpec] = []
+    specs += [SweepSpec("aten.clone.default", partial(_contiguous_copy, *shape(i))) for i in range(per)]
+    specs += [SweepSpec("aten.gelu.default", partial(_strided_unary, *shape(i))) for i in range(per)]
+    for target in ("aten.add.Tensor", "aten.mul.Tensor"):
+        specs += [SweepSpec(target, partial(_strided_binary, *shape(i))) for i in range(per)]
+    return specs
+
+
 def sweep_specs(cfg: SweepConfig) -> list[SweepSpec]:
     """Every synthetic case of the sweep (tensors are made only when a case is iterated)."""
     rng = random.Random(cfg.seed)
@@ -407,7 +448,7 @@ def sweep_specs(cfg: SweepConfig) -> list[SweepSpec]:
     specs = _matmul_specs(cfg, rng) + _conv_specs(cfg, rng) + _memory_specs(cfg, rng)
     if torch.backends.mkldnn.is_available():  # the fused LSTM layer a captured nn.LSTM runs
         specs += _lstm_specs(cfg, random.Random(cfg.seed + 1))
-    return specs
+    return specs + _strided_specs(cfg, random.Random(cfg.seed + 2))
 
 
 def _encode(a: Any) -> Any:
@@ -420,6 +461,8 @@ def _encode(a: Any) -> Any:
         return [_encode(x) for x in a]
     if isinstance(a, torch.dtype):  # as `schedlab.capture` encodes one
         return {"dtype": dtype_name(a)}
+    if isinstance(a, torch.memory_format):
+        return {"memory_format": str(a).removeprefix("torch.")}
     return a
 
 
@@ -444,11 +487,13 @@ def sweep_cases(specs: list[SweepSpec], seen: set[str]) -> Iterator[Case]:
             False,
         )
         del out, outs
-        sig = signature_of(spec.target, flops, nbytes, _encode(args), _encode(kwargs))
+        op_class = op_class_of(spec.target)
+        strided = op_class not in COMPUTE_CLASSES and any(is_transposed(t) for t in tensors_in)
+        sig = signature_of(spec.target, flops, nbytes, _encode(args), _encode(kwargs)) + (STRIDED_MARK if strided else "")
         if sig in seen:
             continue
         seen.add(sig)
-        yield Case(sig, op_class_of(spec.target), spec.target, flops, nbytes, fn, args, kwargs, "sweep")
+        yield Case(sig, fit_class(op_class, strided), spec.target, flops, nbytes, fn, args, kwargs, "sweep")
 
 
 def _flatten(a: Any) -> Iterator[Any]:

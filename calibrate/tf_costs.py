@@ -72,7 +72,7 @@ class TFCosts:
             if row is None:
                 return 0.0
             return row_kernel_us(row, n, lambda k: 1.0)
-        model = self.base.class_model(op.op_class)
+        model = self.base.model_of(op)
         if row is None:
             return max(0.0, model.kernel_us(op.flops, op.bytes_moved, n))
         return row_kernel_us(row, n, lambda k: model.kernel_us(op.flops, op.bytes_moved, k))
