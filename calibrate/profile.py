@@ -352,13 +352,15 @@ class Profile:
 
     def class_key(self, op: Op) -> str:
         """The class model `op` takes: its op class, or, for an op that reads a strided input
-        (`Op.strided`) of a class whose strided cases calibration timed, that class's
+        (`Op.strided`) of a class whose strided cases calibration timed and fitted well (a
+        trusted fit), that class's
         strided model (``add[strided]``, `calibrate.signature.fit_class`): a transposed operand makes a memory-bound
         kernel several times slower at the same bytes. Profiles without one fall back on
         the contiguous model."""
         if op.strided:
             key = fit_class(op.op_class, strided=True)
-            if key in self.classes:
+            fit = self.classes.get(key)
+            if fit is not None and fit.trusted:
                 return key
         return op.op_class
 

@@ -167,6 +167,14 @@ def _contiguous_copy(batch: int, rows: int, cols: int) -> Call:
     return (_transposed(batch, rows, cols),), {"memory_format": torch.contiguous_format}
 
 
+def _heads_copy(batch: int, rows: int, cols: int) -> Call:
+    """`.contiguous()` of attention's head permute: (B, T, H, D) read as (B, H, T, D), rows
+    of D elements in order, gathered across the heads (H: the largest of 2-16 dividing `cols`)."""
+    heads = max(h for h in (1, 2, 4, 8, 16) if cols % h == 0 and cols // h >= 1)
+    x = torch.randn(batch, rows, heads, cols // heads).permute(0, 2, 1, 3)
+    return (x,), {"memory_format": torch.contiguous_format}
+
+
 def _threshold_backward(e: int) -> Call:
     return (torch.randn(e), torch.randn(e), 0), {}
 
@@ -433,7 +441,9 @@ def _strided_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
         return max(1, total // (rows * cols)), rows, cols
 
     specs: list[SweepSpec] = []
-    specs += [SweepSpec("aten.clone.default", partial(_contiguous_copy, *shape(i))) for i in range(per)]
+    # half the copies transpose the last two dimensions, half permute heads
+    specs += [SweepSpec("aten.clone.default", partial(_heads_copy if i % 2 else _contiguous_copy, *shape(i)))
+              for i in range(per)]
     specs += [SweepSpec("aten.gelu.default", partial(_strided_unary, *shape(i))) for i in range(per)]
     for target in ("aten.add.Tensor", "aten.mul.Tensor"):
         specs += [SweepSpec(target, partial(_strided_binary, *shape(i))) for i in range(per)]

@@ -19,6 +19,7 @@ Kinds:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import operator
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -207,9 +208,7 @@ class _Importer:
 
 def _reads_strided(args: Any) -> bool:
     """Whether a tensor argument (at any depth of lists) is, as traced, a transposed or
-    permuted view: its innermost dimension's elements lie apart (stride above 1), so the
-    kernel gathers them. A slice along the last dimension (an LSTM's gate chunks) keeps
-    its rows contiguous and a broadcast (stride 0) reads less: neither counts."""
+    permuted view (`is_transposed`), which the kernel reads out of order."""
     if isinstance(args, (list, tuple)):
         return any(_reads_strided(a) for a in args)
     if isinstance(args, fx.Node):
@@ -219,8 +218,13 @@ def _reads_strided(args: Any) -> bool:
 
 
 def is_transposed(t: torch.Tensor) -> bool:
-    """Whether `t`'s innermost dimension's elements lie apart (`_reads_strided`)."""
-    return t.dim() > 1 and t.shape[-1] > 1 and t.stride(-1) > 1
+    """Whether `t`'s dimensions are permuted: over its dimensions of more than one element
+    that are not broadcast (stride 0), a stride exceeds the one before it. A transpose of
+    the last two dimensions and attention's head permute ((B, T, H, D) as (B, H, T, D))
+    are; a slice along the last dimension (an LSTM's gate chunks, rows still in order) and
+    a broadcast are not."""
+    strides = [st for size, st in zip(t.shape, t.stride(), strict=True) if size > 1 and st > 0]
+    return any(a < b for a, b in itertools.pairwise(strides))
 
 
 # Op names that mark a kernel only the CPU has: oneDNN's (mkldnn) fused LSTM layer and

@@ -11,7 +11,7 @@ from torch import nn
 from schedlab.calibrate.run import quick_config
 from schedlab.calibrate.signature import STRIDED_MARK, fit_class, signature
 from schedlab.calibrate.sweep import sweep_cases, sweep_specs
-from schedlab.capture import capture
+from schedlab.capture import capture, is_transposed
 from schedlab.graph import Graph, Op
 from schedlab.workloads.loader import Workload
 from tests.calibrate.factories import FALLBACK_MODEL, fit, make_op, make_profile
@@ -29,8 +29,9 @@ class TokenMixer(nn.Module):
         mixed = self.tokens(x.transpose(1, 2)).transpose(1, 2)  # a matmul on a transposed input
         y = x + mixed  # an add reading a transposed view
         flat = y.transpose(1, 2).contiguous()  # a transposing copy
+        heads = y.view(4, 8, 4, 4).permute(0, 2, 1, 3).contiguous()  # attention's head permute, copied
         a, b, c, d = self.gates(y).chunk(4, dim=-1)  # row slices: contiguous rows, not strided
-        return flat.sum() + (torch.sigmoid(a) * torch.tanh(b) + c * d).sum()
+        return flat.sum() + heads.sum() + (torch.sigmoid(a) * torch.tanh(b) + c * d).sum()
 
 
 def _graph() -> Graph:
@@ -42,6 +43,7 @@ def test_capture_marks_memory_ops_that_read_a_transposed_input() -> None:
     g = _graph()
     strided = {op.op_class for op in g.ops if op.strided}
     assert {"add", "clone"} <= strided  # the residual add and the transposing copy
+    assert sum(op.op_class == "clone" and op.strided for op in g.ops) >= 2  # the head permute's copy too
     assert not strided & {"mm", "addmm", "bmm"}  # BLAS reads a transposed operand as it is
     assert not strided & {"sigmoid", "tanh", "mul"}  # the gate chunks keep their rows contiguous
     assert all(signature(op).endswith(STRIDED_MARK) == op.strided for op in g.ops)
@@ -56,9 +58,7 @@ def test_the_sweep_times_transposed_cases_under_their_own_classes() -> None:
     strided = [c for c in cases if c.op_class.endswith("[strided]")]
     assert {c.op_class for c in strided} == {fit_class(k, True) for k in ("clone", "gelu", "add", "mul")}
     for c in strided:
-        assert c.signature.endswith(STRIDED_MARK)
-        x = c.args[0]
-        assert x.dim() == 3 and x.stride(-1) > 1  # a transpose of the last two dimensions
+        assert c.signature.endswith(STRIDED_MARK) and is_transposed(c.args[0])
     copies = [c for c in strided if c.op_class == "clone[strided]"]
     assert copies and all(c.kwargs == {"memory_format": torch.contiguous_format} for c in copies)
     assert all(c.fn(*c.args, **c.kwargs).is_contiguous() for c in copies[:3])  # `.contiguous()`: a real transpose
@@ -77,3 +77,10 @@ def test_a_strided_op_takes_its_class_strided_model_where_the_profile_has_one() 
     assert with_model.class_key(strided) == "add[strided]" and with_model.class_key(add) == "add"
     assert with_model.kernel_us(strided, 1) > 2 * with_model.kernel_us(add, 1)
     assert signature(strided) == signature(add) + STRIDED_MARK
+
+
+def test_permuted_means_strides_out_of_order_not_merely_non_contiguous() -> None:
+    x = torch.randn(2, 5, 3, 4)
+    assert is_transposed(x.transpose(-1, -2)) and is_transposed(x.permute(0, 2, 1, 3))
+    assert not is_transposed(x) and not is_transposed(torch.randn(6, 16).chunk(4, dim=-1)[1])  # a row slice
+    assert not is_transposed(torch.randn(3, 1, 5).expand(3, 4, 5))  # a broadcast
