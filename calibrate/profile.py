@@ -351,12 +351,12 @@ class Profile:
     # ---- lookups -----------------------------------------------------------------------
 
     def class_key(self, op: Op) -> str:
-        """The class model `op` takes: its op class, or, for an op that reads a strided input
-        (`Op.strided`) of a class whose strided cases calibration timed and fitted well (a
-        trusted fit), that class's
-        strided model (``add[strided]``, `calibrate.signature.fit_class`): a transposed operand makes a memory-bound
-        kernel several times slower at the same bytes. Profiles without one fall back on
-        the contiguous model."""
+        """The class model `op` takes: its op class, or, for an op that reads a permuted
+        input (`Op.strided`), that class's strided model (``add[strided]``,
+        `calibrate.signature.fit_class`) where calibration timed such cases and its fit is
+        trusted: a transposed operand makes a memory-bound kernel several times slower at the
+        same bytes. Otherwise (any profile calibrated before strided cases) the contiguous
+        model."""
         if op.strided:
             key = fit_class(op.op_class, strided=True)
             fit = self.classes.get(key)

@@ -7,13 +7,13 @@ argument written as "T":
 
     aten.sum.dim_IntList|f=10.0|b=360|a=["T",[0],true]
 
-Two ops with equal signatures do the same arithmetic on the same amount of data; what a
-signature cannot see is the strides of its inputs (a transposed input of the same size),
-which is why a measurement from a real trace (`Profile.with_trace`) beats one from a
-microbenchmark. Capture does mark an op that reads a non-contiguous input (`Op.strided`,
-"|strided" at the end of its signature): a transposed `add` reads as many bytes as a
-contiguous one and takes several times as long. Computing it needs the Op only, so the simulator can call
-`kernel_us(op, threads)` without the Graph.
+Two ops with equal signatures do the same arithmetic on the same amount of data. Of its
+inputs' strides a signature sees one thing: a memory-bound op that reads a permuted view
+(`Op.strided`, `schedlab.capture.reads_strided`) ends in "|strided", since a transposed
+`add` reads as many bytes as a contiguous one and takes several times as long. Other
+layouts it cannot see, which is one reason a measurement from a real trace
+(`Profile.with_trace`) beats one from a microbenchmark. Computing it needs the Op only, so
+the simulator can call `kernel_us(op, threads)` without the Graph.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def signature_of(target: str, flops: float, nbytes: int, args: Any, kwargs: dict
 
 def signature(op: Op) -> str:
     """The signature of `op` (see the module docstring); ``|strided`` ends that of an op
-    that reads a non-contiguous input (`Op.strided`)."""
+    that reads a permuted input (`Op.strided`)."""
     key = signature_of(op.target, op.flops, op.bytes_moved, op.args, op.kwargs)
     return key + STRIDED_MARK if op.strided else key
 
@@ -56,7 +56,7 @@ STRIDED_CLASS = "[strided]"  # a class model's name for the strided cases of a c
 
 def fit_class(op_class: str, strided: bool) -> str:
     """The class a measurement is fitted under: ``add`` or, for a call that reads a
-    transposed input, ``add[strided]``."""
+    permuted input, ``add[strided]``."""
     return op_class + STRIDED_CLASS if strided else op_class
 
 

@@ -21,9 +21,9 @@ import torch
 from schedlab.calibrate.aten_call import fast_callable, resolve_target
 from schedlab.calibrate.cases import Case
 from schedlab.calibrate.signature import STRIDED_MARK, fit_class, signature_of
-from schedlab.capture import dtype_name, is_transposed, tensor_meta
+from schedlab.capture import dtype_name, reads_strided, tensor_meta
 from schedlab.flops import op_cost
-from schedlab.graph import COMPUTE_CLASSES, op_class_of
+from schedlab.graph import op_class_of
 from schedlab.recurrent import LSTM_MODE, fused_layer_args
 
 Builder = Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]
@@ -169,8 +169,9 @@ def _contiguous_copy(batch: int, rows: int, cols: int) -> Call:
 
 def _heads_copy(batch: int, rows: int, cols: int) -> Call:
     """`.contiguous()` of attention's head permute: (B, T, H, D) read as (B, H, T, D), rows
-    of D elements in order, gathered across the heads (H: the largest of 2-16 dividing `cols`)."""
-    heads = max(h for h in (1, 2, 4, 8, 16) if cols % h == 0 and cols // h >= 1)
+    of D elements in order, gathered across the heads (H: the largest of 1, 2, 4, 8, 16
+    dividing `cols`)."""
+    heads = max(h for h in (1, 2, 4, 8, 16) if cols % h == 0)
     x = torch.randn(batch, rows, heads, cols // heads).permute(0, 2, 1, 3)
     return (x,), {"memory_format": torch.contiguous_format}
 
@@ -498,7 +499,7 @@ def sweep_cases(specs: list[SweepSpec], seen: set[str]) -> Iterator[Case]:
         )
         del out, outs
         op_class = op_class_of(spec.target)
-        strided = op_class not in COMPUTE_CLASSES and any(is_transposed(t) for t in tensors_in)
+        strided = reads_strided(op_class, tensors_in)
         sig = signature_of(spec.target, flops, nbytes, _encode(args), _encode(kwargs)) + (STRIDED_MARK if strided else "")
         if sig in seen:
             continue

@@ -161,4 +161,3 @@ def tf_costs(runs: Sequence[TFCalibrationRun], base: Profile | None) -> TFCosts:
                         "inter_op": r.inter_op, "steps": len(r.step_times_s), "step_factor": round(f, 4)}
                        for r, f in zip(runs, step_factors, strict=True)]},
     )
-

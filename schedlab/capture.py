@@ -22,7 +22,7 @@ import contextlib
 import itertools
 import operator
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,7 +188,6 @@ class _Importer:
         out_metas = [self.values[i] for i in out_ids]
         flops, nbytes = op_cost(target, node.args, node.kwargs, vals, in_metas, out_metas, is_view)
         op = Op(
-            strided=not is_view and op_class_of(str(target)) not in COMPUTE_CLASSES and _reads_strided(node.args),
             id=len(self.ops),
             name=f"{prefix}{node.name}",
             target=str(target),
@@ -201,20 +200,27 @@ class _Importer:
             bytes_moved=nbytes,
             layer=layer,
             is_view=is_view,
+            strided=not is_view and reads_strided(op_class_of(str(target)), _traced_tensors(node.args)),
         )
         self.ops.append(op)
         return tuple(out_ids) if multi else out_ids[0]
 
 
-def _reads_strided(args: Any) -> bool:
-    """Whether a tensor argument (at any depth of lists) is, as traced, a transposed or
-    permuted view (`is_transposed`), which the kernel reads out of order."""
+def reads_strided(op_class: str, inputs: Iterable[Any]) -> bool:
+    """Whether a call of `op_class` on `inputs` (tensors, or anything else, which is skipped)
+    is marked `Op.strided`: a memory-bound op (not one of `COMPUTE_CLASSES`, which read a
+    transposed operand as a BLAS flag) that reads a permuted view (`is_transposed`). Capture
+    asks it of every traced op, the sweep of every synthetic case."""
+    return op_class not in COMPUTE_CLASSES and any(isinstance(t, torch.Tensor) and is_transposed(t) for t in inputs)
+
+
+def _traced_tensors(args: Any) -> Iterator[Any]:
+    """The traced values of the fx nodes among `args`, at any depth of lists."""
     if isinstance(args, (list, tuple)):
-        return any(_reads_strided(a) for a in args)
-    if isinstance(args, fx.Node):
-        val = args.meta.get("val")
-        return isinstance(val, torch.Tensor) and is_transposed(val)
-    return False
+        for a in args:
+            yield from _traced_tensors(a)
+    elif isinstance(args, fx.Node):
+        yield args.meta.get("val")
 
 
 def is_transposed(t: torch.Tensor) -> bool:

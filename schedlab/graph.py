@@ -144,8 +144,8 @@ class Op:
     bytes_moved: int  # bytes read + written (0 for views)
     layer: str | None = None  # module path the op came from, where recoverable
     is_view: bool = False
-    # A tensor input is laid out non-contiguously (a transposed or permuted view): the
-    # kernel reads it with strides, which a memory-bound op pays for (`Profile.class_key`).
+    # A memory-bound op that reads a permuted view (a transpose, attention's head permute)
+    # out of order (`schedlab.capture.reads_strided`); it costs more (`Profile.class_key`).
     strided: bool = False
 
     @property
