@@ -24,14 +24,15 @@ its first-use extra) adds what it reads.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph
+from schedlab.graph import Graph, Op
 from schedlab.sim.cost import CostModel
+from schedlab.sim.wake import wake_cost
 
 I64 = np.int64
 
@@ -127,6 +128,7 @@ class CostTable:
         self.keyed = n_groups < len(graph.ops)  # some ops share their answers
         self._dispatch_us: np.ndarray | None = None  # per op
         self._kernel_us = np.full((n_groups, max_threads + 1), np.nan)  # [group, threads]
+        self._wake_us: np.ndarray | None = None  # [group, threads], once asked
         self._slowdown: dict[int, np.ndarray] = {}  # total cores -> [group, busy cores of the others]
         self._slowdown_ops: dict[int, np.ndarray] = {}  # the same per op (keyed: expanded when filled)
 
@@ -141,9 +143,25 @@ class CostTable:
     def kernel_us(self, threads: np.ndarray, ops: np.ndarray | None = None) -> np.ndarray:
         """Kernel µs of every op at its thread count (`threads[op]`, 1..max_threads); with
         `ops`, of op `ops[i]` at `threads[i]` for each i."""
+        return self._by_threads(self._kernel_us, self.cost.kernel_us, threads, ops)
+
+    def wake_us(self, threads: np.ndarray, ops: np.ndarray | None = None) -> np.ndarray:
+        """What each op pays to wake throttled OpenMP helpers (`sim.wake`), as `kernel_us`
+        indexes it; zeros for a cost model without `wake_us`."""
+        ask = wake_cost(self.cost)
+        if ask is None:
+            return np.zeros(len(threads), dtype=np.float64)
+        if self._wake_us is None:
+            self._wake_us = np.full_like(self._kernel_us, np.nan)
+        return self._by_threads(self._wake_us, ask, threads, ops)
+
+    def _by_threads(
+        self, table: np.ndarray, ask: Callable[[Op, int], float], threads: np.ndarray, ops: np.ndarray | None
+    ) -> np.ndarray:
+        """`ask(op, threads)` of each op (or of `ops[i]` at `threads[i]`), filling the
+        [group, threads] `table` where it has no answer yet."""
         if threads.size and (threads.min() < 1 or threads.max() > self.max_threads):
             raise SchedlabError(f"thread counts must be 1..{self.max_threads}, got {threads.min()}..{threads.max()}")
-        table = self._kernel_us
         group = self.group if ops is None else self.group[ops]
         out = table[group, threads]
         missing = np.flatnonzero(np.isnan(out))
@@ -151,7 +169,7 @@ class CostTable:
             # Each missing (group, threads) pair once.
             stride = self.max_threads + 1
             g_of, k_of = np.divmod(np.unique(group[missing] * stride + threads[missing]), stride)
-            graph_ops, ask = self.graph.ops, self.cost.kernel_us
+            graph_ops = self.graph.ops
             table[g_of, k_of] = np.fromiter(
                 (ask(graph_ops[r], k) for r, k in zip(self.reps[g_of].tolist(), k_of.tolist(), strict=True)),
                 dtype=np.float64, count=len(g_of),

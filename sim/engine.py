@@ -31,8 +31,18 @@ from schedlab.sim.fast import run_fast
 from schedlab.sim.flatgraph import flat_single_device
 from schedlab.sim.memory import MemoryTracker
 from schedlab.sim.model import run_simpy
-from schedlab.sim.prepare import Prepared, Structure, build_structure, comm_kernel_us, op_devices, prepare, slowdown_fns
+from schedlab.sim.prepare import (
+    Prepared,
+    Structure,
+    build_structure,
+    comm_kernel_us,
+    op_devices,
+    prepare,
+    slowdown_fns,
+    wakes_on,
+)
 from schedlab.sim.result import RankStats, SimResult, Timeline, build_trace
+from schedlab.sim.wake import wake_table
 from schedlab.steps import copied_op
 
 __all__ = ["ENGINES", "Simulator", "run_simpy", "simulate"]
@@ -150,12 +160,17 @@ class Simulator:
         return self._flat_one
 
     def _loop(self, slots: int, priority: Sequence[int], dev: int, demand: np.ndarray, kernel_us: np.ndarray,
-              dispatch_us: np.ndarray, graph: Graph | None = None) -> LoopResult:
-        """`demand`: the cores each op's kernel occupies (`sim.prepare.Prepared.demand`)."""
+              dispatch_us: np.ndarray, threads: np.ndarray, graph: Graph | None = None) -> LoopResult:
+        """`demand`: the cores each op's kernel occupies (`sim.prepare.Prepared.demand`);
+        `threads`: each op's intra-op threads."""
         capacity = self.machine.devices[dev].cores
         slowdown = self._slowdowns(dev, capacity, slots, int(demand.max()) if len(demand) else 1)
+        mirror = None
         if graph is not None and graph is not self.graph:  # an unrolled graph: each op as the op it copies
-            slowdown = slowdown[np.asarray(mirror_ops(self.graph, graph), dtype=np.int64)]
+            mirror = np.asarray(mirror_ops(self.graph, graph), dtype=np.int64)
+            slowdown = slowdown[mirror]
+        if wakes_on(self.machine, dev, slots):
+            slowdown = self._waking(slowdown, threads, kernel_us, capacity, mirror)
         return run_compiled(
             self._flat(graph),
             slots=slots,
@@ -174,7 +189,7 @@ class Simulator:
         demand = threads
         if shares_idle_threads(self.cost):
             demand = cores_kept_busy(self._kernels_arr(np.ones_like(threads)), kernel_us, threads)
-        res = self._loop(resolved.slots, resolved.priority, dev, demand, kernel_us, self._dispatches_arr())
+        res = self._loop(resolved.slots, resolved.priority, dev, demand, kernel_us, self._dispatches_arr(), threads)
         machine = self.machine
         peaks = {d.id: 0 for d in machine.devices}
         peaks[machine.devices[dev].id] = res.peak_bytes
@@ -205,13 +220,26 @@ class Simulator:
         """The compiled loop on a prepared one-device plan, as the engines' common Timeline (for traces)."""
         res = self._loop(prep.slots, prep.priority, dev, np.asarray(prep.demand, dtype=np.int64),
                          np.asarray(prep.kernel_us, dtype=np.float64), np.asarray(prep.dispatch_us, dtype=np.float64),
-                         graph)
+                         np.asarray(prep.threads, dtype=np.int64), graph)
         mem = MemoryTracker(list(structure.initial_live))
         mem.peak[dev] = res.peak_bytes
         busy = [0.0] * len(prep.device_ids)
         busy[dev] = res.busy_unit_us
         tl = Timeline(res.start_us.tolist(), res.end_us.tolist(), res.worker.tolist(), res.start_order.tolist())
         return tl, mem, busy
+
+    def _waking(self, slowdown: np.ndarray, threads: np.ndarray, kernel_us: np.ndarray, capacity: int,
+                mirror: np.ndarray | None) -> np.ndarray:
+        """`slowdown` with the wake factor of `sim.wake` (the same floats `prepare.waking` gives)."""
+        if threads.size == 0 or threads.max() < 2:
+            return slowdown
+        wake = self._costs.wake_us(threads, mirror)
+        pays = (threads >= 2) & (wake > 0.0) & (kernel_us > 0.0)
+        if not pays.any():
+            return slowdown
+        fractions = np.zeros(len(threads), dtype=np.float64)
+        fractions[pays] = wake[pays] / kernel_us[pays]
+        return wake_table(slowdown, fractions, threads, capacity)
 
     def _kernels_arr(self, threads: np.ndarray) -> np.ndarray:
         """Kernel µs of every op at its thread count (`sim.cost_table`)."""

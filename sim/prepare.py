@@ -51,6 +51,7 @@ from schedlab.sim.device_cost import (
     device_dispatches_us,
     device_kernels_us,
 )
+from schedlab.sim.wake import wake_cost, wake_fractions, with_wake
 
 PINNED = 1 << 60  # reference count of a storage that is never freed (graph inputs and outputs)
 
@@ -185,6 +186,10 @@ def prepare(
     kernel_us = device_kernels_us(ops, op_device, machine.devices, cost, threads, kernel_us)  # by device kind
     dispatch_us = device_dispatches_us(ops, op_device, machine.devices, cost, dispatch_us)
     used = set(op_device)
+    device_slots = tuple(resolved.slots_of(d.id) for d in machine.devices)
+    if slowdown is None:
+        slowdown = slowdown_fns(graph, machine, cost)
+    slowdown = waking(slowdown, cost, ops, threads, kernel_us, op_device, machine, device_slots)
     done_us: tuple[float, ...] = ()
     done_kernel_us: tuple[float, ...] = ()
     comm_costs: tuple[CommOpCost | None, ...] = ()
@@ -197,7 +202,7 @@ def prepare(
         capacity=capacity,
         memory_bytes=tuple(d.memory_bytes for d in machine.devices),
         device_process=tuple(d.process for d in machine.devices),
-        device_slots=tuple(resolved.slots_of(d.id) for d in machine.devices),
+        device_slots=device_slots,
         structure=structure,
         threads=threads,
         demand=demand,
@@ -206,7 +211,7 @@ def prepare(
         priority=list(resolved.priority),
         slots=resolved.slots,
         sequence=tuple(resolved.sequence),
-        slowdown=slowdown if slowdown is not None else slowdown_fns(graph, machine, cost),
+        slowdown=slowdown,
         collective_time=collective_times(structure, machine, cost),
         done_us=done_us,
         done_kernel_us=done_kernel_us,
@@ -430,6 +435,33 @@ def build_structure(
         comm=comm,
         issue_release=issue_release,
     )
+
+
+def wakes_on(machine: Machine, device: int, slots: int) -> bool:
+    """Whether ops on `device` with two or more threads pay to wake their helpers
+    (`sim.wake`): a CPU device of its own cores (not a pool shared by ranks) whose
+    executor runs two or more slots."""
+    d = machine.devices[device]
+    return slots >= 2 and not d.is_gpu and not d.core_pool
+
+
+def waking(
+    slowdown: tuple[Callable[[int, int], float], ...], cost: CostModel, ops: Sequence[Op], threads: Sequence[int],
+    kernel_us: Sequence[float], op_device: Sequence[int], machine: Machine, device_slots: Sequence[int],
+) -> tuple[Callable[[int, int], float], ...]:
+    """`slowdown` with the wake factor (`sim.wake`) on each device where it applies."""
+    ask = wake_cost(cost)
+    devices = [d for d in range(len(machine.devices)) if wakes_on(machine, d, device_slots[d])]
+    if ask is None or not devices:
+        return slowdown
+    on = set(devices)
+    wake = [float(ask(op, threads[i])) if op_device[i] in on and threads[i] >= 2 and op.kind is not OpKind.COMM else 0.0
+            for i, op in enumerate(ops)]
+    fractions = wake_fractions(wake, kernel_us, threads)
+    if fractions is None:
+        return slowdown
+    return tuple(with_wake(fn, fractions, threads, machine.devices[d].cores) if d in on else fn
+                 for d, fn in enumerate(slowdown))
 
 
 def slowdown_fns(

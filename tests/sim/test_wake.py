@@ -1,0 +1,123 @@
+"""The wake cost of throttled OpenMP helpers: where the simulator charges it (times in µs)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from schedlab.graph import Graph, Op
+from schedlab.plan import Plan, resolve
+from schedlab.sim import SimResult, Simulator, simulate
+from schedlab.sim.testing import GraphBuilder, RandomCost, TableCost, chain, cpu_machine, random_dag, random_plan
+from schedlab.sim.wake import idle_share, wake_table, with_wake
+from tests.sim.conftest import spans
+
+ENGINES = ("fast", "simpy", "compiled")
+
+
+@dataclass
+class WakingCost(TableCost):
+    """A TableCost whose ops pay `wake` µs to wake their helpers at two or more threads."""
+
+    wake: float = 20.0
+
+    def wake_us(self, op: Op, threads: int) -> float:
+        return self.wake if threads >= 2 and not op.is_view else 0.0
+
+
+@dataclass(frozen=True)
+class WakingRandomCost(RandomCost):
+    def wake_us(self, op: Op, threads: int) -> float:
+        return 0.0 if op.is_view or threads < 2 else self._draw("wake:" + op.name, 0.0, 80.0)
+
+
+def independent(*names: str) -> GraphBuilder:
+    b = GraphBuilder("independent")
+    x = b.input("x", 64)
+    for n in names:
+        b.output(b.op(n, [x], nbytes=64), n)
+    return b
+
+
+def run(graph: GraphBuilder | Graph, plan: Plan, cores: int, cost: TableCost, engine: str) -> SimResult:
+    g = graph.build() if isinstance(graph, GraphBuilder) else graph
+    m = cpu_machine(cores)
+    return simulate(g, resolve(g, plan, m), m, cost, engine=engine)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_co_run_plan_pays_the_wake_of_each_multi_thread_op_that_runs_alone(engine: str) -> None:
+    cost = WakingCost(kernel={"op0": 100.0, "op1": 200.0})
+    # Two slots of two threads: each op runs alone on 2 cores, its helper finds the other
+    # core idle: 100 * (1 + 20/100) and 200 * (1 + 20/200).
+    woken = run(chain(2), Plan(slots=2, threads=2), 2, cost, engine)
+    assert spans(woken.trace) == [("op0", 0, pytest.approx(120), 0), ("op1", pytest.approx(120), pytest.approx(340), 0)]
+    # One slot (the main thread's one team fits the cores) or one thread (no helper): nothing.
+    assert run(chain(2), Plan(slots=1, threads=2), 2, cost, engine).step_time_s == pytest.approx(300e-6)
+    assert run(chain(2), Plan(slots=2, threads=1), 2, cost, engine).step_time_s == pytest.approx(300e-6)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_helper_that_shares_a_busy_core_pays_no_wake(engine: str) -> None:
+    cost = WakingCost(kernel={"a": 100.0, "b": 300.0})
+    res = run(independent("a", "b"), Plan(slots=2, threads=2), 2, cost, engine)
+    # Together: 4 threads on 2 cores, half speed each and no idle core, so no wake; a ends
+    # at 200 with b 100 done. Then b alone wakes its helper: its last 200 at 1 / (1 + 20/300).
+    assert spans(res.trace) == [("a", 0, pytest.approx(200), 0), ("b", 0, pytest.approx(200 + 200 * 16 / 15), 1)]
+
+
+def test_idle_share_counts_the_cores_the_others_leave_idle() -> None:
+    assert idle_share(0, 2, 2) == 1.0
+    assert idle_share(1, 2, 2) == 0.0
+    assert idle_share(10, 8, 16) == pytest.approx(5 / 7)  # 16 - 1 - 10 idle for 7 helpers
+    assert idle_share(0, 1, 16) == 0.0  # no helper
+
+
+def test_the_table_and_the_function_give_the_same_floats() -> None:
+    rng = np.random.default_rng(0)
+    n, cores = 40, 8
+    table = 1.0 + rng.random((n, cores + 1))
+    fractions = np.where(rng.random(n) < 0.3, 0.0, rng.random(n))
+    threads = rng.integers(1, cores + 1, n)
+    scaled = wake_table(table, fractions, threads, cores)
+    fn = with_wake(lambda op, busy: float(table[op, busy]), fractions.tolist(), threads.tolist(), cores)
+    assert all(scaled[o, b] == fn(o, b) for o in range(n) for b in range(cores + 1))
+    assert (scaled >= table).all() and (scaled > table).any()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_engines_agree_exactly_with_wake_costs(seed: int) -> None:
+    rng = random.Random(300 + seed)
+    g = random_dag(rng.randint(20, 300), seed, window=rng.randint(3, 24), view_share=0.2)
+    cores = rng.choice([2, 4, 8])
+    m = cpu_machine(cores)
+    resolved = resolve(g, random_plan(g, cores, seed, max_slots=4), m)
+    cost = WakingRandomCost(seed, integer=seed % 2 == 0)
+    compiled = simulate(g, resolved, m, cost, engine="compiled")
+    fast = simulate(g, resolved, m, cost, engine="fast")
+    assert compiled.trace is not None and fast.trace is not None
+    assert [e.to_row() for e in compiled.trace.events] == [e.to_row() for e in fast.trace.events]
+    if seed < 4:
+        simpy = simulate(g, resolved, m, cost, engine="simpy")
+        assert simpy.trace is not None
+        assert [e.to_row() for e in simpy.trace.events] == [e.to_row() for e in fast.trace.events]
+    quiet = Simulator(g, m, cost).run(resolved, record=False)
+    assert quiet.engine == "compiled" and quiet.step_time_s == compiled.step_time_s
+    plain = simulate(g, resolved, m, RandomCost(seed, integer=seed % 2 == 0), engine="compiled")
+    if resolved.slots >= 2 and max(resolved.threads) >= 2:
+        assert compiled.step_time_s >= plain.step_time_s
+    else:
+        assert compiled.step_time_s == plain.step_time_s
+
+
+def test_a_reused_simulator_charges_each_plan_its_own_wake() -> None:
+    g = random_dag(200, 5, window=10)
+    m = cpu_machine(2)
+    cost = WakingRandomCost(5)
+    sim = Simulator(g, m, cost)
+    for plan in (Plan(slots=2, threads=2), Plan(slots=1, threads=2), Plan(slots=2, threads=1), Plan(slots=2, threads=2)):
+        resolved = resolve(g, plan, m)
+        assert sim.run(resolved, record=False).step_time_s == simulate(g, resolved, m, cost).step_time_s
