@@ -48,6 +48,7 @@ JSON layout (version 2; version 1 files, without "views" and "roofline", still l
                                                     "per_tensor_us"}}}},  # calibrate.comm_host
      "cuda": null | {"device", "torch", "launch_us", "flops_per_s", "bw_bytes_per_s",   # calibrate.cuda_costs
               "signatures": {signature: kernel_us}, ...},
+     "wake": {op_class or "*": {"base_us", "per_work", "threads", "n_points"}},   # calibrate.wake
      "meta": {...}}
 
 "links" (link and collective fits between local ranks, `schedlab calibrate --links`) is
@@ -59,6 +60,8 @@ within version 2: without it a cuda device is costed by its roofline (`sim.devic
 Within it, a ring fit may be piecewise ("break_bytes", "bw_above_bytes_per_s"; without
 them, linear) and "host_costs" (what each communication op costs its rank, `comm_host_us`)
 may be absent or null: the simulator then charges those ops the dispatch cost of any op.
+"wake" (what an op of a co-run plan pays to wake its throttled OpenMP helpers, `wake_us`)
+is optional too, added within version 2: without it the simulator charges no wake cost.
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ from schedlab.calibrate.roofline import Roofline
 from schedlab.calibrate.signature import fit_class, graph_signatures, signature
 from schedlab.calibrate.trace_cal import trace_figures, trace_slots
 from schedlab.calibrate.views import NO_VIEW_COSTS, ViewCosts
+from schedlab.calibrate.wake import POOLED, WakeFit, region_share
 from schedlab.distribute import ALL_REDUCE, RECV, SEND
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, Op, OpKind
@@ -119,6 +123,8 @@ class Profile:
     context: ContextCosts = NO_CONTEXT  # what ops cost in a step beyond a benchmark (calibrate.context)
     links: LinkFits | None = None  # links and collectives between local ranks (calibrate.links)
     cuda: CudaCosts | None = None  # op costs calibrated on a CUDA device (calibrate.cuda_costs)
+    # op class -> the cost of waking throttled OpenMP helpers (calibrate.wake); POOLED: every class
+    wake: dict[str, WakeFit] = field(default_factory=dict)
     # the graph this Profile predicts (`for_graph`) and the Python ids of its first-use ops
     bound: tuple[Graph, frozenset[int]] | None = field(default=None, compare=False, repr=False)
     # executor slots the dispatch cost is for (`for_slots`); a use, not part of the JSON
@@ -148,6 +154,22 @@ class Profile:
         if self.dispatch_slots <= 1:
             return alone
         return max(0.0, alone - self.serial_us(op)) + self.corun.latency(n)
+
+    def wake_us(self, op: Op, threads: int) -> float:
+        """What `op` with `threads` intra-op threads pays, in a co-run plan, to wake its
+        OpenMP helpers on idle cores (`calibrate.wake`; the simulator scales it by the idle
+        share of the other cores, `sim.wake`): its class's fit, else the fit over every
+        class; 0 for a view, one thread, a class the roofline costs, or a Profile
+        calibrated before wake costs were measured."""
+        if op.is_view or threads < 2 or not self.wake:
+            return 0.0
+        model = self.model_of(op)
+        if not isinstance(model, WorkThreadsModel):
+            return 0.0
+        fit = self.wake.get(self.class_key(op)) or self.wake.get(POOLED)
+        if fit is None:
+            return 0.0
+        return fit.extra_us(region_share(model, op.flops, op.bytes_moved), model.work_us(op.flops, op.bytes_moved))
 
     def _alone_us(self, op: Op, n: int) -> float:
         hit = self._alone.get((id(op), n))
@@ -494,6 +516,7 @@ class Profile:
             "context": self.context.to_json(),
             "links": None if self.links is None else self.links.to_json(),
             "cuda": None if self.cuda is None else self.cuda.to_json(),
+            "wake": {cls: fit.to_json() for cls, fit in sorted(self.wake.items())},
             "meta": self.meta,
         }
 
@@ -539,6 +562,10 @@ class Profile:
             links = LinkFits.from_json(d["links"]) if d.get("links") is not None else None
             where = "cuda"
             cuda = CudaCosts.from_json(d["cuda"]) if d.get("cuda") is not None else None
+            wake = {}
+            for cls, wd in dict(d.get("wake") or {}).items():
+                where = f"wake.{cls}"
+                wake[str(cls)] = WakeFit.from_json(wd)
             where = "meta"
             meta = dict(d.get("meta", {}))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -547,7 +574,7 @@ class Profile:
             raise SchedlabError(f"corrupt {source}: bad {where}: {detail}{hint}") from None
         return Profile(
             machine, created, quick, dispatch, classes, fallback, signatures, corun, meta, views, roofline, context,
-            links=links, cuda=cuda,
+            links=links, cuda=cuda, wake=wake,
         )
 
     def save(self, path: str | Path) -> Path:

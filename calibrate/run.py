@@ -44,6 +44,7 @@ from schedlab.calibrate.threads import thread_counts
 from schedlab.calibrate.timing import RetryBudget, TimingConfig, time_point
 from schedlab.calibrate.trace_cal import robust_low
 from schedlab.calibrate.views import ViewCosts, ViewPoint, fit_views, view_key
+from schedlab.calibrate.wake import WAKE_REPS, WakePoint, fit_wake, time_wake
 from schedlab.errors import SchedlabError
 from schedlab.exec.threads import set_intra_op_threads
 from schedlab.graph import Graph
@@ -69,6 +70,7 @@ class CalibrationConfig:
     view_timing: TimingConfig = field(default_factory=lambda: TimingConfig(budget_s=0.002, min_reps=20, max_reps=500, rounds=2))
     replay_rounds: int = 3  # timed executor steps of each graph (calibrate.context)
     corun_steps: int = 3  # timed two-slot executor steps of each small graph (calibrate.corun_fit); 0: none
+    wake_reps: int = WAKE_REPS  # timed calls per round of each op's wake cost (calibrate.wake); 0: none
     dispatch_ops: int = 1000  # ops per chain of the executor probe (see dispatch.py)
     corun_s: float = 0.25  # per alone/together run of each co-run op
     corun_rounds: int = 3
@@ -167,15 +169,18 @@ class _Bench:
     results: list[tuple[Case, int, float]] = field(default_factory=list)
     occurrences: list[Occurrence] = field(default_factory=list)  # ops as they ran in a step
     corun_runs: list[CorunRun] = field(default_factory=list)  # graphs run with two slots
+    wake: list[WakePoint] = field(default_factory=list)  # ops' cost of waking throttled helpers
     failures: list[str] = field(default_factory=list)
     contended: int = 0
 
 
 def _bench(
-    cases: Iterator[Case], threads: tuple[int, ...], cfg: CalibrationConfig, on_done: Callable[[], None], acc: _Bench
+    cases: Iterator[Case], threads: tuple[int, ...], cfg: CalibrationConfig, on_done: Callable[[], None], acc: _Bench,
+    cores: int,
 ) -> None:
     """Time every case at every thread count (a view: at one) into `acc`; contended points
-    are left out."""
+    are left out. Each op's cost of waking throttled OpenMP helpers (`calibrate.wake`) is
+    timed at the most threads, on a machine of `cores` cores."""
     for case in cases:
         k_threads, timing = ((1,), cfg.view_timing) if case.is_view else (threads, cfg.timing)
         try:
@@ -185,6 +190,10 @@ def _bench(
             light = _light(case)
             acc.results += [(light, k, call_us) for k, call_us in times.items() if k not in contended]
             acc.contended += len(contended)
+            k = max(k_threads)
+            if k >= 2 and k not in contended and cfg.wake_reps > 0:
+                extra = time_wake(case.fn, case.args, case.kwargs, k, cores, reps=cfg.wake_reps)
+                acc.wake.append(WakePoint(case.op_class, case.flops, case.nbytes, k, extra))
         except Exception as e:  # one op failing must not lose the calibration
             acc.failures.append(f"{case.target} ({case.source}): {type(e).__name__}: {str(e).splitlines()[0][:120]}")
         on_done()
@@ -239,6 +248,7 @@ def _benchmark_all(
             acc.corun_runs = measure_corun_runs(graphs, threads, machine, cfg.corun_steps)
             bar.update()
     specs = sweep_specs(replace(cfg.sweep, seed=cfg.seed))
+    cores = machine.default_device.cores
     counted: set[str] = set()
     for _, c in captured:
         counted.update(new_signatures(c.graph, counted))
@@ -247,9 +257,9 @@ def _benchmark_all(
         for source, c in captured:
             bar.set_postfix_str(source)
             acc.occurrences += _occurrences(c.graph, c.input_values, machine, dispatch, cfg.replay_rounds)
-            _bench(workload_cases(c.graph, c.input_values, seen, source), threads, cfg, bar.update, acc)
+            _bench(workload_cases(c.graph, c.input_values, seen, source), threads, cfg, bar.update, acc, cores)
         bar.set_postfix_str("sweep")
-        _bench(sweep_cases(specs, seen), threads, cfg, bar.update, acc)
+        _bench(sweep_cases(specs, seen), threads, cfg, bar.update, acc, cores)
         bar.total = bar.n  # sweep cases already seen in a workload were skipped
         bar.refresh()
 
@@ -299,6 +309,7 @@ def run_calibration(
     points = [Point(c.signature, c.op_class, c.flops, c.nbytes, k, max(t, 1e-3)) for c, k, t in ops]
     with bars.bar(1, "fit", "step") as bar:
         fallback, classes = fit_all(points, floor, cfg.seed)
+        wake = fit_wake(acc.wake, lambda cls: classes[cls].model if cls in classes else None)
         views = _view_costs(in_step, dispatch.view_call_floor_us)
         bar.update()
     signatures: dict[str, dict[int, float]] = {}
@@ -315,6 +326,7 @@ def run_calibration(
         "n_points": len(points),
         "failures": acc.failures,
         "contended_points": acc.contended,
+        "n_wake_points": len(acc.wake),
         "foreign_cpu_frac": _round(foreign_cpu_frac(cpu_start, snapshot())),
         "loadavg_1m_start": _round(load_start),
         "host": {k: host.host.get(k) for k in ("hostname", "cpu_model", "python", "torch", "platform")},
@@ -332,6 +344,7 @@ def run_calibration(
         views=views,
         roofline=_with_fixed_cost(roofline, classes),
         context=context,
+        wake=wake,
     )
     if acc.corun_runs:
         with bars.bar(1, "fit co-run latency", "step") as bar:

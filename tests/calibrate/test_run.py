@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import schedlab.calibrate.run as run_mod
 from schedlab.calibrate import DEFAULT_PROFILE_PATH, CalibrationConfig, Profile, run_calibration, signature
 from schedlab.calibrate.sweep import SweepConfig
 from schedlab.calibrate.timing import TimingConfig
+from schedlab.calibrate.wake import POOLED
 from schedlab.capture import capture
 from schedlab.cli import calibrate_cmd
 from schedlab.workloads import load_workload
@@ -52,6 +54,16 @@ def test_tiny_calibration_writes_a_loadable_profile(tiny_profile: tuple[Profile,
     assert profile.context.warm_us and profile.context.first_use_us  # from the executor's step of mlp
     assert set(profile.corun.latency_us) == {1}  # fitted at the one thread count benchmarked
     assert {r["source"] for r in profile.meta["corun_fit"]} == {"mlp/tiny/sgd"}
+    assert profile.wake == {} and profile.meta["n_wake_points"] == 0  # one thread: no helper to wake
+
+
+def test_a_calibration_at_two_threads_fits_what_waking_helpers_costs(tmp_path: Path) -> None:
+    cfg = replace(TINY, threads=(1, 2), wake_reps=1, corun_steps=0)
+    profile = run_calibration(quick=True, out=tmp_path / "p.json", progress=False, config=cfg)
+    assert profile.meta["n_wake_points"] > 0
+    pooled = profile.wake[POOLED]
+    assert pooled.threads == 2 and pooled.n_points == profile.meta["n_wake_points"]
+    assert Profile.load(tmp_path / "p.json").wake == profile.wake
 
 
 def test_every_op_of_the_workload_gets_a_finite_cost(tiny_profile: tuple[Profile, Path]) -> None:

@@ -1,0 +1,190 @@
+"""What a co-running op pays to wake its OpenMP helper threads (libgomp's throttled wait).
+
+ATen's CPU ops run their parallel regions on an OpenMP team per calling thread (threads.py).
+Between regions, libgomp's helper threads spin for a while (about 300,000 iterations,
+milliseconds) and then sleep, but it spins only about 100 iterations once the threads it
+manages outnumber the cores. The co-run executor gives each worker its own team, and the
+main thread keeps the team it ran the eager step with: as soon as a worker runs an op with
+two or more threads, the process manages more OpenMP threads than there are cores, and every
+helper goes to sleep right after its region. Its next region must wake it. On the 2-core
+development VM, whose idle virtual CPUs halt, that costs 50-70 us per region, and an op
+with many regions (an LSTM layer runs a few per time step) pays it many times over.
+
+Measured there (2026-11-27, lstm-lm, mixer and encoder-classifier, the executor with one
+slot and two threads while an idle thread held a second team): steps 1.3x to 1.8x slower,
+`mm` 66-86 us more per call, `mkldnn_rnn_layer` 2.3 ms more; with two slots and two threads
+the held-out models' steps were predicted 25% fast on average before this model. The same
+op timed back to back pays nothing (its helper is still awake), so `time_wake` times each
+call after `GAP_US` of work on the calling thread alone, as a step's smaller ops leave it.
+
+Only a helper that lands on an idle core pays: one that shares a core busy with another
+kernel is time-sliced, not woken from a halt, and processor sharing already charges that.
+The simulator therefore adds this cost to an op with two or more threads of a co-run plan
+in proportion to the idle share of the other cores (`sim.wake`).
+
+A class's cost is fitted as ``region_share * (base_us + per_work * work_us)``
+(`WakeFit`): ``region_share`` (0..1) is how far the op is into its class model's parallel
+regime (ATen runs small ops on the calling thread, so they have no helper to wake), and
+``work_us`` its one-thread work, for classes whose regions grow with the work (a recurrent
+layer's time steps).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from scipy.optimize import nnls
+
+from schedlab.calibrate.model import WorkThreadsModel
+from schedlab.exec.threads import set_intra_op_threads
+
+GAP_US = 300.0  # work on the calling thread alone before each timed call
+WAKE_REPS = 7  # timed calls per round
+WAKE_ROUNDS = 2  # rounds, alternating plain and throttled; each keeps its best round median
+MIN_FIT_POINTS = 3  # cases in a class's parallel regime for the class to get its own fit
+POOLED = "*"  # the key of the fit over every class, for classes without their own
+
+
+@dataclass(frozen=True)
+class WakeFit:
+    """extra_us = region_share * (base_us + per_work * work_us); see the module docstring."""
+
+    base_us: float
+    per_work: float
+    threads: int  # the intra-op thread count it was measured at
+    n_points: int
+
+    def extra_us(self, region_share: float, work_us: float) -> float:
+        return region_share * (self.base_us + self.per_work * work_us)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"base_us": self.base_us, "per_work": self.per_work, "threads": self.threads, "n_points": self.n_points}
+
+    @staticmethod
+    def from_json(d: Any) -> WakeFit:
+        if not isinstance(d, dict):
+            raise TypeError("a wake fit must be an object")
+        base, per_work = float(d["base_us"]), float(d["per_work"])
+        if not (base >= 0.0 and per_work >= 0.0):  # also refuses NaN
+            raise ValueError(f"a wake fit's base_us and per_work must be >= 0, got {base} and {per_work}")
+        return WakeFit(base_us=base, per_work=per_work, threads=int(d["threads"]), n_points=int(d["n_points"]))
+
+
+def region_share(model: WorkThreadsModel, flops: float, nbytes: float) -> float:
+    """How far (0..1) an op is into its class's parallel regime: its parallel share over
+    the class's largest (``p / p_max``, which is work / (work + h_us))."""
+    work = model.work_us(flops, nbytes)
+    return work / (work + model.h_us) if work > 0.0 else 0.0
+
+
+@contextmanager
+def throttled_omp(cores: int) -> Iterator[None]:
+    """While inside, another thread holds an idle OpenMP team of `cores` threads, as the
+    executor's main thread does: with any other team of two or more threads, libgomp then
+    manages more threads than there are cores and throttles its helpers' spinning, as the
+    co-run executor's workers find it."""
+    ready, stop = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        set_intra_op_threads(cores)
+        torch.add(torch.ones(1 << 18), torch.ones(1 << 18))  # a parallel region: the team exists
+        ready.set()
+        stop.wait()
+
+    holder = threading.Thread(target=hold, name="schedlab-idle-team", daemon=True)
+    holder.start()
+    try:
+        if not ready.wait(timeout=10.0):
+            raise RuntimeError("the idle OpenMP team did not start within 10 s")
+        yield
+    finally:
+        stop.set()
+        holder.join(timeout=10.0)
+
+
+def _busy_wait_us(us: float) -> None:
+    end = time.perf_counter_ns() + int(us * 1e3)
+    while time.perf_counter_ns() < end:
+        pass
+
+
+def _gapped_median_us(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], reps: int) -> float:
+    times = []
+    for _ in range(reps + 1):  # the first call warms up
+        _busy_wait_us(GAP_US)
+        t0 = time.perf_counter_ns()
+        out = fn(*args, **kwargs)
+        times.append(time.perf_counter_ns() - t0)
+        del out
+    return statistics.median(times[1:]) / 1e3
+
+
+def time_wake(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], threads: int, cores: int,
+    reps: int = WAKE_REPS, rounds: int = WAKE_ROUNDS,
+) -> float:
+    """The call's extra time (us, >= 0) at `threads` intra-op threads on a machine of
+    `cores` cores with libgomp's spinning throttled (`throttled_omp`), over the same gapped
+    calls without: best round median each."""
+    plain, throttled = float("inf"), float("inf")
+    before = set_intra_op_threads(threads)
+    try:
+        for _ in range(max(1, rounds)):
+            plain = min(plain, _gapped_median_us(fn, args, kwargs, reps))
+            with throttled_omp(cores):
+                throttled = min(throttled, _gapped_median_us(fn, args, kwargs, reps))
+    finally:
+        set_intra_op_threads(before)
+    return max(0.0, throttled - plain)
+
+
+@dataclass(frozen=True)
+class WakePoint:
+    """One case's measured wake cost."""
+
+    op_class: str  # the class model it is fitted under (`signature.fit_class`)
+    flops: float
+    nbytes: float
+    threads: int
+    extra_us: float
+
+
+def fit_wake(points: Sequence[WakePoint], model_of: Callable[[str], WorkThreadsModel | None]) -> dict[str, WakeFit]:
+    """Per class with at least `MIN_FIT_POINTS` cases in its parallel regime (region share
+    >= 0.5), the non-negative least-squares `WakeFit`; under `POOLED`, one fit of every
+    class's points (each scored with its own class model), for the classes without."""
+    rows: dict[str, list[tuple[float, float, float]]] = {}
+    threads = max((p.threads for p in points), default=0)
+    for p in points:
+        model = model_of(p.op_class)
+        if model is None:
+            continue
+        share = region_share(model, p.flops, p.nbytes)
+        rows.setdefault(p.op_class, []).append((share, model.work_us(p.flops, p.nbytes), p.extra_us))
+    fits: dict[str, WakeFit] = {}
+    every: list[tuple[float, float, float]] = []
+    for cls, rs in sorted(rows.items()):
+        every += rs
+        if sum(1 for s, _, _ in rs if s >= 0.5) >= MIN_FIT_POINTS:
+            fits[cls] = _nnls_fit(rs, threads)
+    if every:
+        fits[POOLED] = _nnls_fit(every, threads)
+    return fits
+
+
+def _nnls_fit(rows: Sequence[tuple[float, float, float]], threads: int) -> WakeFit:
+    a = np.array([[s, s * w] for s, w, _ in rows], dtype=np.float64)
+    b = np.array([e for _, _, e in rows], dtype=np.float64)
+    scale = np.maximum(a.max(axis=0), 1e-12)  # columns of similar size for the solver
+    coef, _ = nnls(a / scale, b)
+    coef = coef / scale
+    # rounded as saved, so a Profile predicts the same before and after a round trip
+    return WakeFit(base_us=round(float(coef[0]), 3), per_work=round(float(coef[1]), 6), threads=threads, n_points=len(rows))

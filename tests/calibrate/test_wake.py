@@ -1,0 +1,107 @@
+"""What co-running ops pay to wake throttled OpenMP helpers: the fit, the Profile, the probe."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from schedlab.calibrate.model import WorkThreadsModel
+from schedlab.calibrate.profile import Profile
+from schedlab.calibrate.wake import (
+    POOLED,
+    WakeFit,
+    WakePoint,
+    fit_wake,
+    region_share,
+    throttled_omp,
+    time_wake,
+)
+from schedlab.errors import SchedlabError
+from schedlab.plan import Plan, resolve
+from schedlab.sim import simulate
+from schedlab.sim.testing import cpu_machine
+from tests.calibrate.factories import MM_MODEL, make_graph, make_op, make_profile
+
+# A class that runs below its grain size (h_us) on one thread: small ops have no helper to wake.
+GRAINY = WorkThreadsModel(a_us=1.0, us_per_gflop=0.0, us_per_mb=100.0, us_per_mb_dram=0.0, cache_mb=1.0,
+                          p_max=0.9, h_us=50.0, c_us=0.0)
+
+
+def test_region_share_grows_with_the_work_past_the_grain_size() -> None:
+    assert region_share(GRAINY, 0.0, 0.0) == 0.0
+    small, large = region_share(GRAINY, 0.0, 1e4), region_share(GRAINY, 0.0, 1e7)  # 1 us and 1 ms of work
+    assert 0.0 < small < 0.05 and large > 0.9
+
+
+def test_fit_recovers_a_fixed_wake_and_one_that_grows_with_the_work() -> None:
+    points = [WakePoint("mm", f, 0.0, 2, 70.0) for f in (1e7, 3e7, 1e8, 3e8)]  # 100 us .. 3 ms of work
+    points += [WakePoint("rnn", f, 0.0, 2, 20.0 + 0.5 * f * 1e-5) for f in (1e7, 3e7, 1e8, 3e8)]
+    points += [WakePoint("rare", 1e8, 0.0, 2, 500.0)]  # too few points for a fit of its own
+    points += [WakePoint("unknown", 1e8, 0.0, 2, 1e6)]  # no class model: left out
+    models = {"mm": MM_MODEL, "rnn": MM_MODEL, "rare": MM_MODEL}
+    fits = fit_wake(points, models.get)
+    assert set(fits) == {"mm", "rnn", POOLED}
+    assert fits["mm"].base_us == pytest.approx(70.0, rel=1e-6) and fits["mm"].per_work == pytest.approx(0.0, abs=1e-9)
+    assert fits["rnn"].base_us == pytest.approx(20.0, rel=1e-6) and fits["rnn"].per_work == pytest.approx(0.5, rel=1e-6)
+    assert fits[POOLED].n_points == 9 and fits["mm"].threads == 2
+
+
+def test_profile_charges_the_class_fit_else_the_pooled_one_and_never_one_thread_or_views() -> None:
+    base = make_profile()
+    op = make_op(flops=2e7)  # 200 us of one-thread work under MM_MODEL
+    assert base.wake_us(op, 2) == 0.0  # calibrated before wake costs
+    p = dataclasses.replace(base, wake={"mm": WakeFit(40.0, 0.1, 2, 5), POOLED: WakeFit(7.0, 0.0, 2, 50)})
+    assert p.wake_us(op, 2) == pytest.approx(40.0 + 0.1 * 200.0, rel=1e-6)
+    assert p.wake_us(op, 1) == 0.0
+    assert p.wake_us(make_op(is_view=True), 2) == 0.0
+    only_pooled = dataclasses.replace(base, wake={POOLED: WakeFit(7.0, 0.0, 2, 50)})
+    assert only_pooled.wake_us(op, 2) == pytest.approx(7.0, rel=1e-6)
+
+
+def test_wake_fits_round_trip_and_a_corrupt_one_is_one_clear_error(tmp_path: Path) -> None:
+    p = dataclasses.replace(make_profile(), wake={"mm": WakeFit(40.0, 0.1, 2, 5), POOLED: WakeFit(7.0, 0.0, 2, 50)})
+    path = p.save(tmp_path / "p.json")
+    q = Profile.load(path, check_machine=False)
+    assert q.wake == p.wake and q.to_json() == p.to_json()
+    d = json.loads(path.read_text())
+    d["wake"]["mm"]["base_us"] = -3.0
+    path.write_text(json.dumps(d))
+    with pytest.raises(SchedlabError, match=r"corrupt .*: bad wake\.mm: .*base_us and per_work must be >= 0"):
+        Profile.load(path, check_machine=False)
+    del d["wake"]  # a Profile of before: no wake cost
+    path.write_text(json.dumps(d))
+    assert Profile.load(path, check_machine=False).wake == {}
+
+
+def test_a_co_run_plan_of_two_threads_is_predicted_slower_with_the_wake() -> None:
+    g = make_graph()
+    m = cpu_machine(2)
+    plain = make_profile()
+    woken = dataclasses.replace(plain, wake={POOLED: WakeFit(50.0, 0.0, 2, 10)})
+    for plan, slower in ((Plan(slots=2, threads=2), True), (Plan(slots=1, threads=2), False), (Plan(slots=2, threads=1), False)):
+        r = resolve(g, plan, m)
+        a = simulate(g, r, m, plain.for_graph(g).for_slots(plan.slots)).step_time_s
+        b = simulate(g, r, m, woken.for_graph(g).for_slots(plan.slots)).step_time_s
+        assert (b > a) if slower else (b == a), plan
+
+
+def test_throttled_omp_holds_an_idle_team_only_while_inside() -> None:
+    def holders() -> int:
+        return sum(1 for t in threading.enumerate() if t.name == "schedlab-idle-team")
+
+    with throttled_omp(2):
+        assert holders() == 1
+    assert holders() == 0
+
+
+def test_time_wake_measures_a_non_negative_extra_and_restores_the_thread_count() -> None:
+    x = torch.ones(1 << 16)
+    before = torch.get_num_threads()
+    extra = time_wake(torch.add, (x, x), {}, threads=2, cores=2, reps=2, rounds=1)
+    assert 0.0 <= extra < 1e5
+    assert torch.get_num_threads() == before
