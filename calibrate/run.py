@@ -35,6 +35,7 @@ from schedlab.calibrate.coverage import build as build_coverage
 from schedlab.calibrate.dispatch import DispatchFigures, measure_dispatch
 from schedlab.calibrate.fit import ClassFit, Point, fit_all
 from schedlab.calibrate.host_load import foreign_cpu_frac, snapshot
+from schedlab.calibrate.host_scaling import probe_host_scaling
 from schedlab.calibrate.links import LinkConfig, LinkFits, measure_links, quick_link_config
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.roofline import Roofline, measure_roofline
@@ -295,6 +296,7 @@ def run_calibration(
         with bars.bar(1, "co-run", "step") as bar:
             corun = measure_corun(cores, cfg.corun_s, cfg.corun_rounds)
             bar.update()
+        scaling = probe_host_scaling(max(threads))  # the host's two-core state this hour (host_scaling.py)
         with bars.bar(1, "roofline", "step") as bar:
             roofline = measure_roofline(threads, set_intra_op_threads)
             bar.update()
@@ -327,6 +329,7 @@ def run_calibration(
         "failures": acc.failures,
         "contended_points": acc.contended,
         "n_wake_points": len(acc.wake),
+        "host_scaling": None if scaling is None else scaling.to_json(),
         "foreign_cpu_frac": _round(foreign_cpu_frac(cpu_start, snapshot())),
         "loadavg_1m_start": _round(load_start),
         "host": {k: host.host.get(k) for k in ("hostname", "cpu_model", "python", "torch", "platform")},

@@ -336,6 +336,7 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
     from tqdm import tqdm
 
     from schedlab.calibrate.fidelity import CALIBRATION_PLAN, held_out_fidelity, held_out_summary, plan_spread
+    from schedlab.calibrate.host_scaling import probe_host_scaling
     from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
     from schedlab.cli.common import capture_spec, load_profile
     from schedlab.io import check_writable, write_json_atomic
@@ -348,14 +349,19 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
     profile = load_profile(args.profile)
     plans = plan_spread(machine.default_device.cores)
     results = []
+    cores = machine.default_device.cores
+    scaling: list[dict[str, Any]] = []  # the host's two-core state around each model's measurements
     with tqdm(total=len(models) * len(plans) * args.rounds, desc="held-out fidelity", unit="plan", file=sys.stderr, disable=None) as bar:
         for model in models:
             bar.set_postfix_str(model)
             _, c = capture_spec(model, args.size, args.optimizer)
+            before = probe_host_scaling(cores)
             results.append(held_out_fidelity(
                 model, c.graph, c.input_values, plans, profile, machine, steps=args.steps,
                 progress=lambda: bar.update(1), rounds=args.rounds,
             ))
+            after = probe_host_scaling(cores)
+            scaling.append({"workload": model, "before": before and before.to_json(), "after": after and after.to_json()})
     cal_name = CALIBRATION_PLAN.name
     result = {
         **conditions("held-out", args, machine),
@@ -368,6 +374,7 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
         "of its errors; 'other_shapes' also leaves out the other one-slot one-thread plans). Errors are "
         "fractions: predicted / measured - 1.",
         **held_out_summary(results),
+        "host_scaling": {"calibration": profile.meta.get("host_scaling"), "models": scaling},
         "wall_s": time.perf_counter() - t0,
     }
     write_json_atomic(out, result, indent=1)
@@ -431,6 +438,24 @@ def run_rescore(args: argparse.Namespace) -> int:
     print_plan_shapes(result.get("plan_shapes", []))
     print(f"results: {out}")
     return 0
+
+
+def print_host_scaling(scaling: dict[str, Any] | None) -> None:
+    """The host's one-thread over all-threads speedup of a compute-bound and a memory-bound
+    probe (`calibrate.host_scaling`) when the Profile was calibrated and around each model."""
+    from schedlab.calibrate.host_scaling import HostScaling
+
+    if not scaling or not any(m.get("before") for m in scaling.get("models", [])):
+        return
+
+    def pair(d: Any) -> str:
+        p = HostScaling.from_json(d)
+        return "   -  /   - " if p is None else f"{p.compute_speedup:5.2f} / {p.memory_speedup:4.2f}"
+
+    print("\nthe host's speedup from one thread to all cores (compute mm / memory add; calibrate/host_scaling.py):")
+    print(f"  {'at calibration':<26}{pair(scaling.get('calibration'))}")
+    for m in scaling["models"]:
+        print(f"  {m['workload'].removeprefix(PREFIX):<26}{pair(m.get('before'))}  ->  {pair(m.get('after'))}")
 
 
 def print_plan_shapes(shapes: list[dict[str, Any]]) -> None:
@@ -510,6 +535,7 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
     print("others: share of the CPU other processes used while the plan was measured")
     print_op_classes(result.get("op_classes", []), cal)
     print_plan_shapes(result.get("plan_shapes", []))
+    print_host_scaling(result.get("host_scaling"))
     busy = result["busy_plans"]
     if busy:
         named = ", ".join(busy[:5]) + (f" and {len(busy) - 5} more" if len(busy) > 5 else "")

@@ -158,6 +158,13 @@ def test_held_out_command_json_and_table(capsys, tmp_path: Path, profile_file: P
     assert stored["size"] == "tiny" and stored["steps_per_plan"] == 1 and stored["versions"]["torch"]
     assert all(p["foreign_cpu_frac"] is None or 0.0 <= p["foreign_cpu_frac"] <= 1.0 for p in stored["plans"])
     assert isinstance(stored["busy_plans"], list)
+    scaling = stored["host_scaling"]
+    assert scaling["calibration"] is None  # a hand-made profile: never probed
+    (probe,) = scaling["models"]
+    assert probe["workload"] == MODEL
+    for p in (probe["before"], probe["after"]):
+        assert p["threads"] == detect_host().default_device.cores
+        assert p["compute_speedup"] > 0 and p["memory_speedup"] > 0 and p["compute_1t_us"] > 0
     # the profile has no signatures: every kernel op is unseen, and the per-class table counts them all
     kernels = sum(c["n_ops"] for c in m["op_classes"])
     assert kernels > 0 and [c["op_class"] for c in stored["op_classes"]] != []
