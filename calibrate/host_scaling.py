@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +53,7 @@ class HostScaling:
             return None
 
 
-def _median_us(fn: Any, threads: int, reps: int) -> float:
+def _median_us(fn: Callable[[], None], threads: int, reps: int) -> float:
     set_intra_op_threads(threads)
     fn()  # warm-up
     times = []
@@ -69,12 +70,19 @@ def probe_host_scaling(threads: int, reps: int = REPS) -> HostScaling | None:
     if threads < 2:
         return None
     m, k, n = MM_SHAPE
-    a, b = torch.randn(m, k), torch.randn(k, n)
-    x, y = torch.randn(ADD_ELEMS), torch.randn(ADD_ELEMS)
+    a, b, c = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
+    x, y, z = torch.randn(ADD_ELEMS), torch.randn(ADD_ELEMS), torch.empty(ADD_ELEMS)
+
+    def mm() -> None:
+        torch.mm(a, b, out=c)  # into a kept buffer: no allocation or page fault is timed
+
+    def add() -> None:
+        torch.add(x, y, out=z)
+
     before = set_intra_op_threads(threads)
     try:
-        mm1, add1 = _median_us(lambda: torch.mm(a, b), 1, reps), _median_us(lambda: torch.add(x, y), 1, reps)
-        mmk, addk = _median_us(lambda: torch.mm(a, b), threads, reps), _median_us(lambda: torch.add(x, y), threads, reps)
+        mm1, add1 = _median_us(mm, 1, reps), _median_us(add, 1, reps)
+        mmk, addk = _median_us(mm, threads, reps), _median_us(add, threads, reps)
     finally:
         set_intra_op_threads(before)
     return HostScaling(threads, mm1 / mmk, add1 / addk, mm1, add1)
