@@ -42,7 +42,7 @@ from schedlab.sim.prepare import (
     wakes_on,
 )
 from schedlab.sim.result import RankStats, SimResult, Timeline, build_trace
-from schedlab.sim.wake import wake_table
+from schedlab.sim.wake import wake_fractions, wake_table
 from schedlab.steps import copied_op
 
 __all__ = ["ENGINES", "Simulator", "run_simpy", "simulate"]
@@ -233,13 +233,8 @@ class Simulator:
         """`slowdown` with the wake factor of `sim.wake` (the same floats `prepare.waking` gives)."""
         if threads.size == 0 or threads.max() < 2:
             return slowdown
-        wake = self._costs.wake_us(threads, mirror)
-        pays = (threads >= 2) & (wake > 0.0) & (kernel_us > 0.0)
-        if not pays.any():
-            return slowdown
-        fractions = np.zeros(len(threads), dtype=np.float64)
-        fractions[pays] = wake[pays] / kernel_us[pays]
-        return wake_table(slowdown, fractions, threads, capacity)
+        fractions = wake_fractions(self._costs.wake_us(threads, mirror), kernel_us, threads)
+        return slowdown if fractions is None else wake_table(slowdown, fractions, threads, capacity)
 
     def _kernels_arr(self, threads: np.ndarray) -> np.ndarray:
         """Kernel µs of every op at its thread count (`sim.cost_table`)."""

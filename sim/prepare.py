@@ -36,6 +36,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from schedlab.distribute import ALL_REDUCE
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, Op, OpKind, alias_roots
@@ -457,10 +459,12 @@ def waking(
     on = set(devices)
     wake = [float(ask(op, threads[i])) if op_device[i] in on and threads[i] >= 2 and op.kind is not OpKind.COMM else 0.0
             for i, op in enumerate(ops)]
-    fractions = wake_fractions(wake, kernel_us, threads)
+    fractions = wake_fractions(np.asarray(wake, dtype=np.float64), np.asarray(kernel_us, dtype=np.float64),
+                               np.asarray(threads, dtype=np.int64))
     if fractions is None:
         return slowdown
-    return tuple(with_wake(fn, fractions, threads, machine.devices[d].cores) if d in on else fn
+    per_op = fractions.tolist()
+    return tuple(with_wake(fn, per_op, threads, machine.devices[d].cores) if d in on else fn
                  for d, fn in enumerate(slowdown))
 
 

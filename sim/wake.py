@@ -44,11 +44,15 @@ def idle_share(busy_others: int, threads: int, cores: int) -> float:
     return min(1.0, max(0, cores - 1 - busy_others) / (threads - 1))
 
 
-def wake_fractions(wake_us: Sequence[float], kernel_us: Sequence[float], threads: Sequence[int]) -> list[float] | None:
+def wake_fractions(wake_us: np.ndarray, kernel_us: np.ndarray, threads: np.ndarray) -> np.ndarray | None:
     """Per op: its wake cost over its kernel time (0 with one thread or no kernel time);
     None when no op pays anything."""
-    out = [w / k if t >= 2 and w > 0.0 and k > 0.0 else 0.0 for w, k, t in zip(wake_us, kernel_us, threads, strict=True)]
-    return out if any(out) else None
+    pays = (threads >= 2) & (wake_us > 0.0) & (kernel_us > 0.0)
+    if not pays.any():
+        return None
+    out = np.zeros(len(threads), dtype=np.float64)
+    out[pays] = wake_us[pays] / kernel_us[pays]
+    return out
 
 
 def with_wake(slowdown: SlowdownFn, fractions: Sequence[float], threads: Sequence[int], cores: int) -> SlowdownFn:
