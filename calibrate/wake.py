@@ -26,7 +26,9 @@ A class's cost is fitted as ``region_share * (base_us + per_work * work_us)``
 (`WakeFit`): ``region_share`` (0..1) is how far the op is into its class model's parallel
 regime (ATen runs small ops on the calling thread, so they have no helper to wake), and
 ``work_us`` its one-thread work, for classes whose regions grow with the work (a recurrent
-layer's time steps).
+layer's time steps). It is timed at the most threads calibration benchmarks (all the
+cores: 2 here) and charged at any count of two or more; how it grows with a larger team on
+a many-core host is not measured yet.
 """
 
 from __future__ import annotations
