@@ -107,6 +107,15 @@ def chain(n: int, nbytes: int = 4096, name: str = "chain") -> Graph:
     return b.build()
 
 
+def independent(*names: str) -> Graph:
+    """Ops of the given names, each reading the one input and nothing else, each an output."""
+    b = GraphBuilder("independent")
+    x = b.input("x", 64)
+    for n in names:
+        b.output(b.op(n, [x], nbytes=64), n)
+    return b.build()
+
+
 def fork_join(width: int, nbytes: int = 4096, name: str = "fork_join") -> Graph:
     """x -> src -> (b0 .. b{width-1}) -> join: ops "src", "b0".., "join"."""
     b = GraphBuilder(name)

@@ -10,18 +10,18 @@ from schedlab.errors import SchedlabError
 from schedlab.graph import OpKind
 from schedlab.plan import Plan, resolve
 from schedlab.sim import SimResult, Simulator, simulate
-from schedlab.sim.testing import GraphBuilder, TableCost, chain, cpu_machine, fork_join, random_cost, random_dag
+from schedlab.sim.testing import (
+    GraphBuilder,
+    TableCost,
+    chain,
+    cpu_machine,
+    fork_join,
+    independent,
+    random_cost,
+    random_dag,
+)
 from schedlab.trace import Trace
 from tests.sim.conftest import spans
-
-
-def independent(*names: str) -> GraphBuilder:
-    """Ops reading one input and nothing else, each an output."""
-    b = GraphBuilder("independent")
-    x = b.input("x", 64)
-    for n in names:
-        b.output(b.op(n, [x], nbytes=64), n)
-    return b
 
 
 def run(graph_builder_or_graph, plan: Plan, cores: int, cost: TableCost, engine: str = "auto") -> SimResult:  # type: ignore[no-untyped-def]
@@ -119,7 +119,7 @@ def test_one_slot_runs_the_list_schedule(engine: str, order: str) -> None:
 
 def test_priority_picks_among_ready_ops() -> None:
     # Three ready ops, one slot, an explicit order c, a, b.
-    g = independent("a", "b", "c").build()
+    g = independent("a", "b", "c")
     m = cpu_machine(2)
     res = simulate(g, resolve(g, Plan(slots=1, threads=1, order=(2, 0, 1)), m), m, TableCost(default_kernel_us=5.0))
     assert [name for name, *_ in spans(res.trace)] == ["c", "a", "b"]

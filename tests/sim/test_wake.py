@@ -11,7 +11,16 @@ import pytest
 from schedlab.graph import Graph, Op
 from schedlab.plan import Plan, resolve
 from schedlab.sim import SimResult, Simulator, simulate
-from schedlab.sim.testing import GraphBuilder, RandomCost, TableCost, chain, cpu_machine, random_dag, random_plan
+from schedlab.sim.testing import (
+    GraphBuilder,
+    RandomCost,
+    TableCost,
+    chain,
+    cpu_machine,
+    independent,
+    random_dag,
+    random_plan,
+)
 from schedlab.sim.wake import idle_share, wake_table, with_wake
 from tests.sim.conftest import spans
 
@@ -34,12 +43,6 @@ class WakingRandomCost(RandomCost):
         return 0.0 if op.is_view or threads < 2 else self._draw("wake:" + op.name, 0.0, 80.0)
 
 
-def independent(*names: str) -> GraphBuilder:
-    b = GraphBuilder("independent")
-    x = b.input("x", 64)
-    for n in names:
-        b.output(b.op(n, [x], nbytes=64), n)
-    return b
 
 
 def run(graph: GraphBuilder | Graph, plan: Plan, cores: int, cost: TableCost, engine: str) -> SimResult:
