@@ -83,7 +83,8 @@ def quick_config() -> CalibrationConfig:
     return CalibrationConfig(
         quick=True,
         links=quick_link_config(),
-        sweep=SweepConfig(per_class=12, max_flops=3e8, max_elems=1 << 22),  # the coverage models add real shapes
+        # the coverage models add real shapes; big matmuls as held-out models have them
+        sweep=SweepConfig(per_class=12, max_flops=3e8, max_elems=1 << 22, big_matmul_flops=1.5e9),
         timing=TimingConfig(budget_s=0.01, min_reps=3, max_reps=30),
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -116,3 +117,21 @@ def test_sweep_times_grouped_and_depthwise_convolutions_at_their_own_cost() -> N
         assert c.flops == 2 * n * out.shape[1] * out.shape[2] * out.shape[3] * w.shape[1] * w.shape[2] * w.shape[3]
     backward = [c for c in sweep_cases(specs, set()) if c.op_class == "convolution_backward"]
     assert any(c.args[9] > 1 for c in backward)
+
+
+def test_big_matmuls_span_the_range_above_the_cap_and_leave_every_other_case_as_drawn() -> None:
+    """A quick sweep caps matmuls at 3e8 FLOPs; models run larger ones. `big_matmul_flops`
+    adds `big_matmuls` mm and addmm cases per class banded between the two caps, from a
+    random stream of their own."""
+    base = SweepConfig(per_class=3, max_flops=1e6, max_elems=1 << 12)
+    big = replace(base, big_matmul_flops=1e8, big_matmuls=3)
+    plain, more = sweep_specs(base), sweep_specs(big)
+    assert len(more) == len(plain) + 6
+    assert [(s.target, s.build.args) for s in more[: len(plain)]] == [(s.target, s.build.args) for s in plain]
+    added = list(sweep_cases(more[len(plain):], set()))
+    assert sorted(c.op_class for c in added) == ["addmm"] * 3 + ["mm"] * 3
+    for cls in ("mm", "addmm"):
+        works = sorted(c.flops for c in added if c.op_class == cls)
+        assert all(1e6 < w <= 1e8 for w in works), works
+        assert works[-1] > 10 * works[0]  # banded over the range, not bunched
+    assert len(sweep_specs(replace(base, big_matmul_flops=1e5))) == len(plain)  # a cap under max_flops adds none
