@@ -45,7 +45,7 @@ from schedlab.calibrate.threads import thread_counts
 from schedlab.calibrate.timing import RetryBudget, TimingConfig, time_point
 from schedlab.calibrate.trace_cal import robust_low
 from schedlab.calibrate.views import ViewCosts, ViewPoint, fit_views, view_key
-from schedlab.calibrate.wake import WAKE_REPS, WakePoint, fit_wake, time_wake
+from schedlab.calibrate.wake import WAKE_REPS, WakePoint, fit_wake, time_wake, wake_reps
 from schedlab.errors import SchedlabError
 from schedlab.exec.threads import set_intra_op_threads
 from schedlab.graph import Graph
@@ -194,7 +194,7 @@ def _bench(
             acc.contended += len(contended)
             k = max(k_threads)
             if k >= 2 and k not in contended and cfg.wake_reps > 0:
-                extra = time_wake(case.fn, case.args, case.kwargs, k, cores, reps=cfg.wake_reps)
+                extra = time_wake(case.fn, case.args, case.kwargs, k, cores, reps=wake_reps(times[k], cfg.wake_reps))
                 acc.wake.append(WakePoint(case.op_class, case.flops, case.nbytes, k, extra))
         except Exception as e:  # one op failing must not lose the calibration
             acc.failures.append(f"{case.target} ({case.source}): {type(e).__name__}: {str(e).splitlines()[0][:120]}")

@@ -49,7 +49,8 @@ from schedlab.calibrate.model import WorkThreadsModel
 from schedlab.exec.threads import set_intra_op_threads
 
 GAP_US = 300.0  # work on the calling thread alone before each timed call
-WAKE_REPS = 7  # timed calls per round
+WAKE_REPS = 7  # timed calls per round, at most
+WAKE_BUDGET_US = 20_000.0  # what one side of one round may take: long calls get fewer reps (at least 2)
 WAKE_ROUNDS = 2  # rounds, alternating plain and throttled; each keeps its best round median
 MIN_FIT_POINTS = 3  # cases in a class's parallel regime for the class to get its own fit
 POOLED = "*"  # the key of the fit over every class, for classes without their own
@@ -127,6 +128,12 @@ def _gapped_median_us(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
         times.append(time.perf_counter_ns() - t0)
         del out
     return statistics.median(times[1:]) / 1e3
+
+
+def wake_reps(call_us: float, most: int = WAKE_REPS) -> int:
+    """Timed calls per round for an op whose call takes `call_us`: as many as fit in
+    `WAKE_BUDGET_US` with their gaps, between 2 and `most`."""
+    return max(2, min(most, int(WAKE_BUDGET_US // (call_us + GAP_US))))
 
 
 def time_wake(

@@ -20,6 +20,7 @@ from schedlab.calibrate.wake import (
     region_share,
     throttled_omp,
     time_wake,
+    wake_reps,
 )
 from schedlab.errors import SchedlabError
 from schedlab.plan import Plan, resolve
@@ -97,6 +98,13 @@ def test_throttled_omp_holds_an_idle_team_only_while_inside() -> None:
     with throttled_omp(2):
         assert holders() == 1
     assert holders() == 0
+
+
+def test_long_calls_get_fewer_timed_calls_but_at_least_two() -> None:
+    assert wake_reps(1.0) == 7
+    assert wake_reps(5_000.0) == 3  # 20 ms of budget over 5.3 ms per gapped call
+    assert wake_reps(50_000.0) == 2
+    assert wake_reps(1.0, most=1) == 2
 
 
 def test_time_wake_measures_a_non_negative_extra_and_restores_the_thread_count() -> None:
