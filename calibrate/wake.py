@@ -3,11 +3,12 @@
 ATen's CPU ops run their parallel regions on an OpenMP team per calling thread (threads.py).
 Between regions, libgomp's helper threads spin for a while (about 300,000 iterations,
 milliseconds) and then sleep, but it spins only about 100 iterations once the threads it
-manages outnumber the cores. The co-run executor gives each worker its own team, and the
+manages outnumber the cores (the documented `GOMP_SPINCOUNT` defaults with
+`OMP_WAIT_POLICY` unset). The co-run executor gives each worker its own team, and the
 main thread keeps the team it ran the eager step with: as soon as a worker runs an op with
 two or more threads, the process manages more OpenMP threads than there are cores, and every
 helper goes to sleep right after its region. Its next region must wake it. On the 2-core
-development VM, whose idle virtual CPUs halt, that costs 50-70 us per region, and an op
+development VM, whose idle virtual CPUs halt, that costs about 40-90 us per region, and an op
 with many regions (an LSTM layer runs a few per time step) pays it many times over.
 
 Measured there (2026-11-27, lstm-lm, mixer and encoder-classifier, the executor with one
