@@ -18,13 +18,18 @@ import argparse
 import dataclasses
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from schedlab.cli.common import TRACES_DIR, print_json
 from schedlab.errors import SchedlabError
 from schedlab.workloads import BUILTIN_WORKLOADS
 from schedlab.workloads.heldout import HELDOUT_WORKLOADS, PREFIX, is_heldout
+
+if TYPE_CHECKING:
+    from schedlab.calibrate.profile import Profile
 
 DEFAULT_OUT = TRACES_DIR / "fidelity.json"
 DEFAULT_HELDOUT_OUT = TRACES_DIR / "fidelity-heldout.json"
@@ -257,19 +262,21 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     cal_threads = () if args.no_trace_calibration else tuple(sorted({1, machine.default_device.cores}))
     rows = []
     drifts: list[dict[str, Any]] = []
+    probes = HostProbes(machine.default_device.cores)  # around each model's calibration and plans
     with tqdm(total=len(models) * len(plans) * args.rounds, desc="fidelity", unit="plan", file=sys.stderr, disable=None) as bar:
         for model in models:
             bar.set_postfix_str(model)
             _, c = capture_spec(model, args.size, args.optimizer)
-            profile = base_profile
             cal_steps: dict[int, float] = {}
-            if cal_threads:
-                profile = calibrate_with_traces(profile, c.graph, c.input_values, machine, steps=args.steps,
-                                                step_times_s=cal_steps, rounds=args.rounds)
-            mine = measure_and_predict(
-                model, c.graph, c.input_values, plans, profile, machine, steps=args.steps,
-                calibration_threads=cal_threads, progress=lambda: bar.update(1), rounds=args.rounds,
-            )
+            with probes.around(model):
+                profile = base_profile
+                if cal_threads:
+                    profile = calibrate_with_traces(profile, c.graph, c.input_values, machine, steps=args.steps,
+                                                    step_times_s=cal_steps, rounds=args.rounds)
+                mine = measure_and_predict(
+                    model, c.graph, c.input_values, plans, profile, machine, steps=args.steps,
+                    calibration_threads=cal_threads, progress=lambda: bar.update(1), rounds=args.rounds,
+                )
             drifts += calibration_drift(model, cal_steps, mine)
             rows += mine
     summary = summarise(rows)
@@ -278,6 +285,7 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
         "trace_calibration": bool(cal_threads),
         **scores(rows),
         "calibration_drift": drifts,
+        "host_scaling": probes.to_json(base_profile),
         "wall_s": time.perf_counter() - t0,
     }
     write_json_atomic(out, result, indent=1)
@@ -302,6 +310,7 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     print("exec/sim: measured step time over simulation time, with the Simulator a search reuses; "
           "(cold): a simulate() call with a new cost model object")
     print_plan_shapes(result["plan_shapes"])
+    print_host_scaling(result["host_scaling"])
     for d in drifts:
         if abs(d["drift"]) > DRIFT_WARN:
             print(f"warning: {d['workload']}: its trace-calibration run ({d['threads']} thread(s), one slot, program "
@@ -313,6 +322,27 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
 
 
 DRIFT_WARN = 0.15  # a scored run this far from its own trace-calibration run: the machine drifted
+
+
+class HostProbes:
+    """The host's two-core scaling (`calibrate.host_scaling`) before and after each model's
+    measurements, as the results file keeps them beside the Profile's own probe."""
+
+    def __init__(self, cores: int) -> None:
+        self.cores = cores
+        self.models: list[dict[str, Any]] = []
+
+    @contextmanager
+    def around(self, model: str) -> Iterator[None]:
+        from schedlab.calibrate.host_scaling import probe_host_scaling
+
+        before = probe_host_scaling(self.cores)
+        yield
+        after = probe_host_scaling(self.cores)
+        self.models.append({"workload": model, "before": before and before.to_json(), "after": after and after.to_json()})
+
+    def to_json(self, profile: Profile) -> dict[str, Any]:
+        return {"calibration": profile.meta.get("host_scaling"), "models": self.models}
 
 
 def calibration_drift(workload: str, cal_steps: dict[int, float], rows: list[Any]) -> list[dict[str, Any]]:
@@ -336,7 +366,6 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
     from tqdm import tqdm
 
     from schedlab.calibrate.fidelity import CALIBRATION_PLAN, held_out_fidelity, held_out_summary, plan_spread
-    from schedlab.calibrate.host_scaling import probe_host_scaling
     from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
     from schedlab.cli.common import capture_spec, load_profile
     from schedlab.io import check_writable, write_json_atomic
@@ -349,19 +378,16 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
     profile = load_profile(args.profile)
     plans = plan_spread(machine.default_device.cores)
     results = []
-    cores = machine.default_device.cores
-    scaling: list[dict[str, Any]] = []  # the host's two-core state around each model's measurements
+    probes = HostProbes(machine.default_device.cores)
     with tqdm(total=len(models) * len(plans) * args.rounds, desc="held-out fidelity", unit="plan", file=sys.stderr, disable=None) as bar:
         for model in models:
             bar.set_postfix_str(model)
             _, c = capture_spec(model, args.size, args.optimizer)
-            before = probe_host_scaling(cores)
-            results.append(held_out_fidelity(
-                model, c.graph, c.input_values, plans, profile, machine, steps=args.steps,
-                progress=lambda: bar.update(1), rounds=args.rounds,
-            ))
-            after = probe_host_scaling(cores)
-            scaling.append({"workload": model, "before": before and before.to_json(), "after": after and after.to_json()})
+            with probes.around(model):
+                results.append(held_out_fidelity(
+                    model, c.graph, c.input_values, plans, profile, machine, steps=args.steps,
+                    progress=lambda: bar.update(1), rounds=args.rounds,
+                ))
     cal_name = CALIBRATION_PLAN.name
     result = {
         **conditions("held-out", args, machine),
@@ -374,7 +400,7 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
         "of its errors; 'other_shapes' also leaves out the other one-slot one-thread plans). Errors are "
         "fractions: predicted / measured - 1.",
         **held_out_summary(results),
-        "host_scaling": {"calibration": profile.meta.get("host_scaling"), "models": scaling},
+        "host_scaling": probes.to_json(profile),
         "wall_s": time.perf_counter() - t0,
     }
     write_json_atomic(out, result, indent=1)

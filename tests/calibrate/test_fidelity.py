@@ -162,8 +162,12 @@ def test_held_out_command_json_and_table(capsys, tmp_path: Path, profile_file: P
     assert scaling["calibration"] is None  # a hand-made profile: never probed
     (probe,) = scaling["models"]
     assert probe["workload"] == MODEL
+    cores = detect_host().default_device.cores
     for p in (probe["before"], probe["after"]):
-        assert p["threads"] == detect_host().default_device.cores
+        if cores < 2:  # nothing to scale, no probe
+            assert p is None
+            continue
+        assert p["threads"] == cores
         assert p["compute_speedup"] > 0 and p["memory_speedup"] > 0 and p["compute_1t_us"] > 0
     # the profile has no signatures: every kernel op is unseen, and the per-class table counts them all
     kernels = sum(c["n_ops"] for c in m["op_classes"])
@@ -272,6 +276,10 @@ def test_builtin_command_keeps_its_keys(capsys, tmp_path: Path, profile_file: Pa
     assert d["trace_calibration"] is False and {p["workload"] for p in d["plans"]} == {"mlp"}
     assert {p["method"] for p in d["plans"]} == {PROFILE_ONLY}
     assert json.loads(capsys.readouterr().out)["mape"] == d["mape"]
+    (probe,) = d["host_scaling"]["models"]  # the host's two-core probe around the model's plans
+    assert probe["workload"] == "mlp"
+    if detect_host().default_device.cores >= 2:  # one core: nothing to scale, no probe
+        assert probe["before"]["compute_speedup"] > 0 and probe["after"]["threads"] >= 2
 
 
 def test_a_scored_run_far_from_its_own_calibration_run_is_reported_as_drift() -> None:
