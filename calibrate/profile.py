@@ -163,10 +163,11 @@ class Profile:
         calibrated before wake costs were measured."""
         if op.is_view or threads < 2 or not self.wake:
             return 0.0
-        model = self.model_of(op)
+        key = self.class_key(op)
+        model = self.class_model(key)
         if not isinstance(model, WorkThreadsModel):
             return 0.0
-        fit = self.wake.get(self.class_key(op)) or self.wake.get(POOLED)
+        fit = self.wake.get(key) or self.wake.get(POOLED)
         if fit is None:
             return 0.0
         return fit.extra_us(region_share(model, op.flops, op.bytes_moved), model.work_us(op.flops, op.bytes_moved))

@@ -23,6 +23,9 @@ from typing import Any
 
 from schedlab.graph import Graph, Op
 
+STRIDED_MARK = "|strided"
+STRIDED_CLASS = "[strided]"  # a class model's name for the strided cases of a class (`Profile.class_key`)
+
 
 def _strip_values(a: Any) -> Any:
     if isinstance(a, dict):
@@ -34,24 +37,21 @@ def _strip_values(a: Any) -> Any:
     return a
 
 
-def signature_of(target: str, flops: float, nbytes: int, args: Any, kwargs: dict[str, Any]) -> str:
-    """The signature of a call of `target` on arguments in the Graph's JSON encoding."""
+def signature_of(
+    target: str, flops: float, nbytes: int, args: Any, kwargs: dict[str, Any], strided: bool = False
+) -> str:
+    """The signature of a call of `target` on arguments in the Graph's JSON encoding;
+    ``|strided`` ends that of a call that reads a permuted input (`Op.strided`)."""
     arg_key = json.dumps(_strip_values(list(args)), separators=(",", ":"), sort_keys=True)
     key = f"{target}|f={float(flops)!r}|b={int(nbytes)}|a={arg_key}"
     if kwargs:
         key += "|k=" + json.dumps(_strip_values(kwargs), separators=(",", ":"), sort_keys=True)
-    return key
+    return key + STRIDED_MARK if strided else key
 
 
 def signature(op: Op) -> str:
-    """The signature of `op` (see the module docstring); ``|strided`` ends that of an op
-    that reads a permuted input (`Op.strided`)."""
-    key = signature_of(op.target, op.flops, op.bytes_moved, op.args, op.kwargs)
-    return key + STRIDED_MARK if op.strided else key
-
-
-STRIDED_MARK = "|strided"
-STRIDED_CLASS = "[strided]"  # a class model's name for the strided cases of a class (`Profile.class_key`)
+    """The signature of `op` (see the module docstring)."""
+    return signature_of(op.target, op.flops, op.bytes_moved, op.args, op.kwargs, op.strided)
 
 
 def fit_class(op_class: str, strided: bool) -> str:

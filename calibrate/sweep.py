@@ -20,7 +20,7 @@ import torch
 
 from schedlab.calibrate.aten_call import fast_callable, resolve_target
 from schedlab.calibrate.cases import Case
-from schedlab.calibrate.signature import STRIDED_MARK, fit_class, signature_of
+from schedlab.calibrate.signature import fit_class, signature_of
 from schedlab.capture import dtype_name, reads_strided, tensor_meta
 from schedlab.flops import op_cost
 from schedlab.graph import op_class_of
@@ -312,8 +312,9 @@ def _matmul_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
 def _big_matmul_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
     """`mm` and `addmm` with work between `max_flops` and `big_matmul_flops`, banded, drawn
     from a stream of their own so every other case is drawn as without them. A quick
-    profile's matmul model otherwise extrapolates past its cap: held-out lstm-lm's 0.4 GFLOP
-    output projections were predicted 11-20% fast at one thread. (Raising `max_flops` for
+    profile's matmul model otherwise extrapolates past its cap: held-out lstm-lm's output
+    projection (`addmm`) and its two backward `mm`s, about 0.4 GFLOP each, were predicted
+    11% and 20% fast at one thread. (Raising `max_flops` for
     all classes instead made the convolution fits worse: depthwise-cnn 21.6% to 33.3%.)"""
     if cfg.big_matmul_flops <= cfg.max_flops or cfg.big_matmuls <= 0:
         return []
@@ -525,7 +526,7 @@ def sweep_cases(specs: list[SweepSpec], seen: set[str]) -> Iterator[Case]:
         del out, outs
         op_class = op_class_of(spec.target)
         strided = reads_strided(op_class, tensors_in)
-        sig = signature_of(spec.target, flops, nbytes, _encode(args), _encode(kwargs)) + (STRIDED_MARK if strided else "")
+        sig = signature_of(spec.target, flops, nbytes, _encode(args), _encode(kwargs), strided)
         if sig in seen:
             continue
         seen.add(sig)

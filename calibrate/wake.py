@@ -12,9 +12,10 @@ development VM, whose idle virtual CPUs halt, that costs about 40-90 us per regi
 with many regions (an LSTM layer runs a few per time step) pays it many times over.
 
 Measured there (2026-11-27, lstm-lm, mixer and encoder-classifier, the executor with one
-slot and two threads while an idle thread held a second team): steps 1.3x to 1.8x slower,
+slot and two threads while an idle thread held a second team): steps 1.27x to 1.75x slower,
 `mm` 66-86 us more per call, `mkldnn_rnn_layer` 2.3 ms more; with two slots and two threads
-the held-out models' steps were predicted 25% fast on average before this model. The same
+the held-out models' steps were predicted 22-30% fast on average before this model (saved
+runs re-scored with and without it). The same
 op timed back to back pays nothing (its helper is still awake), so `time_wake` times each
 call after `GAP_US` of work on the calling thread alone, as a step's smaller ops leave it.
 
