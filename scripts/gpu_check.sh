@@ -9,7 +9,11 @@
 #   2. its many CPU cores: a quick CPU calibration over 1..N threads, the simulator's fidelity
 #      over the many-core spread (slots 1/2/4 x threads up to N), and a concurrency search on
 #      the simulator whose top plans are validated on the executor.
+#   3. how the wake cost of throttled OpenMP helpers grows with the team (scripts/wake_threads.py).
 # Usage: scripts/gpu_check.sh OUT_DIR BASE_PROFILE [DEADLINE_S]
+# ONLY="step step ..." runs only the steps named (default every step), in the order below;
+# HELDOUT_CPU names the held-out models of the many-core fidelity (default mixer
+# encoder-classifier).
 # Every step has its own time limit inside DEADLINE_S (default 540 s); each step's output
 # and log land in OUT_DIR, packed into OUT_DIR/results.tgz after every step, so a run cut
 # short still returns what it finished. PYTHON (default python3, with schedlab importable)
@@ -17,6 +21,7 @@
 set -u
 out=${1:?OUT_DIR}; base=${2:?BASE_PROFILE}; deadline_s=${3:-540}
 py=${PYTHON:-python3}; sl=${SCHEDLAB:-$py -m schedlab}
+repo=$(cd "$(dirname "$0")/.." && pwd)
 w=$(mktemp -d); t0=$(date +%s)
 export PYTHONUNBUFFERED=1
 mkdir -p "$out"
@@ -25,6 +30,7 @@ cd "$w"  # not the checkout: its schedlab/ folder would shadow the installed pac
 cores=$(nproc)
 step() {  # step NAME CAP_S COMMAND...: run with the lesser of CAP_S and what is left
   local name=$1 cap=$2; shift 2
+  if [[ -n "${ONLY:-}" && " $ONLY " != *" $name "* ]]; then return; fi
   local left=$(( deadline_s - ($(date +%s) - t0) - 15 ))
   (( left < cap )) && cap=$left
   if (( cap < 10 )); then echo "skip $name: no time left" | tee -a "$w/steps.txt"; return; fi
@@ -57,7 +63,8 @@ step rescore-cuda 150 $sl fidelity --cuda --rescore "$w/fidelity-cuda.json" --re
   --out "$w/fidelity-cuda-refit.json"
 threads=$($py -c "n=$cores; print(','.join(str(t) for t in sorted({1 << k for k in range(n.bit_length()) if 1 << k <= n} | {n})))")
 step calibrate-cpu 200 $sl calibrate --quick --threads "$threads" --out "$w/profile-cpu.json" --no-progress
-step fidelity-cpu-heldout 120 $sl fidelity --held-out mixer encoder-classifier --steps 3 \
+step wake-threads 60 $py "$repo/scripts/wake_threads.py" "$w/wake-threads.json"
+step fidelity-cpu-heldout 180 $sl fidelity --held-out ${HELDOUT_CPU:-mixer encoder-classifier} --steps 3 \
   --profile "$w/profile-cpu.json" --out "$w/fidelity-cpu-heldout.json"
 step search-cpu 60 $sl search transformer --space concurrency --trials 100 --profile "$w/profile-cpu.json" \
   --run-dir "$w/run-transformer" --no-progress

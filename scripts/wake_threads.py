@@ -1,0 +1,58 @@
+"""How the wake cost of throttled OpenMP helpers (`schedlab.calibrate.wake`) grows with the
+team: a few representative ops timed at 2, 4, 8, ... threads up to the cores, each plain and
+with libgomp's spinning throttled, as calibration times them at the most threads only.
+
+Usage: python scripts/wake_threads.py [OUT.json]  (prints a table; writes rows as JSON)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from schedlab.calibrate.wake import time_wake_pair
+
+
+def _cases() -> list[tuple[str, Callable[..., Any], tuple[Any, ...]]]:
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g)
+
+    aten = torch.ops.aten
+    return [
+        ("mm 128x512x512", aten.mm.default, (r(128, 512), r(512, 512))),
+        ("mm 512x1024x1024", aten.mm.default, (r(512, 1024), r(1024, 1024))),
+        ("add 1M", aten.add.Tensor, (r(1 << 20), r(1 << 20))),
+        ("add 8M", aten.add.Tensor, (r(1 << 23), r(1 << 23))),
+        ("conv 32x64x28x28 k3", aten.convolution.default,
+         (r(32, 64, 28, 28), r(64, 64, 3, 3), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)),
+        ("layer_norm 8192x512", aten.native_layer_norm.default, (r(8192, 512), [512], r(512), r(512), 1e-5)),
+    ]
+
+
+def main(argv: list[str]) -> int:
+    cores = os.cpu_count() or 1
+    teams = sorted({1 << k for k in range(1, cores.bit_length()) if 1 << k <= cores} | ({cores} if cores >= 2 else set()))
+    rows = []
+    print(f"{'op':24} {'threads':>7} {'plain_us':>10} {'throttled_us':>12} {'extra_us':>9}")
+    with torch.no_grad():
+        for name, fn, args in _cases():
+            for k in teams:
+                plain_us, throttled_us = time_wake_pair(fn, args, {}, k, cores, reps=7, rounds=3)
+                rows.append({"op": name, "threads": k, "cores": cores, "plain_us": round(plain_us, 2),
+                             "throttled_us": round(throttled_us, 2), "extra_us": round(max(0.0, throttled_us - plain_us), 2)})
+                print(f"{name:24} {k:7} {plain_us:10.1f} {throttled_us:12.1f} {rows[-1]['extra_us']:9.1f}", flush=True)
+    if len(argv) > 1:
+        with open(argv[1], "w") as f:
+            json.dump({"cores": cores, "torch": torch.__version__, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
