@@ -49,6 +49,7 @@ JSON layout (version 2; version 1 files, without "views" and "roofline", still l
      "cuda": null | {"device", "torch", "launch_us", "flops_per_s", "bw_bytes_per_s",   # calibrate.cuda_costs
               "signatures": {signature: kernel_us}, ...},
      "wake": {op_class or "*": {"base_us", "per_work", "threads", "n_points"}},   # calibrate.wake
+     "wake_scale": {threads: share},   # the wake below the fits' thread count, calibrate.wake
      "meta": {...}}
 
 "links" (link and collective fits between local ranks, `schedlab calibrate --links`) is
@@ -62,6 +63,7 @@ them, linear) and "host_costs" (what each communication op costs its rank, `comm
 may be absent or null: the simulator then charges those ops the dispatch cost of any op.
 "wake" (what an op of a co-run plan pays to wake its throttled OpenMP helpers, `wake_us`)
 is optional too, added within version 2: without it the simulator charges no wake cost.
+"wake_scale" (added later within version 2) may be absent: every count then pays the fits'.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ from schedlab.calibrate.roofline import Roofline
 from schedlab.calibrate.signature import fit_class, graph_signatures, signature
 from schedlab.calibrate.trace_cal import trace_figures, trace_slots
 from schedlab.calibrate.views import NO_VIEW_COSTS, ViewCosts
-from schedlab.calibrate.wake import POOLED, WakeFit, region_share
+from schedlab.calibrate.wake import POOLED, WakeFit, region_share, wake_share
 from schedlab.distribute import ALL_REDUCE, RECV, SEND
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, Op, OpKind
@@ -125,6 +127,8 @@ class Profile:
     cuda: CudaCosts | None = None  # op costs calibrated on a CUDA device (calibrate.cuda_costs)
     # op class -> the cost of waking throttled OpenMP helpers (calibrate.wake); POOLED: every class
     wake: dict[str, WakeFit] = field(default_factory=dict)
+    # threads below the wake fits' own -> the share of their cost paid there (calibrate.wake)
+    wake_scale: dict[int, float] = field(default_factory=dict)
     # the graph this Profile predicts (`for_graph`) and the Python ids of its first-use ops
     bound: tuple[Graph, frozenset[int]] | None = field(default=None, compare=False, repr=False)
     # executor slots the dispatch cost is for (`for_slots`); a use, not part of the JSON
@@ -159,8 +163,9 @@ class Profile:
         """What `op` with `threads` intra-op threads pays, in a co-run plan, to wake its
         OpenMP helpers on idle cores (`calibrate.wake`; the simulator scales it by the idle
         share of the other cores, `sim.wake`): its class's fit, else the fit over every
-        class; 0 for a view, one thread, a class the roofline costs, or a Profile
-        calibrated before wake costs were measured."""
+        class, at the share of it measured at `threads` (`wake_scale`); 0 for a view, one
+        thread, a class the roofline costs, or a Profile calibrated before wake costs were
+        measured."""
         if op.is_view or threads < 2 or not self.wake:
             return 0.0
         key = self.class_key(op)
@@ -170,7 +175,8 @@ class Profile:
         fit = self.wake.get(key) or self.wake.get(POOLED)
         if fit is None:
             return 0.0
-        return fit.extra_us(region_share(model, op.flops, op.bytes_moved), model.work_us(op.flops, op.bytes_moved))
+        extra = fit.extra_us(region_share(model, op.flops, op.bytes_moved), model.work_us(op.flops, op.bytes_moved))
+        return extra * wake_share(self.wake_scale, fit.threads, threads)
 
     def _alone_us(self, op: Op, n: int) -> float:
         hit = self._alone.get((id(op), n))
@@ -518,6 +524,7 @@ class Profile:
             "links": None if self.links is None else self.links.to_json(),
             "cuda": None if self.cuda is None else self.cuda.to_json(),
             "wake": {cls: fit.to_json() for cls, fit in sorted(self.wake.items())},
+            "wake_scale": {str(k): v for k, v in sorted(self.wake_scale.items())},
             "meta": self.meta,
         }
 
@@ -567,6 +574,8 @@ class Profile:
             for cls, wd in dict(d.get("wake") or {}).items():
                 where = f"wake.{cls}"
                 wake[str(cls)] = WakeFit.from_json(wd)
+            where = "wake_scale"
+            wake_scale = _wake_scale_from_json(d.get("wake_scale") or {})
             where = "meta"
             meta = dict(d.get("meta", {}))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -575,7 +584,7 @@ class Profile:
             raise SchedlabError(f"corrupt {source}: bad {where}: {detail}{hint}") from None
         return Profile(
             machine, created, quick, dispatch, classes, fallback, signatures, corun, meta, views, roofline, context,
-            links=links, cuda=cuda, wake=wake,
+            links=links, cuda=cuda, wake=wake, wake_scale=wake_scale,
         )
 
     def save(self, path: str | Path) -> Path:
@@ -702,6 +711,18 @@ def _row_from_json(row: Any) -> dict[int, float]:
         threads = int(k)
         if threads < 1:
             raise ValueError(f"thread count {k!r} must be >= 1")
+        out[threads] = _number(v)
+    return out
+
+
+def _wake_scale_from_json(d: Any) -> dict[int, float]:
+    if not isinstance(d, dict):
+        raise TypeError("expected an object of threads -> share")
+    out: dict[int, float] = {}
+    for k, v in d.items():
+        threads = int(k)
+        if threads < 2:
+            raise ValueError(f"thread count {k!r} must be >= 2 (one thread wakes no helper)")
         out[threads] = _number(v)
     return out
 

@@ -37,6 +37,7 @@ from schedlab.calibrate.fit import ClassFit, Point, fit_all
 from schedlab.calibrate.host_load import foreign_cpu_frac, snapshot
 from schedlab.calibrate.host_scaling import probe_host_scaling
 from schedlab.calibrate.links import LinkConfig, LinkFits, measure_links, quick_link_config
+from schedlab.calibrate.model import WorkThreadsModel
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.roofline import Roofline, measure_roofline
 from schedlab.calibrate.signature import base_class, signature
@@ -45,7 +46,7 @@ from schedlab.calibrate.threads import thread_counts
 from schedlab.calibrate.timing import RetryBudget, TimingConfig, time_point
 from schedlab.calibrate.trace_cal import robust_low
 from schedlab.calibrate.views import ViewCosts, ViewPoint, fit_views, view_key
-from schedlab.calibrate.wake import WAKE_REPS, WakePoint, fit_wake, time_wake, wake_reps
+from schedlab.calibrate.wake import WAKE_REPS, WakePoint, fit_wake, fit_wake_scale, time_wake, wake_reps
 from schedlab.errors import SchedlabError
 from schedlab.exec.threads import set_intra_op_threads
 from schedlab.graph import Graph
@@ -72,6 +73,7 @@ class CalibrationConfig:
     replay_rounds: int = 3  # timed executor steps of each graph (calibrate.context)
     corun_steps: int = 3  # timed two-slot executor steps of each small graph (calibrate.corun_fit); 0: none
     wake_reps: int = WAKE_REPS  # timed calls per round of each op's wake cost (calibrate.wake); 0: none
+    wake_scale_every: int = 4  # every Nth case's wake is timed at the smaller thread counts too; 0: none
     dispatch_ops: int = 1000  # ops per chain of the executor probe (see dispatch.py)
     corun_s: float = 0.25  # per alone/together run of each co-run op
     corun_rounds: int = 3
@@ -182,8 +184,9 @@ def _bench(
 ) -> None:
     """Time every case at every thread count (a view: at one) into `acc`; contended points
     are left out. Each op's cost of waking throttled OpenMP helpers (`calibrate.wake`) is
-    timed at the most threads, on a machine of `cores` cores."""
-    for case in cases:
+    timed at the most threads, and every `wake_scale_every`-th case's at each smaller count
+    of two or more, on a machine of `cores` cores."""
+    for i, case in enumerate(cases):
         k_threads, timing = ((1,), cfg.view_timing) if case.is_view else (threads, cfg.timing)
         try:
             times, contended = time_point(
@@ -192,8 +195,11 @@ def _bench(
             light = _light(case)
             acc.results += [(light, k, call_us) for k, call_us in times.items() if k not in contended]
             acc.contended += len(contended)
-            k = max(k_threads)
-            if k >= 2 and k not in contended and cfg.wake_reps > 0:
+            most = max(k_threads)
+            every = cfg.wake_scale_every
+            for k in sorted(k_threads, reverse=True):
+                if k < 2 or k in contended or cfg.wake_reps <= 0 or (k < most and (every <= 0 or i % every)):
+                    continue
                 extra = time_wake(case.fn, case.args, case.kwargs, k, cores, reps=wake_reps(times[k], cfg.wake_reps))
                 acc.wake.append(WakePoint(case.op_class, case.flops, case.nbytes, k, extra))
         except Exception as e:  # one op failing must not lose the calibration
@@ -312,7 +318,11 @@ def run_calibration(
     points = [Point(c.signature, c.op_class, c.flops, c.nbytes, k, max(t, 1e-3)) for c, k, t in ops]
     with bars.bar(1, "fit", "step") as bar:
         fallback, classes = fit_all(points, floor, cfg.seed)
-        wake = fit_wake(acc.wake, lambda cls: classes[cls].model if cls in classes else None)
+        def model_of(cls: str) -> WorkThreadsModel | None:
+            return classes[cls].model if cls in classes else None
+
+        wake = fit_wake(acc.wake, model_of)
+        wake_scale = fit_wake_scale(acc.wake, wake, model_of)
         views = _view_costs(in_step, dispatch.view_call_floor_us)
         bar.update()
     signatures: dict[str, dict[int, float]] = {}
@@ -349,6 +359,7 @@ def run_calibration(
         roofline=_with_fixed_cost(roofline, classes),
         context=context,
         wake=wake,
+        wake_scale=wake_scale,
     )
     if acc.corun_runs:
         with bars.bar(1, "fit co-run latency", "step") as bar:

@@ -28,17 +28,22 @@ A class's cost is fitted as ``region_share * (base_us + per_work * work_us)``
 (`WakeFit`): ``region_share`` (0..1) is how far the op is into its class model's parallel
 regime (ATen runs small ops on the calling thread, so they have no helper to wake), and
 ``work_us`` its one-thread work, for classes whose regions grow with the work (a recurrent
-layer's time steps). It is timed at the most threads calibration benchmarks (all the
-cores: 2 here) and charged at any count of two or more; how it grows with a larger team on
-a many-core host is not measured yet.
+layer's time steps). The fits are timed at the most threads calibration benchmarks (all
+the cores: 2 here). On a host of more cores every fourth case is timed at each smaller
+count of two or more too, and `fit_wake_scale` gives the wake there as a share of the fits'
+(`wake_share`): a larger team has more helpers, and the last of them to wake sets the
+region's end (on a 16-core Xeon, 2026-11-27, `scripts/wake_threads.py`: small ops paid
+about 20-40 us at 2 and 4 threads, 40-75 us at 16).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -145,6 +150,15 @@ def time_wake(
     """The call's extra time (us, >= 0) at `threads` intra-op threads on a machine of
     `cores` cores with libgomp's spinning throttled (`throttled_omp`), over the same gapped
     calls without: best round median each."""
+    plain_us, throttled_us = time_wake_pair(fn, args, kwargs, threads, cores, reps, rounds)
+    return max(0.0, throttled_us - plain_us)
+
+
+def time_wake_pair(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], threads: int, cores: int,
+    reps: int = WAKE_REPS, rounds: int = WAKE_ROUNDS,
+) -> tuple[float, float]:
+    """`time_wake`'s two sides (us): the gapped call plain, and with spinning throttled."""
     plain, throttled = float("inf"), float("inf")
     before = set_intra_op_threads(threads)
     try:
@@ -154,7 +168,7 @@ def time_wake(
                 throttled = min(throttled, _gapped_median_us(fn, args, kwargs, reps))
     finally:
         set_intra_op_threads(before)
-    return max(0.0, throttled - plain)
+    return plain, throttled
 
 
 @dataclass(frozen=True)
@@ -175,6 +189,8 @@ def fit_wake(points: Sequence[WakePoint], model_of: Callable[[str], WorkThreadsM
     rows: dict[str, list[tuple[float, float, float]]] = {}
     threads = max((p.threads for p in points), default=0)
     for p in points:
+        if p.threads != threads:  # fewer threads: `fit_wake_scale`'s
+            continue
         model = model_of(p.op_class)
         if model is None:
             continue
@@ -189,6 +205,43 @@ def fit_wake(points: Sequence[WakePoint], model_of: Callable[[str], WorkThreadsM
     if every:
         fits[POOLED] = _nnls_fit(every, threads)
     return fits
+
+
+def fit_wake_scale(
+    points: Sequence[WakePoint], fits: Mapping[str, WakeFit], model_of: Callable[[str], WorkThreadsModel | None],
+) -> dict[int, float]:
+    """At each thread count below the fits' own, the wake as a share of what the fits charge:
+    the median, over the cases in their class's parallel regime (region share >= 0.5) that
+    the fits charge anything, of measured over charged; a count with fewer than
+    `MIN_FIT_POINTS` such cases gets none (`wake_share` then interpolates)."""
+    ratios: dict[int, list[float]] = {}
+    for p in points:
+        model = model_of(p.op_class)
+        fit = fits.get(p.op_class) or fits.get(POOLED)
+        if model is None or fit is None or p.threads >= fit.threads:
+            continue
+        share = region_share(model, p.flops, p.nbytes)
+        charged = fit.extra_us(share, model.work_us(p.flops, p.nbytes))
+        if share >= 0.5 and charged > 0.0:
+            ratios.setdefault(p.threads, []).append(p.extra_us / charged)
+    return {k: round(float(np.median(r)), 4) for k, r in sorted(ratios.items()) if len(r) >= MIN_FIT_POINTS}
+
+
+def wake_share(scale: Mapping[int, float], fit_threads: int, threads: int) -> float:
+    """The share of a fit measured at `fit_threads` that an op of `threads` threads pays:
+    `scale`'s (`fit_wake_scale`) at a count it holds, interpolated in log2(threads) between
+    the counts around it (the fits' own count is 1.0), the nearest below the least; 1.0 with
+    no scale or at the fits' count and above."""
+    if not scale or threads >= fit_threads:
+        return 1.0
+    knots = [*sorted((k, v) for k, v in scale.items() if k < fit_threads), (fit_threads, 1.0)]
+    if threads <= knots[0][0]:
+        return knots[0][1]
+    for (k0, v0), (k1, v1) in itertools.pairwise(knots):
+        if threads <= k1:
+            t = (math.log2(threads) - math.log2(k0)) / (math.log2(k1) - math.log2(k0))
+            return v0 + t * (v1 - v0)
+    return 1.0
 
 
 def _nnls_fit(rows: Sequence[tuple[float, float, float]], threads: int) -> WakeFit:

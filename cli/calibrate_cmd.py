@@ -112,12 +112,28 @@ def summary(profile: Any, path: Path, wall_s: float) -> dict[str, Any]:
         },
         "coverage_models": profile.meta.get("coverage", []),
         "links": None if profile.links is None else links_summary(profile.links),
+        "wake": _wake_summary(profile),
         "signatures": len(profile.signatures),
         "view_signatures": len(profile.views.signatures),
         "foreign_cpu_frac": profile.meta.get("foreign_cpu_frac"),
         "failures": len(profile.meta.get("failures", [])),
         "contended_points": profile.meta.get("contended_points", 0),
         "wall_s": round(wall_s, 1),
+    }
+
+
+def _wake_summary(profile: Any) -> dict[str, Any] | None:
+    """The wake of throttled OpenMP helpers (calibrate.wake): the pooled fit, how many classes
+    have their own, and the share paid at fewer threads."""
+    from schedlab.calibrate.wake import POOLED
+
+    pooled = profile.wake.get(POOLED)
+    if pooled is None:
+        return None
+    return {
+        "pooled": pooled.to_json(),
+        "classes": len(profile.wake) - 1,
+        "scale": {str(k): v for k, v in sorted(profile.wake_scale.items())},
     }
 
 
@@ -152,6 +168,13 @@ def _print_table(s: dict[str, Any]) -> None:
     x = s["context_us"]
     print(f"in a step, beyond a benchmark: +{x['warm_median']:.2f} us per op (median), +{x['first_use_median']:.2f} us "
           f"more for the first op of its kind; {s['view_signatures']} view signatures measured")
+    if s.get("wake"):
+        w = s["wake"]
+        p = w["pooled"]
+        scale = ", ".join(f"x{v:.2f} at {k} thr" for k, v in w["scale"].items())
+        print(f"waking throttled OpenMP helpers (co-run plans): {p['base_us']:.1f} us + {p['per_work']:.4f} x work at "
+              f"{p['threads']} threads (pooled over {p['n_points']} cases; {w['classes']} classes of their own)"
+              + (f"; {scale}" if scale else ""))
     if s["links"]:
         _print_links(s["links"])
 

@@ -12,8 +12,8 @@ import pytest
 
 import schedlab.calibrate.run as run_mod
 from schedlab.calibrate import DEFAULT_PROFILE_PATH, CalibrationConfig, Profile, run_calibration, signature
-from schedlab.calibrate.sweep import SweepConfig
-from schedlab.calibrate.timing import TimingConfig
+from schedlab.calibrate.sweep import SweepConfig, sweep_cases, sweep_specs
+from schedlab.calibrate.timing import RetryBudget, TimingConfig
 from schedlab.calibrate.wake import POOLED
 from schedlab.capture import capture
 from schedlab.cli import calibrate_cmd
@@ -64,6 +64,29 @@ def test_a_calibration_at_two_threads_fits_what_waking_helpers_costs(tmp_path: P
     pooled = profile.wake[POOLED]
     assert pooled.threads == 2 and pooled.n_points == profile.meta["n_wake_points"]
     assert Profile.load(tmp_path / "p.json").wake == profile.wake
+
+
+def test_the_wake_is_timed_at_the_most_threads_and_every_nth_case_at_fewer(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def fake_wake(fn: object, args: object, kwargs: object, threads: int, cores: int, reps: int) -> float:
+        calls.append(threads)
+        return 10.0 * threads
+
+    def fake_point(fn: object, args: object, kwargs: object, threads: tuple[int, ...], *rest: object) -> object:
+        return {k: 100.0 / k for k in threads}, set()
+
+    monkeypatch.setattr(run_mod, "time_wake", fake_wake)
+    monkeypatch.setattr(run_mod, "time_point", fake_point)
+    cases = list(sweep_cases(sweep_specs(SweepConfig(per_class=3, max_flops=2e6, max_elems=1 << 12)), set()))
+    ops = sum(1 for c in cases if not c.is_view)
+    acc = run_mod._Bench(retry=RetryBudget(1.0))
+    run_mod._bench(iter(cases), (1, 2, 4), replace(TINY, wake_scale_every=3), lambda: None, acc, cores=4)
+    assert calls.count(4) == ops and 0 < calls.count(2) <= ops // 3 + 1 and 1 not in calls
+    assert {p.threads for p in acc.wake} == {2, 4} and len(acc.wake) == len(calls)
+    calls.clear()
+    run_mod._bench(iter(cases), (1, 2, 4), replace(TINY, wake_scale_every=0), lambda: None, run_mod._Bench(RetryBudget(1.0)), 4)
+    assert set(calls) == {4}  # 0: the most threads only
 
 
 def test_every_op_of_the_workload_gets_a_finite_cost(tiny_profile: tuple[Profile, Path]) -> None:

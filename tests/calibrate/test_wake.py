@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import threading
 from pathlib import Path
 
@@ -17,10 +18,12 @@ from schedlab.calibrate.wake import (
     WakeFit,
     WakePoint,
     fit_wake,
+    fit_wake_scale,
     region_share,
     throttled_omp,
     time_wake,
     wake_reps,
+    wake_share,
 )
 from schedlab.errors import SchedlabError
 from schedlab.plan import Plan, resolve
@@ -52,6 +55,27 @@ def test_fit_recovers_a_fixed_wake_and_one_that_grows_with_the_work() -> None:
     assert fits[POOLED].n_points == 9 and fits["mm"].threads == 2
 
 
+def test_fewer_threads_pay_the_measured_share_of_the_fit_at_the_most() -> None:
+    at_most = [WakePoint("mm", f, 0.0, 16, 70.0) for f in (1e7, 3e7, 1e8, 3e8)]
+    half = [WakePoint("mm", f, 0.0, 4, 35.0) for f in (1e7, 3e7, 1e8)]
+    few = [WakePoint("mm", 1e8, 0.0, 2, 7.0)]  # one case: no share of its own
+    small = [WakePoint("mm", 1e3, 0.0, 4, 1e4)]  # outside the parallel regime: left out
+    fits = fit_wake(at_most + half + few + small, {"mm": MM_MODEL}.get)
+    assert fits["mm"].threads == 16 and fits["mm"].n_points == 4  # fitted at the most threads only
+    assert fits["mm"].base_us == pytest.approx(70.0, rel=1e-6)
+    assert fit_wake_scale(at_most + half + few + small, fits, {"mm": MM_MODEL}.get) == {4: pytest.approx(0.5, rel=1e-3)}
+
+
+def test_the_share_interpolates_in_log2_threads_up_to_the_fits_own_count() -> None:
+    scale = {2: 0.4, 4: 0.5}
+    assert wake_share(scale, 16, 2) == pytest.approx(0.4)
+    assert wake_share(scale, 16, 3) == pytest.approx(0.4 + 0.1 * (math.log2(3) - 1.0))
+    assert wake_share(scale, 16, 8) == pytest.approx(0.75)  # halfway from 4 (0.5) to 16 (1.0) in log2
+    assert wake_share(scale, 16, 16) == 1.0 and wake_share(scale, 16, 32) == 1.0
+    assert wake_share({4: 0.5}, 16, 2) == 0.5  # below the least count measured: its share
+    assert wake_share({}, 16, 2) == 1.0  # no scale measured (2 cores): the fit as it is
+
+
 def test_profile_charges_the_class_fit_else_the_pooled_one_and_never_one_thread_or_views() -> None:
     base = make_profile()
     op = make_op(flops=2e7)  # 200 us of one-thread work under MM_MODEL
@@ -62,14 +86,23 @@ def test_profile_charges_the_class_fit_else_the_pooled_one_and_never_one_thread_
     assert p.wake_us(make_op(is_view=True), 2) == 0.0
     only_pooled = dataclasses.replace(base, wake={POOLED: WakeFit(7.0, 0.0, 2, 50)})
     assert only_pooled.wake_us(op, 2) == pytest.approx(7.0, rel=1e-6)
+    many = dataclasses.replace(base, wake={POOLED: WakeFit(60.0, 0.0, 16, 50)}, wake_scale={2: 0.25})
+    assert many.wake_us(op, 2) == pytest.approx(15.0, rel=1e-6) and many.wake_us(op, 16) == pytest.approx(60.0, rel=1e-6)
 
 
 def test_wake_fits_round_trip_and_a_corrupt_one_is_one_clear_error(tmp_path: Path) -> None:
-    p = dataclasses.replace(make_profile(), wake={"mm": WakeFit(40.0, 0.1, 2, 5), POOLED: WakeFit(7.0, 0.0, 2, 50)})
+    p = dataclasses.replace(
+        make_profile(), wake={"mm": WakeFit(40.0, 0.1, 8, 5), POOLED: WakeFit(7.0, 0.0, 8, 50)}, wake_scale={2: 0.3, 4: 0.6}
+    )
     path = p.save(tmp_path / "p.json")
     q = Profile.load(path, check_machine=False)
-    assert q.wake == p.wake and q.to_json() == p.to_json()
+    assert q.wake == p.wake and q.wake_scale == {2: 0.3, 4: 0.6} and q.to_json() == p.to_json()
     d = json.loads(path.read_text())
+    bad = json.loads(json.dumps(d))
+    bad["wake_scale"] = {"1": 0.5}
+    path.write_text(json.dumps(bad))
+    with pytest.raises(SchedlabError, match=r"bad wake_scale: .*must be >= 2"):
+        Profile.load(path, check_machine=False)
     d["wake"]["mm"]["base_us"] = -3.0
     path.write_text(json.dumps(d))
     with pytest.raises(SchedlabError, match=r"corrupt .*: bad wake\.mm: .*base_us and per_work must be >= 0"):
