@@ -12,8 +12,9 @@
 #   3. how the wake cost of throttled OpenMP helpers grows with the team (scripts/wake_threads.py).
 # Usage: scripts/gpu_check.sh OUT_DIR BASE_PROFILE [DEADLINE_S]
 # ONLY="step step ..." runs only the steps named (default every step), in the order below;
-# HELDOUT_CPU names the held-out models of the many-core fidelity (default mixer
-# encoder-classifier).
+# HELDOUT_CPU: the held-out models of the many-core fidelity, groups split by commas, one
+# step and results file per group (default all eleven in four groups: 70-90 s each on 16
+# cores, 2026-11-27), so a lease cut short keeps the groups it finished.
 # Every step has its own time limit inside DEADLINE_S (default 540 s); each step's output
 # and log land in OUT_DIR, packed into OUT_DIR/results.tgz after every step, so a run cut
 # short still returns what it finished. PYTHON (default python3, with schedlab importable)
@@ -68,8 +69,13 @@ step rescore-cuda 150 $sl fidelity --cuda --rescore "$w/fidelity-cuda.json" --re
 threads=$($py -c "n=$cores; print(','.join(str(t) for t in sorted({1 << k for k in range(n.bit_length()) if 1 << k <= n} | {n})))")
 step calibrate-cpu 200 $sl calibrate --quick --threads "$threads" --out "$w/profile-cpu.json" --no-progress
 step wake-threads 60 $py "$repo/scripts/wake_threads.py" "$w/wake-threads.json"
-step fidelity-cpu-heldout 180 $sl fidelity --held-out ${HELDOUT_CPU:-mixer encoder-classifier} --steps 3 \
-  --profile "$w/profile-cpu.json" --out "$w/fidelity-cpu-heldout.json"
+groups=${HELDOUT_CPU:-mixer encoder-classifier gru-tagger,conv1d-two-branch depthwise-cnn grouped-resnet,dropout-encoder rnn-regressor,lstm-lm mha-regressor bilstm-classifier}
+IFS=, read -ra group_list <<< "$groups"
+for i in "${!group_list[@]}"; do
+  # shellcheck disable=SC2086  # a group is a space-separated list of model names
+  step "fidelity-cpu-heldout-$((i + 1))" 150 $sl fidelity --held-out ${group_list[$i]} --steps 3 \
+    --profile "$w/profile-cpu.json" --out "$w/fidelity-cpu-heldout-$((i + 1)).json"
+done
 step search-cpu 60 $sl search transformer --space concurrency --trials 100 --profile "$w/profile-cpu.json" \
   --run-dir "$w/run-transformer" --no-progress
 step validate-cpu 90 $sl validate "$w/run-transformer" --top 3 --no-progress
