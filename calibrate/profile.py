@@ -706,23 +706,21 @@ def row_kernel_us(row: dict[int, float], n: int, model_us: Callable[[int], float
 def _row_from_json(row: Any) -> dict[int, float]:
     if not isinstance(row, dict) or not row:
         raise TypeError("expected a non-empty object of threads -> kernel_us")
-    out: dict[int, float] = {}
-    for k, v in row.items():
-        threads = int(k)
-        if threads < 1:
-            raise ValueError(f"thread count {k!r} must be >= 1")
-        out[threads] = _number(v)
-    return out
+    return _by_threads(row, least=1)
 
 
 def _wake_scale_from_json(d: Any) -> dict[int, float]:
     if not isinstance(d, dict):
         raise TypeError("expected an object of threads -> share")
+    return _by_threads(d, least=2)  # one thread wakes no helper
+
+
+def _by_threads(d: dict[Any, Any], least: int) -> dict[int, float]:
     out: dict[int, float] = {}
     for k, v in d.items():
         threads = int(k)
-        if threads < 2:
-            raise ValueError(f"thread count {k!r} must be >= 2 (one thread wakes no helper)")
+        if threads < least:
+            raise ValueError(f"thread count {k!r} must be >= {least}")
         out[threads] = _number(v)
     return out
 
