@@ -127,6 +127,16 @@ class FidelityRow:
         return self.predicted_s / self.measured_s - 1.0
 
 
+def row_from_json(d: dict[str, Any]) -> FidelityRow:
+    """A row as a results file keeps it (`{**row.__dict__, "error": ...}`): the fields, the
+    derived keys dropped."""
+    names = {f.name for f in dataclasses.fields(FidelityRow)}
+    kw = {k: v for k, v in d.items() if k in names}
+    kw["measured_spread_s"] = tuple(kw["measured_spread_s"])
+    kw["round_medians_s"] = tuple(kw.get("round_medians_s") or ())
+    return FidelityRow(**kw)
+
+
 @dataclass(frozen=True)
 class WorkloadSummary:
     workload: str
@@ -390,6 +400,29 @@ def held_out_fidelity(
         ),
         calibration_shape=tuple((r.plan.slots, r.plan.threads) == (cal_plan.slots, cal_plan.threads) for r in resolved),
     )
+
+
+def held_out_from_json(d: dict[str, Any]) -> list[HeldOutResult]:
+    """The held-out results a results file (`held_out_summary`) holds, model by model, as
+    measured: what `--resume` carries over. Op-class figures come back at the file's rounding."""
+    rows: dict[tuple[str, str], list[FidelityRow]] = {}
+    for p in d["plans"]:
+        r = row_from_json(p)
+        rows.setdefault((r.workload, r.method), []).append(r)
+    out = []
+    for m in d["models"]:
+        w = m["workload"]
+        tc = rows[(w, TRACE_CALIBRATED)]
+        cal = plan_shape(next(r.plan for r in tc if r.in_calibration))
+        out.append(HeldOutResult(
+            workload=w,
+            profile_only=rows[(w, PROFILE_ONLY)],
+            trace_calibrated=tc,
+            calibration_shape=tuple(plan_shape(r.plan) == cal for r in tc),
+            profile_seen_ops_frac=float(m["profile_seen_ops"]),
+            op_classes=tuple(ClassError.from_json(c) for c in m["op_classes"]),
+        ))
+    return out
 
 
 # ---- the held-out figures -------------------------------------------------------------------

@@ -86,7 +86,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--out", default=None, metavar="PATH",
         help=f"results file (default {DEFAULT_OUT.name}, or {DEFAULT_HELDOUT_OUT.name} with --held-out, in the "
-        "traces folder)",
+        "traces folder); one-device runs rewrite it after each model (\"complete\": false, the models still "
+        "\"pending\"), so a run cut short keeps the models it finished",
+    )
+    p.add_argument(
+        "--resume", action="store_true",
+        help="continue a one-device run cut short: keep the models the results file (--out) already holds and "
+        "measure only the others (the file's conditions must match this run's: set, size, optimizer, steps, "
+        "rounds, cores, profile)",
     )
     p.add_argument(
         "--devices", type=int, default=None, metavar="N",
@@ -211,6 +218,37 @@ def run(args: argparse.Namespace) -> int:
     return run_held_out(args, models) if args.held_out else run_builtin(args, models)
 
 
+RESUMED_KEYS = (
+    "set", "size", "optimizer", "steps_per_plan", "rounds", "cores", "profile_created_unix_s", "trace_calibration",
+)
+
+
+def resumed(out: Path, fresh: dict[str, Any], args: argparse.Namespace) -> dict[str, Any] | None:
+    """With --resume, the results file of the run cut short that this one continues (None if
+    there is none yet), after checking it was measured as this run measures; an error
+    names the first condition that differs."""
+    from schedlab.io import read_json
+
+    if not getattr(args, "resume", False) or not out.exists():
+        return None
+    d = read_json(out, "fidelity results file")
+    if not isinstance(d, dict) or "plans" not in d:
+        raise SchedlabError(f"--resume: {out} is not a fidelity results file")
+    for key in RESUMED_KEYS:
+        if d.get(key) != fresh.get(key):
+            raise SchedlabError(
+                f"--resume: {out} was measured with {key} {d.get(key)!r}, this run has {fresh.get(key)!r}; run "
+                "with the same options, or without --resume (or another --out) to start afresh"
+            )
+    return d
+
+
+def pending_note(done: list[str], models: list[str]) -> dict[str, Any]:
+    """What a results file says of its own completeness."""
+    pending = [m for m in models if m not in done]
+    return {"complete": not pending, "pending": pending}
+
+
 def conditions(set_name: str, args: argparse.Namespace, machine: Any) -> dict[str, Any]:
     """What every fidelity results file records of where and how it was measured."""
     from schedlab.trace import library_versions
@@ -247,7 +285,7 @@ def scores(rows: list[Any]) -> dict[str, Any]:
 def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     from tqdm import tqdm
 
-    from schedlab.calibrate.fidelity import measure_and_predict, plan_spread, summarise
+    from schedlab.calibrate.fidelity import measure_and_predict, plan_spread, row_from_json, summarise
     from schedlab.calibrate.trace_cal import calibrate_with_traces
     from schedlab.cli.common import capture_spec, load_profile
     from schedlab.io import check_writable, write_json_atomic
@@ -260,11 +298,32 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     base_profile = load_profile(args.profile)
     plans = plan_spread(machine.default_device.cores)
     cal_threads = () if args.no_trace_calibration else tuple(sorted({1, machine.default_device.cores}))
-    rows = []
-    drifts: list[dict[str, Any]] = []
+    fresh = {**conditions("built-in", args, machine), "profile_created_unix_s": base_profile.created_unix_s,
+             "trace_calibration": bool(cal_threads)}
+    before = resumed(out, fresh, args) or {}
+    rows = [row_from_json(p) for p in before.get("plans", []) if p["workload"] in models]
+    drifts: list[dict[str, Any]] = [d for d in before.get("calibration_drift", []) if d["workload"] in models]
     probes = HostProbes(machine.default_device.cores)  # around each model's calibration and plans
-    with tqdm(total=len(models) * len(plans) * args.rounds, desc="fidelity", unit="plan", file=sys.stderr, disable=None) as bar:
-        for model in models:
+    probes.keep(before.get("host_scaling"), models)
+    done = list(dict.fromkeys(r.workload for r in rows))
+    todo = [m for m in models if m not in done]
+
+    def checkpoint() -> dict[str, Any]:
+        result = {
+            **fresh,
+            **scores(rows),
+            "calibration_drift": drifts,
+            "host_scaling": probes.to_json(base_profile),
+            **pending_note(done, models),
+            "wall_s": float(before.get("wall_s", 0.0)) + time.perf_counter() - t0,
+        }
+        write_json_atomic(out, result, indent=1)
+        return result
+
+    if done:
+        print(f"resuming {out}: {', '.join(done)} kept, {len(todo)} to measure", file=sys.stderr)
+    with tqdm(total=len(todo) * len(plans) * args.rounds, desc="fidelity", unit="plan", file=sys.stderr, disable=None) as bar:
+        for model in todo:
             bar.set_postfix_str(model)
             _, c = capture_spec(model, args.size, args.optimizer)
             cal_steps: dict[int, float] = {}
@@ -279,16 +338,10 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
                 )
             drifts += calibration_drift(model, cal_steps, mine)
             rows += mine
+            done.append(model)
+            checkpoint()
+    result = checkpoint()
     summary = summarise(rows)
-    result = {
-        **conditions("built-in", args, machine),
-        "trace_calibration": bool(cal_threads),
-        **scores(rows),
-        "calibration_drift": drifts,
-        "host_scaling": probes.to_json(base_profile),
-        "wall_s": time.perf_counter() - t0,
-    }
-    write_json_atomic(out, result, indent=1)
     if args.json:
         print_json(result)
         return 0
@@ -341,6 +394,10 @@ class HostProbes:
         after = probe_host_scaling(self.cores)
         self.models.append({"workload": model, "before": before and before.to_json(), "after": after and after.to_json()})
 
+    def keep(self, saved: dict[str, Any] | None, models: list[str]) -> None:
+        """Carry over a resumed results file's probes of `models` (its `host_scaling`)."""
+        self.models = [m for m in (saved or {}).get("models", []) if m.get("workload") in models]
+
     def to_json(self, profile: Profile) -> dict[str, Any]:
         return {"calibration": profile.meta.get("host_scaling"), "models": self.models}
 
@@ -365,7 +422,13 @@ def calibration_drift(workload: str, cal_steps: dict[int, float], rows: list[Any
 def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
     from tqdm import tqdm
 
-    from schedlab.calibrate.fidelity import CALIBRATION_PLAN, held_out_fidelity, held_out_summary, plan_spread
+    from schedlab.calibrate.fidelity import (
+        CALIBRATION_PLAN,
+        held_out_fidelity,
+        held_out_from_json,
+        held_out_summary,
+        plan_spread,
+    )
     from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
     from schedlab.cli.common import capture_spec, load_profile
     from schedlab.io import check_writable, write_json_atomic
@@ -377,10 +440,38 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
     machine = detect_host()
     profile = load_profile(args.profile)
     plans = plan_spread(machine.default_device.cores)
-    results = []
+    fresh = {**conditions("held-out", args, machine), "profile": str(args.profile or DEFAULT_PROFILE_PATH),
+             "profile_created_unix_s": profile.created_unix_s}
+    before = resumed(out, fresh, args) or {}
+    results = [r for r in (held_out_from_json(before) if before else []) if r.workload in models]
     probes = HostProbes(machine.default_device.cores)
-    with tqdm(total=len(models) * len(plans) * args.rounds, desc="held-out fidelity", unit="plan", file=sys.stderr, disable=None) as bar:
-        for model in models:
+    probes.keep(before.get("host_scaling"), models)
+    done = [r.workload for r in results]
+    todo = [m for m in models if m not in done]
+    cal_name = CALIBRATION_PLAN.name
+
+    def checkpoint() -> dict[str, Any]:
+        result = {
+            **fresh,
+            "plans_per_model": len(plans),
+            "calibration_plan": cal_name,
+            "note": f"profile-only: the stored profile alone, every plan; trace-calibrated: the profile plus the op "
+            f"times of the measured run of {cal_name} of the same model, every other plan ({cal_name} is left out "
+            "of its errors; 'other_shapes' also leaves out the other one-slot one-thread plans). Errors are "
+            "fractions: predicted / measured - 1.",
+            **held_out_summary(results),
+            "host_scaling": probes.to_json(profile),
+            **pending_note(done, models),
+            "wall_s": float(before.get("wall_s", 0.0)) + time.perf_counter() - t0,
+        }
+        write_json_atomic(out, result, indent=1)
+        return result
+
+    if done:
+        print(f"resuming {out}: {', '.join(done)} kept, {len(todo)} to measure", file=sys.stderr)
+    with tqdm(total=len(todo) * len(plans) * args.rounds, desc="held-out fidelity", unit="plan", file=sys.stderr,
+              disable=None) as bar:
+        for model in todo:
             bar.set_postfix_str(model)
             _, c = capture_spec(model, args.size, args.optimizer)
             with probes.around(model):
@@ -388,22 +479,9 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
                     model, c.graph, c.input_values, plans, profile, machine, steps=args.steps,
                     progress=lambda: bar.update(1), rounds=args.rounds,
                 ))
-    cal_name = CALIBRATION_PLAN.name
-    result = {
-        **conditions("held-out", args, machine),
-        "profile": str(args.profile or DEFAULT_PROFILE_PATH),
-        "profile_created_unix_s": profile.created_unix_s,
-        "plans_per_model": len(plans),
-        "calibration_plan": cal_name,
-        "note": f"profile-only: the stored profile alone, every plan; trace-calibrated: the profile plus the op "
-        f"times of the measured run of {cal_name} of the same model, every other plan ({cal_name} is left out "
-        "of its errors; 'other_shapes' also leaves out the other one-slot one-thread plans). Errors are "
-        "fractions: predicted / measured - 1.",
-        **held_out_summary(results),
-        "host_scaling": probes.to_json(profile),
-        "wall_s": time.perf_counter() - t0,
-    }
-    write_json_atomic(out, result, indent=1)
+            done.append(model)
+            checkpoint()
+    result = checkpoint()
     if args.json:
         print_json(result)
         return 0

@@ -193,6 +193,47 @@ def test_held_out_command_json_and_table(capsys, tmp_path: Path, profile_file: P
     assert f"{MODEL}/p4 and 2 more" in text and f"{MODEL}/p5" not in text
 
 
+def test_a_held_out_run_cut_short_keeps_its_models_and_resume_measures_only_the_rest(
+    capsys, tmp_path: Path, profile_file: Path, exec_calls: list[str], monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+) -> None:
+    from schedlab.calibrate import fidelity
+
+    out = tmp_path / "f.json"
+    argv = ["fidelity", "--held-out", "--models", "mixer,conv1d-two-branch", "--size", "tiny", "--steps", "1",
+            "--profile", str(profile_file), "--out", str(out)]
+    real = fidelity.held_out_fidelity
+
+    def dies_on_the_second(workload: str, *a: Any, **kw: Any) -> Any:
+        if workload != MODEL:
+            raise KeyboardInterrupt  # the run is cut short while measuring the second model
+        return real(workload, *a, **kw)
+
+    monkeypatch.setattr(fidelity, "held_out_fidelity", dies_on_the_second)
+    assert main(argv) == 130  # interrupted (Ctrl-C)
+    cut = json.loads(out.read_text())
+    assert cut["complete"] is False and cut["pending"] == ["heldout:conv1d-two-branch"]
+    assert [m["workload"] for m in cut["models"]] == [MODEL] and cut["overall"]["profile_only"]["n_plans"] > 0
+    monkeypatch.setattr(fidelity, "held_out_fidelity", real)
+    exec_calls.clear()
+    assert main([*argv, "--resume"]) == 0
+    assert "resuming" in capsys.readouterr().err
+    n = len(plan_spread(detect_host().default_device.cores))
+    assert len(exec_calls) == n  # the second model's plans only, once each (steps 1, no warm-up rounds)
+    done = json.loads(out.read_text())
+    assert done["complete"] is True and done["pending"] == []
+    assert [m["workload"] for m in done["models"]] == [MODEL, "heldout:conv1d-two-branch"]
+    kept = [p for p in done["plans"] if p["workload"] == MODEL]
+    assert kept == cut["plans"]  # the first model's measurements and predictions, as they were
+    assert done["models"][0]["profile_only"] == cut["models"][0]["profile_only"]
+    assert done["models"][0]["trace_calibrated"] == cut["models"][0]["trace_calibrated"]
+    assert [m["workload"] for m in done["host_scaling"]["models"]] == [MODEL, "heldout:conv1d-two-branch"]
+
+    # another setting than the file's: one clear error, the file left as it was
+    assert main([*argv[:-4], "--steps", "2", "--profile", str(profile_file), "--out", str(out), "--resume"]) == 2
+    assert "measured with steps_per_plan 1, this run has 2" in capsys.readouterr().err
+    assert json.loads(out.read_text()) == done
+
+
 def test_one_device_fidelity_in_rounds_scores_each_plan_on_every_rounds_steps(tmp_path: Path, profile_file: Path) -> None:
     out = tmp_path / "f.json"
     argv = ["fidelity", "--held-out", "--models", "mixer", "--size", "tiny", "--steps", "2", "--rounds", "2",
@@ -280,6 +321,38 @@ def test_builtin_command_keeps_its_keys(capsys, tmp_path: Path, profile_file: Pa
     assert probe["workload"] == "mlp"
     if detect_host().default_device.cores >= 2:  # one core: nothing to scale, no probe
         assert probe["before"]["compute_speedup"] > 0 and probe["after"]["threads"] >= 2
+
+
+def test_a_builtin_run_resumes_with_the_models_it_finished(
+    capsys, tmp_path: Path, profile_file: Path, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+) -> None:
+    from schedlab.calibrate import fidelity
+
+    out = tmp_path / "f.json"
+    argv = ["fidelity", "--models", "mlp,cnn", "--size", "tiny", "--steps", "1", "--no-trace-calibration",
+            "--profile", str(profile_file), "--out", str(out)]
+    real = fidelity.measure_and_predict
+    ran: list[str] = []
+
+    def dies_on_cnn(workload: str, *a: Any, **kw: Any) -> Any:
+        ran.append(workload)
+        if workload == "cnn":
+            raise KeyboardInterrupt
+        return real(workload, *a, **kw)
+
+    monkeypatch.setattr(fidelity, "measure_and_predict", dies_on_cnn)
+    assert main(argv) == 130
+    cut = json.loads(out.read_text())
+    assert cut["complete"] is False and cut["pending"] == ["cnn"] and {p["workload"] for p in cut["plans"]} == {"mlp"}
+    monkeypatch.setattr(fidelity, "measure_and_predict", lambda w, *a, **kw: (ran.append(w), real(w, *a, **kw))[1])
+    ran.clear()
+    assert main([*argv, "--resume"]) == 0 and ran == ["cnn"]
+    done = json.loads(out.read_text())
+    assert done["complete"] is True and [w["workload"] for w in done["workloads"]] == ["mlp", "cnn"]
+    assert [p for p in done["plans"] if p["workload"] == "mlp"] == cut["plans"]
+    capsys.readouterr()
+    assert main([*[a for a in argv if a != "--no-trace-calibration"], "--resume"]) == 2  # calibrated on traces now
+    assert "measured with trace_calibration False, this run has True" in capsys.readouterr().err
 
 
 def test_a_scored_run_far_from_its_own_calibration_run_is_reported_as_drift() -> None:
