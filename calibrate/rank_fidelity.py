@@ -46,6 +46,7 @@ from schedlab.calibrate.fidelity import (
     overall_summary,
     pooled_rounds,
     predict,
+    row_from_json,
 )
 from schedlab.calibrate.host_load import CpuSnapshot, snapshot
 from schedlab.calibrate.links import apply_link_fit
@@ -219,6 +220,16 @@ class RankFidelity:
 
     workload: str
     rows: dict[str, list[FidelityRow]] = field(default_factory=dict)  # method -> one row per plan
+
+
+def rank_results_from_json(d: dict[str, Any]) -> list[RankFidelity]:
+    """The workloads a multi-rank results file (`rank_summary`) holds, as measured and
+    predicted, in file order: what `--resume` carries over."""
+    out: dict[str, RankFidelity] = {}
+    for p in d["plans"]:
+        r = row_from_json(p)
+        out.setdefault(r.workload, RankFidelity(r.workload)).rows.setdefault(r.method, []).append(r)
+    return list(out.values())
 
 
 StepOf = Callable[[int, int], Any]  # (replicas, micro-batches) -> `schedlab.data_parallel.PlanStep`

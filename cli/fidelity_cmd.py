@@ -86,14 +86,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--out", default=None, metavar="PATH",
         help=f"results file (default {DEFAULT_OUT.name}, or {DEFAULT_HELDOUT_OUT.name} with --held-out, in the "
-        "traces folder); one-device runs rewrite it after each model (\"complete\": false, the models still "
-        "\"pending\"), so a run cut short keeps the models it finished",
+        "traces folder); rewritten after each model (\"complete\": false, the models still \"pending\"), so a run "
+        "cut short keeps the models it finished",
     )
     p.add_argument(
         "--resume", action="store_true",
-        help="continue a one-device run cut short: keep the models the results file (--out) already holds and "
-        "measure only the others (the file's conditions must match this run's: set, size, optimizer, steps, "
-        "rounds, cores, profile)",
+        help="continue a run cut short: keep the models the results file (--out) already holds and measure only "
+        "the others (the file's conditions must match this run's: set, size, optimizer, steps, rounds, cores, "
+        "profile; with --devices also the ranks and the plans)",
     )
     p.add_argument(
         "--devices", type=int, default=None, metavar="N",
@@ -223,7 +223,9 @@ RESUMED_KEYS = (
 )
 
 
-def resumed(out: Path, fresh: dict[str, Any], args: argparse.Namespace) -> dict[str, Any] | None:
+def resumed(
+    out: Path, fresh: dict[str, Any], args: argparse.Namespace, keys: tuple[str, ...] = RESUMED_KEYS
+) -> dict[str, Any] | None:
     """With --resume, the results file of the run cut short that this one continues (None if
     there is none yet), after checking it was measured as this run measures; an error
     names the first condition that differs."""
@@ -234,7 +236,7 @@ def resumed(out: Path, fresh: dict[str, Any], args: argparse.Namespace) -> dict[
     d = read_json(out, "fidelity results file")
     if not isinstance(d, dict) or "plans" not in d:
         raise SchedlabError(f"--resume: {out} is not a fidelity results file")
-    for key in RESUMED_KEYS:
+    for key in keys:
         if d.get(key) != fresh.get(key):
             raise SchedlabError(
                 f"--resume: {out} was measured with {key} {d.get(key)!r}, this run has {fresh.get(key)!r}; run "

@@ -19,8 +19,11 @@ from schedlab.cli.common import plan_steps_of, print_json
 from schedlab.cli.fidelity_cmd import (
     DEFAULT_HELDOUT_RANKS_OUT,
     DEFAULT_RANKS_OUT,
+    RESUMED_KEYS,
     conditions,
     pct,
+    pending_note,
+    resumed,
     tau,
 )
 from schedlab.errors import SchedlabError
@@ -32,7 +35,13 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
 
     from schedlab.calibrate.fidelity import BUSY_FRAC, PROFILE_ONLY, TRACE_CALIBRATED, summarise
     from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
-    from schedlab.calibrate.rank_fidelity import RANK_WARMUP, rank_fidelity, rank_plan_spread, rank_summary
+    from schedlab.calibrate.rank_fidelity import (
+        RANK_WARMUP,
+        rank_fidelity,
+        rank_plan_spread,
+        rank_results_from_json,
+        rank_summary,
+    )
     from schedlab.cli.common import load_profile
     from schedlab.io import check_writable, write_json_atomic
     from schedlab.machine import detect_host, host_ranks
@@ -53,11 +62,65 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
     methods = (PROFILE_ONLY, TRACE_CALIBRATED) if args.held_out else (
         (PROFILE_ONLY,) if args.no_trace_calibration else (TRACE_CALIBRATED,))
     machine = detect_host()
-    results = []
-    skipped: dict[str, list[str]] = {}
-    with tqdm(total=len(models) * len(specs) * args.rounds, desc=f"fidelity on {args.devices} ranks", unit="plan", file=sys.stderr,
-              disable=None) as bar:
-        for model in models:
+    ranks = host_ranks(args.devices, machine)
+    links = profile.links
+    fresh = {
+        **conditions("held-out" if args.held_out else "built-in", args, machine),
+        "devices": args.devices,
+        "rank_cores": [d.cores for d in ranks.devices],
+        "profile": str(args.profile or DEFAULT_PROFILE_PATH),
+        "profile_created_unix_s": profile.created_unix_s,
+        "link_model": "machine" if links is None else "fit",
+        "host_costs": links is not None and links.host_costs is not None,
+        "methods": list(methods),
+        "trace_calibration": TRACE_CALIBRATED in methods,
+        "plans_per_model": len(specs),
+        "warmup_per_plan": RANK_WARMUP,
+        "plan_specs": [{"name": s.name, "kind": s.kind, "placement": s.placement, "replicas": s.n_replicas(args.devices),
+                        "bucket_mb": s.bucket_mb, "order": s.order, "threads": s.threads, "steps": s.steps,
+                        "schedule": s.schedule, "micro_batches": s.micro_batches}
+                       for s in specs],
+        "note": "errors are fractions (predicted / measured - 1); trace-calibrated: the profile plus the op times "
+        "of one-process one-thread program-order runs of the model's full and per-replica steps (no scored plan; "
+        "with rounds, one run per round); "
+        "profile-only: the profile alone",
+    }
+    before = resumed(out, fresh, args, (*RESUMED_KEYS, "devices", "methods", "plan_specs")) or {}
+    results = [r for r in (rank_results_from_json(before) if before else []) if r.workload in models]
+    done = [r.workload for r in results]
+    skipped: dict[str, list[str]] = {k: v for k, v in before.get("skipped_plans", {}).items() if k in done}
+    todo = [m for m in models if m not in done]
+    main = methods[-1]
+
+    def checkpoint() -> dict[str, Any]:
+        rows = [r for res in results for r in res.rows[main]]
+        errs = [r.error for r in rows]
+        summary = rank_summary(results, methods)
+        workloads = []
+        for s, res in zip(summarise(rows), results, strict=True):
+            entry = next(m for m in summary["models"] if m["workload"] == res.workload)
+            workloads.append({**s.__dict__, "kinds": entry[main.replace("-", "_")]["kinds"]})
+        result = {
+            **fresh,
+            "skipped_plans": skipped,
+            "mape": statistics.fmean(abs(e) for e in errs),
+            "mape_unseen_plans": statistics.fmean(abs(e) for e in errs),
+            "worst_error": max(errs, key=abs),
+            "workloads": workloads,
+            **summary,
+            "busy_frac": BUSY_FRAC,
+            "busy_plans": [f"{r.workload}/{r.plan}" for r in rows if (r.foreign_cpu_frac or 0.0) > BUSY_FRAC],
+            **pending_note(done, models),
+            "wall_s": float(before.get("wall_s", 0.0)) + time.perf_counter() - t0,
+        }
+        write_json_atomic(out, result, indent=1)
+        return result
+
+    if done:
+        print(f"resuming {out}: {', '.join(done)} kept, {len(todo)} to measure", file=sys.stderr)
+    with tqdm(total=len(todo) * len(specs) * args.rounds, desc=f"fidelity on {args.devices} ranks", unit="plan",
+              file=sys.stderr, disable=None) as bar:
+        for model in todo:
             bar.set_postfix_str(model)
             step_of = plan_steps_of(model, args.size, args.optimizer)
 
@@ -76,50 +139,11 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
                 model, step_of, fitting, profile, args.devices, methods=methods, steps=args.steps,
                 progress=lambda: bar.update(1), rounds=args.rounds,
             ))
+            done.append(model)
+            checkpoint()
     if not results:
         raise SchedlabError("no plan of the spread fits any of these models' batches; give other --plans or --size")
-    ranks = host_ranks(args.devices, machine)
-    main = methods[-1]
-    rows = [r for res in results for r in res.rows[main]]
-    errs = [r.error for r in rows]
-    summary = rank_summary(results, methods)
-    workloads = []
-    for s, res in zip(summarise(rows), results, strict=True):
-        entry = next(m for m in summary["models"] if m["workload"] == res.workload)
-        workloads.append({**s.__dict__, "kinds": entry[main.replace("-", "_")]["kinds"]})
-    busy = [f"{r.workload}/{r.plan}" for r in rows if (r.foreign_cpu_frac or 0.0) > BUSY_FRAC]
-    links = profile.links
-    result = {
-        **conditions("held-out" if args.held_out else "built-in", args, machine),
-        "devices": args.devices,
-        "rank_cores": [d.cores for d in ranks.devices],
-        "profile": str(args.profile or DEFAULT_PROFILE_PATH),
-        "profile_created_unix_s": profile.created_unix_s,
-        "link_model": "machine" if links is None else "fit",
-        "host_costs": links is not None and links.host_costs is not None,
-        "methods": list(methods),
-        "trace_calibration": TRACE_CALIBRATED in methods,
-        "plans_per_model": len(specs),
-        "skipped_plans": skipped,
-        "warmup_per_plan": RANK_WARMUP,
-        "plan_specs": [{"name": s.name, "kind": s.kind, "placement": s.placement, "replicas": s.n_replicas(args.devices),
-                        "bucket_mb": s.bucket_mb, "order": s.order, "threads": s.threads, "steps": s.steps,
-                        "schedule": s.schedule, "micro_batches": s.micro_batches}
-                       for s in specs],
-        "note": "errors are fractions (predicted / measured - 1); trace-calibrated: the profile plus the op times "
-        "of one-process one-thread program-order runs of the model's full and per-replica steps (no scored plan; "
-        "with rounds, one run per round); "
-        "profile-only: the profile alone",
-        "mape": statistics.fmean(abs(e) for e in errs),
-        "mape_unseen_plans": statistics.fmean(abs(e) for e in errs),
-        "worst_error": max(errs, key=abs),
-        "workloads": workloads,
-        **summary,
-        "busy_frac": BUSY_FRAC,
-        "busy_plans": busy,
-        "wall_s": time.perf_counter() - t0,
-    }
-    write_json_atomic(out, result, indent=1)
+    result = checkpoint()
     if args.json:
         print_json(result)
         return 0

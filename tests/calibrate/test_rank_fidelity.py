@@ -206,6 +206,35 @@ def test_two_rank_fidelity_in_rounds(capsys, tmp_path: Path, links_profile: Path
     assert min(row["round_medians_s"]) <= row["measured_s"] <= max(row["round_medians_s"])
 
 
+def test_a_two_rank_run_cut_short_resumes_with_the_models_it_finished(
+    capsys, tmp_path: Path, links_profile: Path, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+) -> None:
+    from schedlab.calibrate import rank_fidelity as rf
+
+    out = tmp_path / "ranks.json"
+    argv = ["fidelity", "mlp", "cnn", "--size", "tiny", "--devices", "2", "--plans", "dp-b25", "--steps", "1",
+            "--no-trace-calibration", "--profile", str(links_profile), "--out", str(out)]
+    real, ran = rf.rank_fidelity, []
+
+    def measured(workload: str, *a: object, **kw: object) -> object:
+        ran.append(workload)
+        if workload == "cnn" and len(ran) == 2:  # the first run is cut short on its second model
+            raise KeyboardInterrupt
+        return real(workload, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rf, "rank_fidelity", measured)
+    assert main(argv) == 130
+    cut = json.loads(out.read_text())
+    assert cut["complete"] is False and cut["pending"] == ["cnn"] and [p["workload"] for p in cut["plans"]] == ["mlp"]
+    assert main([*argv, "--resume"]) == 0 and ran == ["mlp", "cnn", "cnn"]
+    done = json.loads(out.read_text())
+    assert done["complete"] is True and [w["workload"] for w in done["workloads"]] == ["mlp", "cnn"]
+    assert done["plans"][0] == cut["plans"][0]
+    capsys.readouterr()
+    assert main([*argv[:8], "layers", *argv[9:], "--resume"]) == 2  # other plans than the file's
+    assert "measured with plan_specs" in capsys.readouterr().err
+
+
 def test_two_rank_fidelity_command_errors(capsys, links_profile: Path) -> None:  # type: ignore[no-untyped-def]
     for extra, msg in ((["--devices", "1"], "--devices must be >= 2"), (["--plans", "layers"], "give --devices"),
                        (["--devices", "2", "--rounds", "0"], "--rounds must be >= 1")):
