@@ -109,17 +109,22 @@ def run_compiled(
     kernel_us: np.ndarray,
     demand: np.ndarray,
     slowdown: np.ndarray | None,
+    slowdown_held: np.ndarray | None = None,
 ) -> LoopResult:
-    """Simulate one step of ops on one CPU device; `slowdown[o, busy_others]` or None (all 1)."""
+    """Simulate one step of ops on one CPU device; `slowdown[o, busy_others]` or None (all 1);
+    `slowdown_held`: the same while a worker holds the interpreter lock (`FluidShare.hold`),
+    or None where it changes nothing."""
     n = len(kernel_us)
     rank = priority_rank(priority)
     op_of_rank = np.empty(n, dtype=I64)
     op_of_rank[rank] = np.arange(n, dtype=I64)
     table = slowdown if slowdown is not None else np.ones((1, 1), dtype=F64)
+    held = slowdown_held if slowdown_held is not None and slowdown is not None else table
     start, end, worker, order, peak, busy, done = _loop(
         n, slots, capacity, rank, op_of_rank, dispatch_us, kernel_us, demand,
         flat.alloc_bytes, flat.pending, flat.succ_ptr, flat.succ_idx, flat.rel_ptr, flat.rel_idx,
         flat.storage_refs, flat.storage_bytes, flat.initial_live, table, slowdown is not None,
+        held, slowdown_held is not None and slowdown is not None,
     )  # fmt: skip
     if done != n:  # pragma: no cover - prepare() only builds DAGs
         raise RuntimeError(f"simulation stalled: {n - done} of {n} ops never ran")
@@ -215,10 +220,34 @@ def _heap_pop(h, size):  # type: ignore[no-untyped-def]
     return top, size
 
 
+@njit(cache=True, inline="always")
+def _rerate(now, nj, td, cap, fk, fdem, frem, frate, ffin, slow, use_slow):  # type: ignore[no-untyped-def]
+    """FluidShare._recompute: every running job's rate and projected finish; the earliest."""
+    share = 1.0 if td <= cap else cap / td
+    next_at = np.inf
+    for i in range(nj):
+        r = share
+        if use_slow:
+            others = td - fdem[i]
+            if others > cap:
+                others = cap
+            f = slow[fk[i], others]
+            if f > 1.0:
+                r = share / f
+        frate[i] = r
+        left = frem[i]
+        t = now + left / r if left > 0.0 else now
+        ffin[i] = t
+        if t < next_at:
+            next_at = t
+    return next_at
+
+
 @njit(cache=True)
 def _loop(  # type: ignore[no-untyped-def]
     n, slots, cap, rank, op_of_rank, disp, kern, demand, alloc_bytes,
     pending0, succ_ptr, succ_idx, rel_ptr, rel_idx, refs0, sbytes, initial_live, slow, use_slow,
+    slow_held, use_held,
 ):  # fmt: skip
     start = np.zeros(n)
     end = np.zeros(n)
@@ -242,12 +271,13 @@ def _loop(  # type: ignore[no-untyped-def]
     seekers = 0
     cur = np.full(slots, -1, dtype=np.int64)
     gil_free = True
+    held = False  # a worker holds the lock for a dispatch (FluidShare.held)
     q = np.empty(slots + 1, dtype=np.int64)
     q_head = 0
     q_len = 0
 
     # Events.
-    cap_e = 3 * n + 8
+    cap_e = 5 * n + 16  # dispatch ends, timers, and a timer per re-rating at a dispatch (FluidShare.hold)
     et = np.empty(cap_e)
     es = np.empty(cap_e, dtype=np.int64)
     ek = np.empty(cap_e, dtype=np.int64)
@@ -310,6 +340,7 @@ def _loop(  # type: ignore[no-untyped-def]
                 if kind == _DISPATCH_END:
                     o = cur[arg]
                     gil_free = True
+                    held = False  # the lock is free: re-rated below
                     need_settle = True
                     b = alloc_bytes[o]
                     if b != 0:
@@ -328,23 +359,7 @@ def _loop(  # type: ignore[no-untyped-def]
                 # FluidShare._recompute
                 version += 1
                 if nj > 0:
-                    share = 1.0 if td <= cap else cap / td
-                    next_at = np.inf
-                    for i in range(nj):
-                        r = share
-                        if use_slow:
-                            others = td - fdem[i]
-                            if others > cap:
-                                others = cap
-                            f = slow[fk[i], others]
-                            if f > 1.0:
-                                r = share / f
-                        frate[i] = r
-                        left = frem[i]
-                        t = now + left / r if left > 0.0 else now
-                        ffin[i] = t
-                        if t < next_at:
-                            next_at = t
+                    next_at = _rerate(now, nj, td, cap, fk, fdem, frem, frate, ffin, slow_held if held else slow, use_slow)
             else:
                 continue  # a stale timer
             for k in range(nf):
@@ -408,6 +423,28 @@ def _loop(  # type: ignore[no-untyped-def]
                     gil_free = False
                     seq += 1
                     n_ev = _ev_push(et, es, ek, ea, n_ev, now + disp[o], seq, _DISPATCH_END, w)
+                    if use_held and not held:  # FluidShare.hold: re-rate the running kernels
+                        held = True
+                        matters = False
+                        for i in range(nj):
+                            others = td - fdem[i]
+                            if others > cap:
+                                others = cap
+                            if slow_held[fk[i], others] != slow[fk[i], others]:
+                                matters = True
+                                break
+                        if matters:
+                            dt = now - last
+                            if dt > 0.0:
+                                for i in range(nj):
+                                    frem[i] -= frate[i] * dt
+                                busy += (td if td < cap else cap) * dt
+                            last = now
+                            version += 1
+                            next_at = _rerate(now, nj, td, cap, fk, fdem, frem, frate, ffin, slow_held, use_slow)
+                            d = next_at - now
+                            seq += 1
+                            n_ev = _ev_push(et, es, ek, ea, n_ev, now + (d if d > 0.0 else 0.0), seq, _TIMER, version)
                 else:
                     idle[w] = True
                     n_idle += 1

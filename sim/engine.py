@@ -169,8 +169,9 @@ class Simulator:
         if graph is not None and graph is not self.graph:  # an unrolled graph: each op as the op it copies
             mirror = np.asarray(mirror_ops(self.graph, graph), dtype=np.int64)
             slowdown = slowdown[mirror]
+        held = None
         if wakes_on(self.machine, dev, slots):
-            slowdown = self._waking(slowdown, threads, kernel_us, capacity, mirror)
+            slowdown, held = self._waking(slowdown, threads, kernel_us, capacity, mirror)
         return run_compiled(
             self._flat(graph),
             slots=slots,
@@ -180,6 +181,7 @@ class Simulator:
             kernel_us=kernel_us,
             demand=demand,
             slowdown=slowdown,
+            slowdown_held=held,
         )
 
     def _run_compiled(self, resolved: ResolvedPlan, dev: int, t0: float) -> SimResult:
@@ -229,12 +231,16 @@ class Simulator:
         return tl, mem, busy
 
     def _waking(self, slowdown: np.ndarray, threads: np.ndarray, kernel_us: np.ndarray, capacity: int,
-                mirror: np.ndarray | None) -> np.ndarray:
-        """`slowdown` with the wake factor of `sim.wake` (the same floats `prepare.waking` gives)."""
+                mirror: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """`slowdown` with the wake factor of `sim.wake`, and the same while a worker holds the
+        interpreter lock, or None where no op pays a wake (the floats `prepare.waking` gives)."""
         if threads.size == 0 or threads.max() < 2:
-            return slowdown
+            return slowdown, None
         fractions = wake_fractions(self._costs.wake_us(threads, mirror), kernel_us, threads)
-        return slowdown if fractions is None else wake_table(slowdown, fractions, threads, capacity)
+        if fractions is None:
+            return slowdown, None
+        return (wake_table(slowdown, fractions, threads, capacity),
+                wake_table(slowdown, fractions, threads, capacity, held=1))
 
     def _kernels_arr(self, threads: np.ndarray) -> np.ndarray:
         """Kernel µs of every op at its thread count (`sim.cost_table`)."""

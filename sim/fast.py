@@ -13,8 +13,9 @@ thread holds the interpreter lock, so a worker takes its next op under the lock:
    then queues for the interpreter lock (FIFO).
 2. Holding the lock, it pops the ready op of lowest (priority, op id); the op starts
    there (trace start). Nothing ready: it releases the lock and goes idle.
-3. The op's dispatch part keeps the lock for `dispatch_us`; the kernel then runs on the
-   device's cores (`FluidShare`), allocating the op's outputs as it starts.
+3. The op's dispatch part keeps the lock for `dispatch_us` (the running kernels are
+   re-rated as it takes the lock, `FluidShare.hold`: see `sim.wake`); the kernel then
+   runs on the device's cores (`FluidShare`), allocating the op's outputs as it starts.
 4. When the kernel ends, storages whose last reference the op held are freed and ops
    whose inputs are all done become ready.
 
@@ -48,7 +49,8 @@ def run_fast(prep: Prepared) -> tuple[Timeline, MemoryTracker, list[float]]:
     n = prep.n_ops
     dev = st.op_device[0] if n else 0
     slots = prep.slots
-    fluid = FluidShare(prep.capacity[dev], prep.slowdown[dev])
+    fluid = FluidShare(prep.capacity[dev], prep.slowdown[dev],
+                       slowdown_held=prep.slowdown_held[dev] if prep.slowdown_held else None)
     mem = MemoryTracker(list(st.initial_live))
     alloc = mem.alloc
     free_later = mem.free_later
@@ -92,6 +94,7 @@ def run_fast(prep: Prepared) -> tuple[Timeline, MemoryTracker, list[float]]:
                 gil_free = True
                 need_settle = True
                 alloc(dev, alloc_bytes[o])
+                fluid.held = False  # the lock is free: `start` re-rates
                 finished = fluid.start(now, o, demand[o], kern[o])
             elif arg != fluid.version:
                 continue  # a stale timer
@@ -140,6 +143,10 @@ def run_fast(prep: Prepared) -> tuple[Timeline, MemoryTracker, list[float]]:
                     gil_free = False
                     seq += 1
                     heappush(events, (now + disp[o], seq, _DISPATCH_END, w))
+                    if fluid.hold(now, True):  # the running kernels re-rated: a new timer
+                        delay = fluid.next_delay(now)
+                        seq += 1
+                        heappush(events, (now + (delay or 0.0), seq, _TIMER, fluid.version))
                 else:
                     heappush(idle, w)
             continue

@@ -46,25 +46,35 @@ class FluidShare:
         "_keys",
         "_last_us",
         "_memo",
+        "_memo_held",
         "_next_at",
         "_rates",
         "_remaining",
         "_slowdown",
+        "_slowdown_held",
         "_total_demand",
         "busy_unit_us",
         "capacity",
+        "held",
         "max_jobs",
         "queue",
         "version",
     )
 
-    def __init__(self, capacity: int, slowdown: SlowdownFn | None = None, max_jobs: int | None = None) -> None:
+    def __init__(
+        self, capacity: int, slowdown: SlowdownFn | None = None, max_jobs: int | None = None,
+        slowdown_held: SlowdownFn | None = None,
+    ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.max_jobs = max_jobs
         self._slowdown = slowdown
+        # the slowdown while `held` (a worker runs Python under the interpreter lock, `hold`)
+        self._slowdown_held = slowdown_held
+        self.held = False
         self._memo: dict[int, float] = {}  # key * (capacity + 1) + busy_others -> slowdown
+        self._memo_held: dict[int, float] = {}
         self._keys: list[int] = []
         self._demands: list[int] = []
         self._remaining: list[float] = []  # work left, µs at rate 1
@@ -104,6 +114,23 @@ class FluidShare:
         self._recompute(now_us)
         return finished
 
+    def hold(self, now_us: float, held: bool) -> bool:
+        """A worker takes (True) or leaves (False) the interpreter lock at `now_us`. With a
+        `slowdown_held` and a running job whose slowdown it changes, the jobs are brought to
+        `now_us` (none finishes here: one due now finishes at the next timer, also now) and
+        re-rated; returns whether they were, i.e. whether the caller must arm a new timer. A caller
+        that starts a job at the same instant may set `held` itself instead (`start`
+        re-rates)."""
+        if held == self.held:
+            return False
+        self.held = held
+        if self._slowdown_held is None or not self._keys or not self._held_matters():
+            return False
+        self._progress(now_us)
+        self._last_us = now_us
+        self._recompute(now_us)
+        return True
+
     def next_delay(self, now_us: float) -> float | None:
         """Delay from `now_us` to the earliest projected finish; None when idle."""
         if not self._keys:
@@ -113,15 +140,30 @@ class FluidShare:
 
     # ---- internals -----------------------------------------------------------------------
 
-    def _advance(self, now_us: float) -> list[int]:
-        keys = self._keys
+    def _held_matters(self) -> bool:
+        """Whether any running job's slowdown differs with the lock held and without."""
+        slow, held = self._slowdown, self._slowdown_held
+        assert held is not None
+        cap, td = self.capacity, self._total_demand
+        for key, demand in zip(self._keys, self._demands, strict=True):
+            others = min(td - demand, cap)
+            if held(key, others) != (slow(key, others) if slow is not None else 1.0):
+                return True
+        return False
+
+    def _progress(self, now_us: float) -> None:
+        """Every running job's work done since the last event, at its rate."""
         dt = now_us - self._last_us
         if dt > 0.0:
             rem, rates = self._remaining, self._rates
-            for i in range(len(keys)):
+            for i in range(len(rem)):
                 rem[i] -= rates[i] * dt
             td = self._total_demand
             self.busy_unit_us += (td if td < self.capacity else self.capacity) * dt
+
+    def _advance(self, now_us: float) -> list[int]:
+        keys = self._keys
+        self._progress(now_us)
         limit = now_us + _TOL_US + _REL_TOL * abs(now_us)
         if self._next_at > limit:
             return _NONE
@@ -154,8 +196,9 @@ class FluidShare:
         cap = self.capacity
         td = self._total_demand
         share = 1.0 if td <= cap else cap / td
-        slow = self._slowdown
-        memo = self._memo
+        held = self.held and self._slowdown_held is not None
+        slow = self._slowdown_held if held else self._slowdown
+        memo = self._memo_held if held else self._memo
         rem, rates, fin, dem = self._remaining, self._rates, self._finish_at, self._demands
         next_at = float("inf")
         for i in range(len(keys)):

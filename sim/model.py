@@ -274,16 +274,22 @@ class _SimpyRun:
             dispatch_us = prep.dispatch_us[o]
             if contention_us and lock.queue:  # others queued behind us: the lock passes between threads
                 dispatch_us += contention_us * math.log2(1 + len(lock.queue))
-            yield self._host(d, dispatch_us)
+            dispatching = self._host(d, dispatch_us)
+            if not gpu:
+                server.hold(True)  # its running kernels re-rated while we run Python (sim.wake)
+            yield dispatching
             lock.release(req)
             if role is not None and role[o] is Role.SEND:
                 self.tl.worker[o] = SEND_TRACK
                 self._send(o)
+                if not gpu:
+                    server.hold(False)
             else:
                 self.mem.alloc(d, st.alloc_bytes[o])
                 if gpu:
                     self._launch(o)  # the worker moves on
                 else:
+                    server.fluid.held = False  # the lock is free: `run` re-rates
                     done = server.run(o, prep.demand[o], prep.kernel_us[o])
                     self._request_settle()  # the lock is free
                     yield done
@@ -696,7 +702,9 @@ def _servers(env: simpy.Environment, prep: Prepared) -> list[SimServer]:
     out = []
     for d, cap in enumerate(prep.capacity):
         if not prep.pooled(d):
-            out.append(SimServer(env, FluidShare(cap, prep.slowdown[d], max_jobs=cap if prep.device_is_gpu[d] else None)))
+            held = prep.slowdown_held[d] if prep.slowdown_held else None
+            out.append(SimServer(env, FluidShare(cap, prep.slowdown[d], max_jobs=cap if prep.device_is_gpu[d] else None,
+                                                 slowdown_held=held)))
             continue
         p = prep.core_pool[d]
         if p not in pools:

@@ -123,6 +123,9 @@ class Prepared:
     comm_costs: tuple[CommOpCost | None, ...] = ()
     cost_sources: tuple[str, ...] = ()  # per device that runs ops: which model costs its kernels (sim.device_cost)
     core_pool: tuple[int, ...] = ()  # per device: the index of the core pool it shares (Machine.core_pools), or -1
+    # per device: its slowdown while a worker holds the interpreter lock (`FluidShare.hold`;
+    # `sim.wake`), or None where nothing depends on it
+    slowdown_held: tuple[Callable[[int, int], float] | None, ...] = ()
     # per device (else empty): host µs a heap worker's dispatch grows while another worker waits
     # for the lock, x log2(1 + workers queued) (`sim.device_cost.device_contention_us`; 0 on a CPU)
     contention_us: tuple[float, ...] = ()
@@ -191,7 +194,7 @@ def prepare(
     device_slots = tuple(resolved.slots_of(d.id) for d in machine.devices)
     if slowdown is None:
         slowdown = slowdown_fns(graph, machine, cost)
-    slowdown = waking(slowdown, cost, ops, threads, kernel_us, op_device, machine, device_slots)
+    slowdown, slowdown_held = waking(slowdown, cost, ops, threads, kernel_us, op_device, machine, device_slots)
     done_us: tuple[float, ...] = ()
     done_kernel_us: tuple[float, ...] = ()
     comm_costs: tuple[CommOpCost | None, ...] = ()
@@ -221,6 +224,7 @@ def prepare(
         cost_sources=tuple(cost_source(cost, d) if i in used else "" for i, d in enumerate(machine.devices)),
         core_pool=tuple(pools.index(d.core_pool) if d.core_pool else -1 for d in machine.devices),
         contention_us=tuple(device_contention_us(cost, d) for d in machine.devices),
+        slowdown_held=slowdown_held,
     )
 
 
@@ -450,22 +454,25 @@ def wakes_on(machine: Machine, device: int, slots: int) -> bool:
 def waking(
     slowdown: tuple[Callable[[int, int], float], ...], cost: CostModel, ops: Sequence[Op], threads: Sequence[int],
     kernel_us: Sequence[float], op_device: Sequence[int], machine: Machine, device_slots: Sequence[int],
-) -> tuple[Callable[[int, int], float], ...]:
-    """`slowdown` with the wake factor (`sim.wake`) on each device where it applies."""
+) -> tuple[tuple[Callable[[int, int], float], ...], tuple[Callable[[int, int], float] | None, ...]]:
+    """`slowdown` with the wake factor (`sim.wake`) on each device where it applies, and per
+    device the same while a worker holds the interpreter lock (None where none applies)."""
     ask = wake_cost(cost)
     devices = [d for d in range(len(machine.devices)) if wakes_on(machine, d, device_slots[d])]
+    none: tuple[Callable[[int, int], float] | None, ...] = (None,) * len(slowdown)
     if ask is None or not devices:
-        return slowdown
+        return slowdown, none
     on = set(devices)
     wake = [float(ask(op, threads[i])) if op_device[i] in on and threads[i] >= 2 and op.kind is not OpKind.COMM else 0.0
             for i, op in enumerate(ops)]
     fractions = wake_fractions(np.asarray(wake, dtype=np.float64), np.asarray(kernel_us, dtype=np.float64),
                                np.asarray(threads, dtype=np.int64))
     if fractions is None:
-        return slowdown
+        return slowdown, none
     per_op = fractions.tolist()
-    return tuple(with_wake(fn, per_op, threads, machine.devices[d].cores) if d in on else fn
-                 for d, fn in enumerate(slowdown))
+    cores = [d.cores for d in machine.devices]
+    return (tuple(with_wake(fn, per_op, threads, cores[d]) if d in on else fn for d, fn in enumerate(slowdown)),
+            tuple(with_wake(fn, per_op, threads, cores[d], held=1) if d in on else None for d, fn in enumerate(slowdown)))
 
 
 def slowdown_fns(

@@ -32,6 +32,11 @@ class SimServer:
         self._arm()
         return done
 
+    def hold(self, held: bool) -> None:
+        """A worker takes (True) or leaves the interpreter lock now (`FluidShare.hold`)."""
+        if self.fluid.hold(self.env.now, held):
+            self._arm()
+
     def _complete(self, keys: list[int]) -> None:
         for k in keys:
             self._done.pop(k).succeed(k)

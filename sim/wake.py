@@ -10,9 +10,13 @@ of k >= 2 threads runs at its co-run rate divided further by
 
     1 + wake_us / kernel_us * idle_share,   idle_share = min(1, idle / (k - 1)),
 
-where idle = cores - 1 - (cores the other kernels keep busy) is the number of cores its
-helpers find idle. With one slot the executor runs every op on its main thread, whose one
-team fits the cores: nothing is throttled and nothing is added.
+where idle = cores - 1 - (cores the other kernels keep busy) - held is the number of cores
+its helpers find idle, and held is 1 while another worker runs Python under the
+interpreter lock (dispatching its next op: its core is awake, and a helper that lands there
+is time-sliced, not woken from a halt). So every engine re-rates the running kernels when
+a worker takes the lock for a dispatch (`FluidShare.hold`) and when the dispatch ends.
+With one slot the executor runs every op on its main thread, whose one team fits the
+cores: nothing is throttled and nothing is added.
 
 The factor multiplies the cost model's own co-run slowdown, as a function of the same
 (op, busy cores of the others), so the SimPy, fast and compiled engines charge it alike:
@@ -37,11 +41,12 @@ def wake_cost(cost: object) -> Callable[[Op, int], float] | None:
     return fn if callable(fn) else None
 
 
-def idle_share(busy_others: int, threads: int, cores: int) -> float:
-    """Share (0..1) of an op's `threads - 1` helpers that find an idle core."""
+def idle_share(busy_others: int, threads: int, cores: int, held: int = 0) -> float:
+    """Share (0..1) of an op's `threads - 1` helpers that find an idle core, `held` more
+    cores kept awake by a worker running Python under the interpreter lock."""
     if threads < 2:
         return 0.0
-    return min(1.0, max(0, cores - 1 - busy_others) / (threads - 1))
+    return min(1.0, max(0, cores - 1 - busy_others - held) / (threads - 1))
 
 
 def wake_fractions(wake_us: np.ndarray, kernel_us: np.ndarray, threads: np.ndarray) -> np.ndarray | None:
@@ -55,25 +60,28 @@ def wake_fractions(wake_us: np.ndarray, kernel_us: np.ndarray, threads: np.ndarr
     return out
 
 
-def with_wake(slowdown: SlowdownFn, fractions: Sequence[float], threads: Sequence[int], cores: int) -> SlowdownFn:
-    """`slowdown` times each op's wake factor (see the module docstring)."""
+def with_wake(
+    slowdown: SlowdownFn, fractions: Sequence[float], threads: Sequence[int], cores: int, held: int = 0
+) -> SlowdownFn:
+    """`slowdown` times each op's wake factor (see the module docstring); `held`: while a
+    worker holds the interpreter lock (`FluidShare.hold`)."""
 
     def slowed(op: int, busy_others: int) -> float:
         base = slowdown(op, busy_others)
         frac = fractions[op]
         if frac == 0.0:
             return base
-        return base * (1.0 + frac * idle_share(busy_others, threads[op], cores))
+        return base * (1.0 + frac * idle_share(busy_others, threads[op], cores, held))
 
     return slowed
 
 
-def wake_table(table: np.ndarray, fractions: np.ndarray, threads: np.ndarray, cores: int) -> np.ndarray:
+def wake_table(table: np.ndarray, fractions: np.ndarray, threads: np.ndarray, cores: int, held: int = 0) -> np.ndarray:
     """`table[op, busy cores of the others]` times each op's wake factor: a new array, the
     same floats `with_wake` gives."""
     busy = np.arange(table.shape[1], dtype=np.int64)
     helpers = np.maximum(threads - 1, 1)[:, None]
-    idle = np.minimum(1.0, np.maximum(0, cores - 1 - busy)[None, :] / helpers)
+    idle = np.minimum(1.0, np.maximum(0, cores - 1 - busy - held)[None, :] / helpers)
     idle = np.where((threads >= 2)[:, None], idle, 0.0)
     factor = 1.0 + fractions[:, None] * idle
     return np.where(fractions[:, None] == 0.0, table, table * factor)

@@ -72,11 +72,23 @@ def test_a_helper_that_shares_a_busy_core_pays_no_wake(engine: str) -> None:
     assert spans(res.trace) == [("a", 0, pytest.approx(200), 0), ("b", 0, pytest.approx(200 + 200 * 16 / 15), 1)]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_core_kept_awake_by_a_worker_dispatching_python_wakes_no_helper(engine: str) -> None:
+    cost = WakingCost(kernel={"a": 300.0, "b": 0.0}, dispatch={"a": 0.0, "b": 100.0})
+    res = run(independent("a", "b"), Plan(slots=2, threads=2), 2, cost, engine)
+    # a's kernel starts at 0; the other worker dispatches b under the lock until 100, so a's
+    # helper finds no halted core and a runs at full speed. From 100 the other core idles:
+    # a's last 200 at 1 / (1 + 20/300).
+    assert spans(res.trace) == [("a", 0, pytest.approx(100 + 200 * 16 / 15, abs=1e-3), 0), ("b", 0, pytest.approx(100), 1)]
+
+
 def test_idle_share_counts_the_cores_the_others_leave_idle() -> None:
     assert idle_share(0, 2, 2) == 1.0
     assert idle_share(1, 2, 2) == 0.0
     assert idle_share(10, 8, 16) == pytest.approx(5 / 7)  # 16 - 1 - 10 idle for 7 helpers
     assert idle_share(0, 1, 16) == 0.0  # no helper
+    assert idle_share(0, 2, 2, held=1) == 0.0  # the other core runs a worker's Python
+    assert idle_share(0, 4, 8, held=1) == 1.0  # 6 idle cores for 3 helpers
 
 
 def test_the_table_and_the_function_give_the_same_floats() -> None:
@@ -85,10 +97,11 @@ def test_the_table_and_the_function_give_the_same_floats() -> None:
     table = 1.0 + rng.random((n, cores + 1))
     fractions = np.where(rng.random(n) < 0.3, 0.0, rng.random(n))
     threads = rng.integers(1, cores + 1, n)
-    scaled = wake_table(table, fractions, threads, cores)
-    fn = with_wake(lambda op, busy: float(table[op, busy]), fractions.tolist(), threads.tolist(), cores)
-    assert all(scaled[o, b] == fn(o, b) for o in range(n) for b in range(cores + 1))
-    assert (scaled >= table).all() and (scaled > table).any()
+    for held in (0, 1):
+        scaled = wake_table(table, fractions, threads, cores, held)
+        fn = with_wake(lambda op, busy: float(table[op, busy]), fractions.tolist(), threads.tolist(), cores, held)
+        assert all(scaled[o, b] == fn(o, b) for o in range(n) for b in range(cores + 1))
+        assert (scaled >= table).all() and (scaled > table).any()
 
 
 @pytest.mark.parametrize("seed", range(10))
