@@ -9,7 +9,8 @@
 #   2. its many CPU cores: a quick CPU calibration over 1..N threads, the simulator's fidelity
 #      over the many-core spread (slots 1/2/4 x threads up to N), and a concurrency search on
 #      the simulator whose top plans are validated on the executor.
-#   3. how the wake cost of throttled OpenMP helpers grows with the team (scripts/wake_threads.py).
+#   3. how the wake cost of throttled OpenMP helpers grows with the team (scripts/wake_threads.py),
+#      and multi-rank plans (placed, data parallel, pipelines) on 2 ranks of half the cores each.
 # Usage: scripts/gpu_check.sh OUT_DIR BASE_PROFILE [DEADLINE_S]
 # ONLY="step step ..." runs only the steps named (default every step), in the order below;
 # HELDOUT_CPU: the held-out models of the many-core fidelity, groups split by commas, one
@@ -80,5 +81,9 @@ step search-cpu 60 $sl search transformer --space concurrency --trials 100 --pro
   --run-dir "$w/run-transformer" --no-progress
 step validate-cpu 90 $sl validate "$w/run-transformer" --top 3 --no-progress
 step fidelity-cpu 120 $sl fidelity mlp transformer --steps 3 --profile "$w/profile-cpu.json" --out "$w/fidelity-cpu.json"
+# Placed, data-parallel and pipeline plans on 2 ranks of 8 cores each: over 170 s for the two
+# models (2026-11-27), so the results file is checkpointed after each model (a cut run keeps mlp).
+step fidelity-cpu-ranks 200 $sl fidelity --devices 2 mlp transformer --steps 3 --profile "$w/profile-cpu.json" \
+  --out "$w/fidelity-cpu-ranks.json"
 tar czf "$out/results.tgz" -C "$w" .
 cat "$w/steps.txt"
