@@ -2,8 +2,8 @@
 (the caches flushed before each call, as a step's data can be when its producer ran long
 before), over tensor sizes from L2 to beyond L3, at one thread.
 
-On the 2-core development VM (AMD EPYC, 2 MiB L2 per core, 32 MiB L3; 2026-11-27) cold took
-1.5-2.8x hot for tensors of 1-8 MiB and about 1.0-1.2x at 16 MiB, where neither fits; on the
+On the 2-core development VM (AMD EPYC, 2 MiB L2 per core, 32 MiB L3; 2026-11-27, two runs)
+cold took 1.2-3.4x hot for tensors of 1-8 MiB and 1.0-1.8x at 16 MiB, where neither fits; on the
 held-out models the quick Profile predicted the same classes (gelu, relu, threshold_backward,
 add, batch-norm backward) at 0.3-0.7 of their one-thread time in a step, on signatures it
 never measured: calibration's in-step extras come from the tiny-size graphs it replays.
