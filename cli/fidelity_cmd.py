@@ -231,7 +231,10 @@ def resumed(
     names the first condition that differs."""
     from schedlab.io import read_json
 
-    if not getattr(args, "resume", False) or not out.exists():
+    if not getattr(args, "resume", False):
+        return None
+    if not out.exists():
+        print(f"schedlab fidelity: --resume: no results file at {out} yet; measuring every model", file=sys.stderr)
         return None
     d = read_json(out, "fidelity results file")
     if not isinstance(d, dict) or "plans" not in d:
