@@ -33,8 +33,8 @@ the cores: 2 here). On a host of more cores every fourth case is timed at each s
 count of two or more too, and `fit_wake_scale` gives the wake there as a share of the fits'
 (`wake_share`), since a larger team has more helpers to wake and the region ends with
 the last. Whether that matters is open: on a 16-core Xeon (2026-11-27,
-`scripts/wake_threads.py`, six ops, one run) small ops paid 20-40 us at 2 and 4 threads and
-40-75 us at 16, but against the 16-thread fits the median share at 2, 4 and 8 threads was
+`scripts/wake_threads.py`, six ops, one run) its three small ops paid 2-43 us at 2 and 4
+threads and 37-76 us at 16, but against the 16-thread fits the median share at 2, 4 and 8 threads was
 0.87, 0.77 and 1.33.
 """
 

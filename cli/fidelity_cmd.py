@@ -248,10 +248,23 @@ def resumed(
     return d
 
 
-def pending_note(done: list[str], models: list[str]) -> dict[str, Any]:
-    """What a results file says of its own completeness."""
+def checkpointed(
+    out: Path, body: dict[str, Any], before: dict[str, Any], t0: float, done: list[str], models: list[str]
+) -> dict[str, Any]:
+    """`body` with how complete the run is (`complete`, the models still `pending`) and its
+    wall time so far (a resumed run's included), written to `out` atomically."""
+    from schedlab.io import write_json_atomic
+
     pending = [m for m in models if m not in done]
-    return {"complete": not pending, "pending": pending}
+    result = {**body, "complete": not pending, "pending": pending,
+              "wall_s": float(before.get("wall_s", 0.0)) + time.perf_counter() - t0}
+    write_json_atomic(out, result, indent=1)
+    return result
+
+
+def say_resuming(out: Path, done: list[str], todo: list[str]) -> None:
+    if done:
+        print(f"resuming {out}: {', '.join(done)} kept, {len(todo)} to measure", file=sys.stderr)
 
 
 def conditions(set_name: str, args: argparse.Namespace, machine: Any) -> dict[str, Any]:
@@ -293,7 +306,7 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     from schedlab.calibrate.fidelity import measure_and_predict, plan_spread, row_from_json, summarise
     from schedlab.calibrate.trace_cal import calibrate_with_traces
     from schedlab.cli.common import capture_spec, load_profile
-    from schedlab.io import check_writable, write_json_atomic
+    from schedlab.io import check_writable
     from schedlab.machine import detect_host
 
     t0 = time.perf_counter()
@@ -314,19 +327,11 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     todo = [m for m in models if m not in done]
 
     def checkpoint() -> dict[str, Any]:
-        result = {
-            **fresh,
-            **scores(rows),
-            "calibration_drift": drifts,
-            "host_scaling": probes.to_json(base_profile),
-            **pending_note(done, models),
-            "wall_s": float(before.get("wall_s", 0.0)) + time.perf_counter() - t0,
-        }
-        write_json_atomic(out, result, indent=1)
-        return result
+        body = {**fresh, **scores(rows), "calibration_drift": drifts, "host_scaling": probes.to_json(base_profile)}
+        return checkpointed(out, body, before, t0, done, models)
 
-    if done:
-        print(f"resuming {out}: {', '.join(done)} kept, {len(todo)} to measure", file=sys.stderr)
+    say_resuming(out, done, todo)
+    result: dict[str, Any] | None = None
     with tqdm(total=len(todo) * len(plans) * args.rounds, desc="fidelity", unit="plan", file=sys.stderr, disable=None) as bar:
         for model in todo:
             bar.set_postfix_str(model)
@@ -344,8 +349,9 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
             drifts += calibration_drift(model, cal_steps, mine)
             rows += mine
             done.append(model)
-            checkpoint()
-    result = checkpoint()
+            result = checkpoint()
+    if result is None:  # every model came from the resumed file
+        result = checkpoint()
     summary = summarise(rows)
     if args.json:
         print_json(result)
@@ -436,7 +442,7 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
     )
     from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
     from schedlab.cli.common import capture_spec, load_profile
-    from schedlab.io import check_writable, write_json_atomic
+    from schedlab.io import check_writable
     from schedlab.machine import detect_host
 
     t0 = time.perf_counter()
@@ -456,7 +462,7 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
     cal_name = CALIBRATION_PLAN.name
 
     def checkpoint() -> dict[str, Any]:
-        result = {
+        body = {
             **fresh,
             "plans_per_model": len(plans),
             "calibration_plan": cal_name,
@@ -466,14 +472,11 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
             "fractions: predicted / measured - 1.",
             **held_out_summary(results),
             "host_scaling": probes.to_json(profile),
-            **pending_note(done, models),
-            "wall_s": float(before.get("wall_s", 0.0)) + time.perf_counter() - t0,
         }
-        write_json_atomic(out, result, indent=1)
-        return result
+        return checkpointed(out, body, before, t0, done, models)
 
-    if done:
-        print(f"resuming {out}: {', '.join(done)} kept, {len(todo)} to measure", file=sys.stderr)
+    say_resuming(out, done, todo)
+    result: dict[str, Any] | None = None
     with tqdm(total=len(todo) * len(plans) * args.rounds, desc="held-out fidelity", unit="plan", file=sys.stderr,
               disable=None) as bar:
         for model in todo:
@@ -485,8 +488,9 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
                     progress=lambda: bar.update(1), rounds=args.rounds,
                 ))
             done.append(model)
-            checkpoint()
-    result = checkpoint()
+            result = checkpoint()
+    if result is None:  # every model came from the resumed file
+        result = checkpoint()
     if args.json:
         print_json(result)
         return 0

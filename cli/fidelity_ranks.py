@@ -20,10 +20,11 @@ from schedlab.cli.fidelity_cmd import (
     DEFAULT_HELDOUT_RANKS_OUT,
     DEFAULT_RANKS_OUT,
     RESUMED_KEYS,
+    checkpointed,
     conditions,
     pct,
-    pending_note,
     resumed,
+    say_resuming,
     tau,
 )
 from schedlab.errors import SchedlabError
@@ -43,7 +44,7 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
         rank_summary,
     )
     from schedlab.cli.common import load_profile
-    from schedlab.io import check_writable, write_json_atomic
+    from schedlab.io import check_writable
     from schedlab.machine import detect_host, host_ranks
     from schedlab.workloads import load_workload
 
@@ -100,7 +101,7 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
         for s, res in zip(summarise(rows), results, strict=True):
             entry = next(m for m in summary["models"] if m["workload"] == res.workload)
             workloads.append({**s.__dict__, "kinds": entry[main.replace("-", "_")]["kinds"]})
-        result = {
+        body = {
             **fresh,
             "skipped_plans": skipped,
             "mape": statistics.fmean(abs(e) for e in errs),
@@ -110,14 +111,11 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
             **summary,
             "busy_frac": BUSY_FRAC,
             "busy_plans": [f"{r.workload}/{r.plan}" for r in rows if (r.foreign_cpu_frac or 0.0) > BUSY_FRAC],
-            **pending_note(done, models),
-            "wall_s": float(before.get("wall_s", 0.0)) + time.perf_counter() - t0,
         }
-        write_json_atomic(out, result, indent=1)
-        return result
+        return checkpointed(out, body, before, t0, done, models)
 
-    if done:
-        print(f"resuming {out}: {', '.join(done)} kept, {len(todo)} to measure", file=sys.stderr)
+    say_resuming(out, done, todo)
+    result: dict[str, Any] | None = None
     with tqdm(total=len(todo) * len(specs) * args.rounds, desc=f"fidelity on {args.devices} ranks", unit="plan",
               file=sys.stderr, disable=None) as bar:
         for model in todo:
@@ -140,10 +138,11 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
                 progress=lambda: bar.update(1), rounds=args.rounds,
             ))
             done.append(model)
-            checkpoint()
+            result = checkpoint()
     if not results:
         raise SchedlabError("no plan of the spread fits any of these models' batches; give other --plans or --size")
-    result = checkpoint()
+    if result is None:  # every model came from the resumed file
+        result = checkpoint()
     if args.json:
         print_json(result)
         return 0

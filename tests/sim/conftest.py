@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from schedlab.sim import SimResult
 from schedlab.trace import Trace
+
+
+def rows(res: SimResult) -> list[list[object]]:
+    """Every event of a recorded run's trace, as rows (engines agree when these are equal)."""
+    assert res.trace is not None
+    return [e.to_row() for e in res.trace.events]
 
 
 def spans(trace: Trace | None) -> list[tuple[str, float, float, int]]:

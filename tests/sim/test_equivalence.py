@@ -10,11 +10,7 @@ from schedlab.machine import load_machine
 from schedlab.plan import Plan, resolve
 from schedlab.sim import SimResult, Simulator, simulate
 from schedlab.sim.testing import TableCost, cpu_machine, place, random_cost, random_dag, random_plan
-
-
-def rows(res: SimResult) -> list[list[object]]:
-    assert res.trace is not None
-    return [e.to_row() for e in res.trace.events]
+from tests.sim.conftest import rows
 
 
 def same(a: SimResult, b: SimResult) -> None:

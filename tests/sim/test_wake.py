@@ -22,7 +22,7 @@ from schedlab.sim.testing import (
     random_plan,
 )
 from schedlab.sim.wake import idle_share, wake_table, with_wake
-from tests.sim.conftest import spans
+from tests.sim.conftest import rows, spans
 
 ENGINES = ("fast", "simpy", "compiled")
 
@@ -114,12 +114,9 @@ def test_engines_agree_exactly_with_wake_costs(seed: int) -> None:
     cost = WakingRandomCost(seed, integer=seed % 2 == 0)
     compiled = simulate(g, resolved, m, cost, engine="compiled")
     fast = simulate(g, resolved, m, cost, engine="fast")
-    assert compiled.trace is not None and fast.trace is not None
-    assert [e.to_row() for e in compiled.trace.events] == [e.to_row() for e in fast.trace.events]
+    assert rows(compiled) == rows(fast)
     if seed < 4:
-        simpy = simulate(g, resolved, m, cost, engine="simpy")
-        assert simpy.trace is not None
-        assert [e.to_row() for e in simpy.trace.events] == [e.to_row() for e in fast.trace.events]
+        assert rows(simulate(g, resolved, m, cost, engine="simpy")) == rows(fast)
     quiet = Simulator(g, m, cost).run(resolved, record=False)
     assert quiet.engine == "compiled" and quiet.step_time_s == compiled.step_time_s
     plain = simulate(g, resolved, m, RandomCost(seed, integer=seed % 2 == 0), engine="compiled")
