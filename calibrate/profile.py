@@ -75,7 +75,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from schedlab.calibrate.context import NO_CONTEXT, ContextCosts, first_uses
 from schedlab.calibrate.corun import CorunFigures
@@ -111,6 +111,10 @@ class ProfileMachineWarning(UserWarning):
 
 @dataclass(frozen=True)
 class Profile:
+    # ATen runs a call below its grain size inline: such a kernel holds one core, not its
+    # team (`sim.cost.team_or_inline`)
+    inlines_small_calls: ClassVar[bool] = True
+
     machine: dict[str, Any]  # Machine.fingerprint of where it was measured
     created_unix_s: float
     quick: bool

@@ -24,7 +24,7 @@ from schedlab.graph import Graph, OpKind
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
 from schedlab.sim.compiled import FlatStructure, LoopResult, run_compiled
-from schedlab.sim.cost import CostModel, cores_kept_busy, shares_idle_threads
+from schedlab.sim.cost import CostModel, demand_rule
 from schedlab.sim.cost_table import CostTable
 from schedlab.sim.device_cost import cost_source
 from schedlab.sim.fast import run_fast
@@ -97,6 +97,7 @@ class Simulator:
         placement = op_devices(resolved, machine)
         run = self._run_graph(graph, placement)
         structure = run.structure
+        teams = demand_rule(self.cost) is not None and max(resolved.threads, default=1) > 1
         prep = prepare(
             graph,
             resolved,
@@ -106,6 +107,7 @@ class Simulator:
             kernel_us=self._kernels(resolved.threads, graph, run.mirror),
             dispatch_us=self._dispatches(graph, run.mirror),
             slowdown=run.slowdown,
+            alone_us=self._kernels((1,) * len(graph.ops), graph, run.mirror) if teams else None,
         )
         if engine in ("fast", "compiled") and not prep.single_cpu:
             raise SchedlabError(f"the {engine} simulator engine needs every op on one CPU device; use engine='simpy'")
@@ -189,8 +191,9 @@ class Simulator:
         threads = np.asarray(resolved.threads, dtype=np.int64)
         kernel_us = self._kernels_arr(threads)
         demand = threads
-        if shares_idle_threads(self.cost):
-            demand = cores_kept_busy(self._kernels_arr(np.ones_like(threads)), kernel_us, threads)
+        rule = demand_rule(self.cost)
+        if rule is not None and threads.size and threads.max() > 1:
+            demand = rule(self._kernels_arr(np.ones_like(threads)), kernel_us, threads)
         res = self._loop(resolved.slots, resolved.priority, dev, demand, kernel_us, self._dispatches_arr(), threads)
         machine = self.machine
         peaks = {d.id: 0 for d in machine.devices}

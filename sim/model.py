@@ -21,7 +21,8 @@ The model (time unit: microseconds):
   device these are `sim.fast`'s rules. (A one-slot device of an expanded graph walks its
   ops in sequence instead; see below.)
 - **CPU kernels** run on their device's cores, a processor-sharing server
-  (`sim.fluid.FluidShare`): k threads demand k cores; above the core count everyone is
+  (`sim.fluid.FluidShare`): k threads demand k cores (one where the kernel runs inline,
+  `sim.cost.demand_rule`); above the core count everyone is
   stretched by total_threads/cores; each kernel is further slowed by
   `cost.corun_slowdown(op, busy cores of the others, cores)`. The worker waits for its
   kernel (ATen releases the lock, so kernels of different workers overlap).

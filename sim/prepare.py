@@ -3,8 +3,9 @@
 Everything the event loop needs is looked up by integer index here, so the loop itself
 never touches a Graph, an Op or a dict keyed by strings:
 
-- per op: device, threads (the demand on the device: its threads, or the cores it keeps busy
-  where the cost model `shares_idle_threads`), dispatch and kernel time from the
+- per op: device, threads (the demand on the device, `sim.cost.demand_rule`: its team of
+  threads, one core where it runs inline, or the cores it keeps busy where the cost model
+  `shares_idle_threads`), dispatch and kernel time from the
   cost model (a kernel's by its device's kind: `sim.device_cost`), priority, how many
   *tokens* it waits for, and what it releases when done;
 - tokens: an op waits for each local producer op and for each transfer that brings a
@@ -45,7 +46,7 @@ from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
 from schedlab.sim.collective import CollectiveTime, allreduce_time
 from schedlab.sim.comm import CommHostCost, CommOpCost, CommStructure, Role, comm_structure, has_comm
-from schedlab.sim.cost import CostModel, cores_kept_busy, shares_idle_threads
+from schedlab.sim.cost import CostModel, demand_rule
 from schedlab.sim.device_cost import (
     cost_source,
     device_contention_us,
@@ -166,8 +167,10 @@ def prepare(
     kernel_us: list[float] | None = None,
     dispatch_us: list[float] | None = None,
     slowdown: tuple[Callable[[int, int], float], ...] | None = None,
+    alone_us: list[float] | None = None,
 ) -> Prepared:
-    """Flat arrays for one simulation; `structure` and the cost lists may come from a cache."""
+    """Flat arrays for one simulation; `structure` and the cost lists (`alone_us`: every
+    kernel at one thread) may come from a cache."""
     ops = graph.ops
     n = len(ops)
     if len(resolved.threads) != n or len(resolved.priority) != n or len(resolved.device) != n:
@@ -185,9 +188,13 @@ def prepare(
     if kernel_us is None:
         kernel_us = [comm_kernel_us(op, threads[op.id], cost) for op in ops]
     demand = [1 if is_gpu[op_device[i]] else threads[i] for i in range(n)]
-    if shares_idle_threads(cost):
-        demand = [d if d <= 1 else int(cores_kept_busy(cost.kernel_us(ops[i], 1), kernel_us[i], d))
-                  for i, d in enumerate(demand)]
+    rule = demand_rule(cost)
+    teams = [i for i, d in enumerate(demand) if d > 1]
+    if rule is not None and teams:
+        alone = [alone_us[i] for i in teams] if alone_us is not None else [cost.kernel_us(ops[i], 1) for i in teams]
+        held = rule(alone, [kernel_us[i] for i in teams], [demand[i] for i in teams])
+        for i, cores in zip(teams, held.tolist(), strict=True):
+            demand[i] = cores
     kernel_us = device_kernels_us(ops, op_device, machine.devices, cost, threads, kernel_us)  # by device kind
     dispatch_us = device_dispatches_us(ops, op_device, machine.devices, cost, dispatch_us)
     used = set(op_device)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
+from typing import ClassVar
 
 import pytest
 
 from schedlab.errors import SchedlabError
-from schedlab.graph import OpKind
+from schedlab.graph import Op, OpKind
 from schedlab.plan import Plan, resolve
 from schedlab.sim import SimResult, Simulator, simulate
 from schedlab.sim.testing import (
@@ -82,6 +84,40 @@ def test_oversubscribed_kernels_are_stretched(engine: str) -> None:
     assert spans(res.trace) == [("a", 0, 200, 0), ("b", 10, 210, 1)]
     assert res.step_time_s == pytest.approx(210e-6)
     assert res.busy_core_s["cpu0"] == pytest.approx(2 * 200e-6)  # both cores busy 10-210
+
+
+@dataclass
+class AtenCost(TableCost):
+    """A hand-made cost of ATen's runtime: a kernel no faster at more threads ran inline."""
+
+    inlines_small_calls: ClassVar[bool] = True
+
+
+def inline_a_team_b(op: Op, threads: int) -> float:
+    return 50.0 if op.name == "b" and threads > 1 else 100.0  # a: no faster at 2 threads
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_kernel_no_faster_at_two_threads_holds_one_core_under_aten(engine: str) -> None:
+    # a ran inline (one core), b runs its team of two: 3 cores wanted of 2, each at 2/3 speed;
+    # b's 50 us end at 75 with 50 of a's done, a's other 50 alone: 125.
+    res = run(independent("a", "b"), Plan(slots=2, threads=2), 2, AtenCost(kernel=inline_a_team_b), engine)
+    assert spans(res.trace) == [("a", 0, 125, 0), ("b", 0, 75, 1)]
+    # Without the flag a holds its team too: 4 of 2 cores, half speed; b ends at 100, a at 150.
+    res = run(independent("a", "b"), Plan(slots=2, threads=2), 2, TableCost(kernel=inline_a_team_b), engine)
+    assert spans(res.trace) == [("a", 0, 150, 0), ("b", 0, 100, 1)]
+    # Two inline kernels take a core each: together, not stretched.
+    res = run(independent("a", "a2"), Plan(slots=2, threads=2), 2, AtenCost(kernel={"a": 100.0, "a2": 100.0}), engine)
+    assert spans(res.trace) == [("a", 0, 100, 0), ("a2", 0, 100, 1)]
+
+
+def test_the_search_path_holds_the_same_cores_as_the_traced_one() -> None:
+    g = independent("a", "b")
+    m = cpu_machine(2)
+    resolved = resolve(g, Plan(slots=2, threads=2), m)
+    sim = Simulator(g, m, AtenCost(kernel=inline_a_team_b))
+    assert sim.run(resolved, record=False).step_time_s == pytest.approx(125e-6)
+    assert sim.run(resolved, record=False).engine == "compiled"
 
 
 @pytest.mark.parametrize("engine", ENGINES)

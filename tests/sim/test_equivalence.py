@@ -138,14 +138,21 @@ class _SharedPoolCost(TableCost):
     shares_idle_threads = True
 
 
+class _AtenCost(TableCost):
+    """Some kernels scale with threads, some do not and ran inline (ATen's)."""
+
+    inlines_small_calls = True
+
+
+@pytest.mark.parametrize("cost_type", [_SharedPoolCost, _AtenCost])
 @pytest.mark.parametrize("seed", range(6))
-def test_engines_agree_when_the_cost_model_shares_idle_threads(seed: int) -> None:
+def test_engines_agree_when_kernels_hold_fewer_cores_than_threads(seed: int, cost_type: type[TableCost]) -> None:
     rng = random.Random(300 + seed)
     g = random_dag(rng.randint(40, 200), seed, window=rng.randint(3, 16), view_share=0.2)
     cores = rng.choice([2, 4, 8])
     m = cpu_machine(cores)
     resolved = resolve(g, random_plan(g, cores, seed, max_slots=4), m)
-    cost = _SharedPoolCost(kernel=lambda op, k: 50.0 + op.id % 7 * 20.0 / (k if op.id % 2 else 1), dispatch=2.0,
+    cost = cost_type(kernel=lambda op, k: 50.0 + op.id % 7 * 20.0 / (k if op.id % 2 else 1), dispatch=2.0,
                            corun=lambda op, b, c: 1.0 + 0.3 * b / c)
     compiled = simulate(g, resolved, m, cost, engine="compiled")
     same(compiled, simulate(g, resolved, m, cost, engine="fast"))
