@@ -31,7 +31,7 @@ import math
 import re
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from scipy.stats import kendalltau
@@ -45,6 +45,7 @@ from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
 from schedlab.machine import Machine
 from schedlab.plan import Plan, ResolvedPlan, resolve
+from schedlab.trace import Trace
 
 DEFAULT_ORDERS = ("topo", "critical-path", "w-last", "random:0")
 PROFILE_ONLY = "profile-only"  # the stored Profile alone
@@ -347,6 +348,9 @@ class HeldOutResult:
     # The Profile against the calibration plan's trace, op class by op class, on the ops whose
     # signature it never measured (`calibrate.op_errors`): the cost model alone, no step drift.
     op_classes: tuple[ClassError, ...] = ()
+    # The calibration plan's measured trace, which trace calibration learnt from (not in the
+    # results JSON: the CLI keeps it in a file beside it, `calibrate.cal_traces`)
+    calibration_trace: Trace | None = field(default=None, compare=False, repr=False)
 
     def scored(self, method: str) -> list[FidelityRow]:
         """The rows a method's error is computed on: the trace-calibrated one leaves out the
@@ -394,6 +398,7 @@ def held_out_fidelity(
         workload=workload,
         profile_seen_ops_frac=seen / len(kernels) if kernels else 0.0,
         op_classes=tuple(op_class_errors(graph, measured[cal[0]].run.trace, profile)),
+        calibration_trace=measured[cal[0]].run.trace,
         profile_only=fidelity_rows(workload, graph, resolved, measured, alone, PROFILE_ONLY),
         trace_calibrated=fidelity_rows(
             workload, graph, resolved, measured, learnt, TRACE_CALIBRATED, in_calibration=lambda p: p is cal_plan

@@ -13,8 +13,11 @@ It also says how far each run is from that median (`run_spread`: the MAPE that a
 simulator predicting the median exactly would score against that one run), the floor
 under a fidelity figure taken from a single run.
 
-Profile-only: a trace-calibrated prediction needs the calibration plan's trace, which a
-results file does not keep.
+Held-out one-device runs are also re-scored trace-calibrated where their results file
+names the calibration plan's trace (`calibrate.cal_traces`; the first file that has one for
+the model): the Profile given, trace-calibrated on it, predicts the other plans, as the run
+itself did. A trace recorded from another graph than today's capture (the capture changed)
+is left out with the reason, and that model re-scores profile-only.
 """
 
 from __future__ import annotations
@@ -26,8 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from schedlab.calibrate import cal_traces
 from schedlab.calibrate.fidelity import (
+    CALIBRATION_PLAN,
     PROFILE_ONLY,
+    TRACE_CALIBRATED,
     FidelityRow,
     error_summary,
     overall_summary,
@@ -56,6 +62,8 @@ class SavedRuns:
     conditions: dict[str, Any] = field(default_factory=dict)  # the first file's machine, versions, steps per plan
     devices: int = 1  # local ranks the plans ran on (1: the one-device spread)
     set_name: str = "held-out"  # "held-out" or "built-in" models
+    # workload -> (results file, its calibration trace relative to it): the first file naming one
+    traces: dict[str, tuple[Path, str]] = field(default_factory=dict)
 
     def workloads(self) -> list[str]:
         return list(dict.fromkeys(w for w, _ in self.times_s))
@@ -69,10 +77,14 @@ def load_runs(paths: Sequence[str | Path]) -> SavedRuns:
     per_file: list[dict[tuple[str, str], float]] = []
     conds: set[tuple[str, str, str, int, int]] = set()
     first: dict[str, Any] = {}
+    traces: dict[str, tuple[Path, str]] = {}
     for path in paths:
         d = _read(Path(path))
         first = first or {k: d[k] for k in ("machine", "versions", "steps_per_plan") if k in d}
         conds.add((str(d["set"]), str(d["size"]), str(d["optimizer"]), int(d["cores"]), int(d.get("devices") or 1)))
+        for m in d.get("models", []):
+            if isinstance(m, dict) and isinstance(m.get(cal_traces.KEY), str):
+                traces.setdefault(str(m["workload"]), (Path(path), m[cal_traces.KEY]))
         times: dict[tuple[str, str], float] = {}
         for row in d["plans"]:
             try:
@@ -97,7 +109,7 @@ def load_runs(paths: Sequence[str | Path]) -> SavedRuns:
     return SavedRuns(
         paths=tuple(str(p) for p in paths), size=size, optimizer=optimizer, cores=cores,
         times_s={k: tuple(f[k] for f in per_file) for k in common}, conditions=first,
-        devices=devices, set_name=set_name,
+        devices=devices, set_name=set_name, traces=traces if devices == 1 and set_name == "held-out" else {},
     )
 
 
@@ -172,29 +184,48 @@ def rescore(runs: SavedRuns, profile: Profile, machine: Machine, plans_of: Plans
                             f"{host_cores}: their plans are not this machine's spread")
     models: list[dict[str, Any]] = []
     rows: list[FidelityRow] = []
+    learnt_rows: list[FidelityRow] = []  # trace-calibrated, the calibration plan left out
+    skipped: dict[str, str] = {}  # workload -> why it was not trace-calibrated
     spread: list[list[float]] = [[] for _ in runs.paths]  # per run: |median / run - 1| of every plan
     for workload in runs.workloads():
         saved = plans_of(workload, {name for w, name in runs.times_s if w == workload})
-        mine = []
+        learnt = _trace_calibrated(runs, workload, saved, profile, skipped)
+        mine: list[FidelityRow] = []
+        theirs: list[FidelityRow] = []
         own: list[list[float]] = [[] for _ in runs.paths]  # the same, this model's plans
         for plan in saved:
-            (pred,) = predict(plan.graph, [plan.resolved], profile, machine)
             times = runs.times_s[(workload, plan.name)]
             med = statistics.median(times)
-            mine.append(FidelityRow(
-                workload=workload, plan=plan.name, measured_s=med, measured_spread_s=(min(times), max(times)),
-                predicted_s=pred.step_time_s, sim_wall_s=pred.sim_wall_s, sim_cold_s=pred.sim_cold_s,
-                ops=plan.ops, in_calibration=False, method=PROFILE_ONLY, plan_kind=plan.kind,
-            ))
+            for method, cost, out in ((PROFILE_ONLY, profile, mine), (TRACE_CALIBRATED, learnt, theirs)):
+                if cost is None:
+                    continue
+                (pred,) = predict(plan.graph, [plan.resolved], cost, machine)
+                out.append(FidelityRow(
+                    workload=workload, plan=plan.name, measured_s=med, measured_spread_s=(min(times), max(times)),
+                    predicted_s=pred.step_time_s, sim_wall_s=pred.sim_wall_s, sim_cold_s=pred.sim_cold_s,
+                    ops=plan.ops, in_calibration=method == TRACE_CALIBRATED and plan.name == CALIBRATION_PLAN.name,
+                    method=method, plan_kind=plan.kind,
+                ))
             for i, t in enumerate(times):
                 own[i].append(abs(med / t - 1.0))
         for i, xs in enumerate(own):
             spread[i] += xs
-        rows += mine
+        scored = [r for r in theirs if not r.in_calibration]
+        rows += mine + theirs
+        learnt_rows += scored
         models.append({
             "workload": workload, "ops": len(saved[0].graph.ops) if saved else 0, "profile_only": error_summary(mine),
+            **({"trace_calibrated": error_summary(scored)} if theirs else {}),
             "run_spread": [statistics.fmean(x) if x else 0.0 for x in own],
         })
+    profile_rows = [r for r in rows if r.method == PROFILE_ONLY]
+    overall: dict[str, Any] = {
+        "profile_only": overall_summary([r.error for r in profile_rows],
+                                        [m["profile_only"]["kendall_tau"] for m in models]),
+    }
+    if learnt_rows:
+        overall["trace_calibrated"] = overall_summary(
+            [r.error for r in learnt_rows], [m["trace_calibrated"]["kendall_tau"] for m in models if "trace_calibrated" in m])
     return {
         "set": runs.set_name,
         "rescored": True,
@@ -205,13 +236,30 @@ def rescore(runs: SavedRuns, profile: Profile, machine: Machine, plans_of: Plans
         "cores": runs.cores,
         **({"devices": runs.devices} if runs.devices > 1 else {}),
         "note": "profile-only predictions of the saved plans, against the median of their measured step times "
-        "over the runs; run_spread: per run, the MAPE of the median against that run's measurements (the error "
-        "an exact prediction of the median scores against one run). Errors are fractions: predicted / measured - 1.",
-        "overall": {
-            "profile_only": overall_summary([r.error for r in rows], [m["profile_only"]["kendall_tau"] for m in models]),
-            "run_spread": [statistics.fmean(s) if s else 0.0 for s in spread],
-        },
+        "over the runs, and trace-calibrated ones where a run kept its calibration plan's trace (that plan left "
+        "out of their errors); run_spread: per run, the MAPE of the median against that run's measurements (the "
+        "error an exact prediction of the median scores against one run). Errors are fractions: predicted / "
+        "measured - 1.",
+        "overall": {**overall, "run_spread": [statistics.fmean(s) if s else 0.0 for s in spread]},
         "models": models,
-        "plan_shapes": shape_errors(rows),
+        "trace_calibration_skipped": skipped,
+        "plan_shapes": shape_errors(profile_rows + learnt_rows),
         "plans": [{**r.__dict__, "error": r.error} for r in rows],
     }
+
+
+def _trace_calibrated(
+    runs: SavedRuns, workload: str, saved: Sequence[SavedPlan], profile: Profile, skipped: dict[str, str]
+) -> Profile | None:
+    """`profile` trace-calibrated on the workload's saved calibration trace, or None where
+    no run kept one (or it was recorded from another graph: the reason goes to `skipped`)."""
+    where = runs.traces.get(workload)
+    if where is None or not saved:
+        return None
+    trace = cal_traces.load_trace(*where)
+    graph = saved[0].graph
+    if trace.meta.get("graph_hash") not in (None, graph.hash):
+        skipped[workload] = (f"{where[1]} was recorded from graph {trace.meta['graph_hash']}, today's capture "
+                             f"is {graph.hash}")
+        return None
+    return profile.with_trace(trace, graph)

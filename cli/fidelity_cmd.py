@@ -87,7 +87,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--out", default=None, metavar="PATH",
         help=f"results file (default {DEFAULT_OUT.name}, or {DEFAULT_HELDOUT_OUT.name} with --held-out, in the "
         "traces folder); rewritten after each model (\"complete\": false, the models still \"pending\"), so a run "
-        "cut short keeps the models it finished",
+        "cut short keeps the models it finished; with --held-out each model's calibration-plan trace goes into "
+        "a folder beside it (PATH without .json, plus -traces), for --rescore",
     )
     p.add_argument(
         "--resume", action="store_true",
@@ -123,7 +124,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--rescore", action="append", default=[], metavar="RESULTS.json",
         help="run nothing; predict the plans of saved results files (repeatable; one-device or --devices N runs, "
         "built-in or held-out, all alike; one-device runs on the cores they were measured on, so a many-core "
-        "machine's runs re-score here with the profile calibrated there) from --profile, profile-only, against the median of their measured times, "
+        "machine's runs re-score here with the profile calibrated there) from --profile, profile-only (and "
+        "trace-calibrated where a held-out run kept its calibration traces beside it), against the median of "
+        "their measured times, "
         "so profiles or simulator versions are compared on the same measurements; also prints how far each run is "
         "from that median (the floor under a one-run figure); results in the traces folder, named after the files "
         "re-scored: fidelity[-heldout][-ranks]-rescored.json",
@@ -433,6 +436,7 @@ def calibration_drift(workload: str, cal_steps: dict[int, float], rows: list[Any
 def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
     from tqdm import tqdm
 
+    from schedlab.calibrate import cal_traces
     from schedlab.calibrate.fidelity import (
         CALIBRATION_PLAN,
         held_out_fidelity,
@@ -455,6 +459,8 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
              "profile_created_unix_s": profile.created_unix_s}
     before = resumed(out, fresh, args) or {}
     results = [r for r in (held_out_from_json(before) if before else []) if r.workload in models]
+    # the calibration plan's trace of each model, beside the results file (calibrate.cal_traces)
+    trace_files = {m["workload"]: m[cal_traces.KEY] for m in before.get("models", []) if m.get(cal_traces.KEY)}
     probes = HostProbes(machine.default_device.cores)
     probes.keep(before.get("host_scaling"), models)
     done = [r.workload for r in results]
@@ -462,15 +468,19 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
     cal_name = CALIBRATION_PLAN.name
 
     def checkpoint() -> dict[str, Any]:
+        summary = held_out_summary(results)
+        for m in summary["models"]:
+            if m["workload"] in trace_files:
+                m[cal_traces.KEY] = trace_files[m["workload"]]
         body = {
             **fresh,
             "plans_per_model": len(plans),
             "calibration_plan": cal_name,
             "note": f"profile-only: the stored profile alone, every plan; trace-calibrated: the profile plus the op "
             f"times of the measured run of {cal_name} of the same model, every other plan ({cal_name} is left out "
-            "of its errors; 'other_shapes' also leaves out the other one-slot one-thread plans). Errors are "
-            "fractions: predicted / measured - 1.",
-            **held_out_summary(results),
+            "of its errors; 'other_shapes' also leaves out the other one-slot one-thread plans; its trace is the "
+            f"file '{cal_traces.KEY}' names). Errors are fractions: predicted / measured - 1.",
+            **summary,
             "host_scaling": probes.to_json(profile),
         }
         return checkpointed(out, body, before, t0, done, models)
@@ -487,6 +497,8 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
                     model, c.graph, c.input_values, plans, profile, machine, steps=args.steps,
                     progress=lambda: bar.update(1), rounds=args.rounds,
                 ))
+            if results[-1].calibration_trace is not None:
+                trace_files[model] = cal_traces.save_trace(out, model, results[-1].calibration_trace)
             done.append(model)
             result = checkpoint()
     if result is None:  # every model came from the resumed file
@@ -538,16 +550,28 @@ def run_rescore(args: argparse.Namespace) -> int:
         return 0
     n = len(runs.paths)
     where = f"{runs.cores} cores" + (f", {runs.devices} ranks" if runs.devices > 1 else "")
-    print(f"{runs.set_name} fidelity re-scored: profile {result['profile']}, profile-only, against the median of {n} "
-          f"run(s) (size {runs.size}, {where})")
-    print(f"{'workload':<24}{'ops':>6}{'MAPE':>8}{'worst':>8}{'tau':>7}   run spread (MAPE of the median against each run)")
+    learnt = "trace_calibrated" in result["overall"]
+    print(f"{runs.set_name} fidelity re-scored: profile {result['profile']}, profile-only"
+          f"{' and trace-calibrated (on each run s1-t1-topo trace the results file kept)' if learnt else ''}, "
+          f"against the median of {n} run(s) (size {runs.size}, {where})")
+    methods = ("profile_only", "trace_calibrated") if learnt else ("profile_only",)
+    if learnt:
+        print(f"{'':30}{'--- profile-only ---':>23}{'-- trace-calibrated --':>23}")
+    print(f"{'workload':<24}{'ops':>6}" + f"{'MAPE':>8}{'worst':>8}{'tau':>7}" * len(methods)
+          + "   run spread (MAPE of the median against each run)")
+
+    def cells(a: dict[str, Any] | None, tau_key: str = "kendall_tau") -> str:
+        if a is None:
+            return f"{'-':>8}{'-':>8}{'-':>7}"
+        return f"{pct(a['mape'], 8)}{pct(a['worst_error'], 8)}{tau(a[tau_key], 7)}"
+
     for m in result["models"]:
-        a = m["profile_only"]
-        print(f"{m['workload'].removeprefix(PREFIX):<24}{m['ops']:>6}{pct(a['mape'], 8)}{pct(a['worst_error'], 8)}"
-              f"{tau(a['kendall_tau'], 7)}   {' '.join(pct(x, 7) for x in m['run_spread'])}")
-    a = result["overall"]["profile_only"]
-    print(f"{'all (tau: median)':<30}{pct(a['mape'], 8)}{pct(a['worst_error'], 8)}{tau(a['median_kendall_tau'], 7)}   "
-          f"{' '.join(pct(x, 7) for x in result['overall']['run_spread'])}")
+        print(f"{m['workload'].removeprefix(PREFIX):<24}{m['ops']:>6}" + "".join(cells(m.get(k)) for k in methods)
+              + f"   {' '.join(pct(x, 7) for x in m['run_spread'])}")
+    print(f"{'all (tau: median)':<30}" + "".join(cells(result["overall"][k], "median_kendall_tau") for k in methods)
+          + f"   {' '.join(pct(x, 7) for x in result['overall']['run_spread'])}")
+    for workload, why in result.get("trace_calibration_skipped", {}).items():
+        print(f"{workload}: profile-only (its calibration trace left out: {why})")
     print_plan_shapes(result.get("plan_shapes", []))
     print(f"results: {out}")
     return 0

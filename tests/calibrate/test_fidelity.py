@@ -213,6 +213,8 @@ def test_a_held_out_run_cut_short_keeps_its_models_and_resume_measures_only_the_
     cut = json.loads(out.read_text())
     assert cut["complete"] is False and cut["pending"] == ["heldout:conv1d-two-branch"]
     assert [m["workload"] for m in cut["models"]] == [MODEL] and cut["overall"]["profile_only"]["n_plans"] > 0
+    assert cut["models"][0]["calibration_trace"] == "f-traces/heldout_mixer.json"  # kept beside the results
+    assert (tmp_path / "f-traces" / "heldout_mixer.json").is_file()
     monkeypatch.setattr(fidelity, "held_out_fidelity", real)
     exec_calls.clear()
     assert main([*argv, "--resume"]) == 0
@@ -227,6 +229,16 @@ def test_a_held_out_run_cut_short_keeps_its_models_and_resume_measures_only_the_
     assert done["models"][0]["profile_only"] == cut["models"][0]["profile_only"]
     assert done["models"][0]["trace_calibrated"] == cut["models"][0]["trace_calibrated"]
     assert [m["workload"] for m in done["host_scaling"]["models"]] == [MODEL, "heldout:conv1d-two-branch"]
+    assert [m["calibration_trace"] for m in done["models"]] == [
+        "f-traces/heldout_mixer.json", "f-traces/heldout_conv1d-two-branch.json"]
+    # re-scored with the same profile, the saved traces give back the run's own trace-calibrated predictions
+    assert main(["fidelity", "--held-out", "--rescore", str(out), "--profile", str(profile_file),
+                 "--out", str(tmp_path / "r.json")]) == 0
+    again = json.loads((tmp_path / "r.json").read_text())
+    run = {(p["workload"], p["plan"], p["method"]): p["predicted_s"] for p in done["plans"]}
+    assert {(p["workload"], p["plan"], p["method"]): p["predicted_s"] for p in again["plans"]} == run
+    assert again["overall"]["trace_calibrated"]["mape"] == pytest.approx(done["overall"]["trace_calibrated"]["mape"])
+    assert "trace-calibrated" in capsys.readouterr().out
 
     # another setting than the file's: one clear error, the file left as it was
     assert main([*argv[:-4], "--steps", "2", "--profile", str(profile_file), "--out", str(out), "--resume"]) == 2

@@ -170,3 +170,40 @@ def test_multi_rank_runs_are_rescored_on_the_ranks_they_ran_on(capsys, tmp_path:
     assert [p["predicted_s"] for p in json.loads(rescored.read_text())["plans"]] == expected
     assert main(["fidelity", "--held-out", "--rescore", str(paths[0]), "--profile", str(saved)]) == 2
     assert "measured the built-in models" in capsys.readouterr().err
+
+
+def _with_trace(path: Path, trace_text: str) -> Path:
+    """A results file naming a calibration trace of MODEL, whose file holds `trace_text`."""
+    from schedlab.calibrate import cal_traces
+
+    (path.parent / "t").mkdir(exist_ok=True)
+    (path.parent / "t" / "m.json").write_text(trace_text)
+    return results_file(path, 1.0, models=[{"workload": MODEL, cal_traces.KEY: "t/m.json"}])
+
+
+def test_a_saved_calibration_trace_is_rescored_trace_calibrated_and_a_stale_one_is_left_out(tmp_path: Path) -> None:
+    from schedlab.calibrate.fidelity import CALIBRATION_PLAN
+    from schedlab.exec import run_steps
+
+    _, c = captured_workload(MODEL, "sgd", "tiny")
+    machine, profile = cpu_machine(2), make_profile()
+    trace = run_steps(c.graph, c.input_values, CALIBRATION_PLAN, machine, steps=2, warmup=0).trace
+    out = rescore(load_runs([_with_trace(tmp_path / "a.json", json.dumps(trace.to_json()))]), profile, machine,
+                  one_device_plans(graph_of, machine), 2)
+    learnt = [p for p in out["plans"] if p["method"] == TRACE_CALIBRATED]
+    expected = predict(c.graph, resolve_all(c.graph, plan_spread(2), machine), profile.with_trace(trace, c.graph), machine)
+    assert [p["predicted_s"] for p in learnt] == [e.step_time_s for e in expected]
+    assert [p["plan"] for p in learnt if p["in_calibration"]] == [CALIBRATION_PLAN.name]
+    (model,) = out["models"]
+    assert model["trace_calibrated"]["n_plans"] == len(learnt) - 1 == out["overall"]["trace_calibrated"]["n_plans"]
+    assert out["trace_calibration_skipped"] == {}
+
+    stale = trace.to_json()
+    stale["meta"]["graph_hash"] = "0" * 16  # recorded before the capture changed
+    out = rescore(load_runs([_with_trace(tmp_path / "b.json", json.dumps(stale))]), profile, machine,
+                  one_device_plans(graph_of, machine), 2)
+    assert "trace_calibrated" not in out["overall"] and "trace_calibrated" not in out["models"][0]
+    assert "today's capture" in out["trace_calibration_skipped"][MODEL]
+    with pytest.raises(SchedlabError, match=r"c.json: its calibration trace t/m.json"):
+        rescore(load_runs([_with_trace(tmp_path / "c.json", "{ corrupt")]), profile, machine,
+                one_device_plans(graph_of, machine), 2)
