@@ -244,7 +244,7 @@ def rescore(runs: SavedRuns, profile: Profile, machine: Machine, plans_of: Plans
         "models": models,
         "trace_calibration_skipped": skipped,
         "plan_shapes": shape_errors(profile_rows + learnt_rows),
-        "plans": [{**r.__dict__, "error": r.error} for r in rows],
+        "plans": [{**r.__dict__, "error": r.error, "scored": not r.in_calibration} for r in rows],
     }
 
 

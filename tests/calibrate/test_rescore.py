@@ -194,6 +194,7 @@ def test_a_saved_calibration_trace_is_rescored_trace_calibrated_and_a_stale_one_
     expected = predict(c.graph, resolve_all(c.graph, plan_spread(2), machine), profile.with_trace(trace, c.graph), machine)
     assert [p["predicted_s"] for p in learnt] == [e.step_time_s for e in expected]
     assert [p["plan"] for p in learnt if p["in_calibration"]] == [CALIBRATION_PLAN.name]
+    assert [p["plan"] for p in out["plans"] if not p["scored"]] == [CALIBRATION_PLAN.name]  # as the report counts
     (model,) = out["models"]
     assert model["trace_calibrated"]["n_plans"] == len(learnt) - 1 == out["overall"]["trace_calibrated"]["n_plans"]
     assert out["trace_calibration_skipped"] == {}
