@@ -173,7 +173,7 @@ class Simulator:
             slowdown = slowdown[mirror]
         held = None
         if wakes_on(self.machine, dev, slots):
-            slowdown, held = self._waking(slowdown, threads, kernel_us, capacity, mirror)
+            slowdown, held = self._waking(slowdown, threads, kernel_us, capacity, mirror, demand)
         return run_compiled(
             self._flat(graph),
             slots=slots,
@@ -234,12 +234,12 @@ class Simulator:
         return tl, mem, busy
 
     def _waking(self, slowdown: np.ndarray, threads: np.ndarray, kernel_us: np.ndarray, capacity: int,
-                mirror: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+                mirror: np.ndarray | None, demand: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """`slowdown` with the wake factor of `sim.wake`, and the same while a worker holds the
         interpreter lock, or None where no op pays a wake (the floats `prepare.waking` gives)."""
         if threads.size == 0 or threads.max() < 2:
             return slowdown, None
-        fractions = wake_fractions(self._costs.wake_us(threads, mirror), kernel_us, threads)
+        fractions = wake_fractions(self._costs.wake_us(threads, mirror), kernel_us, threads, demand)
         if fractions is None:
             return slowdown, None
         return (wake_table(slowdown, fractions, threads, capacity),

@@ -201,7 +201,7 @@ def prepare(
     device_slots = tuple(resolved.slots_of(d.id) for d in machine.devices)
     if slowdown is None:
         slowdown = slowdown_fns(graph, machine, cost)
-    slowdown, slowdown_held = waking(slowdown, cost, ops, threads, kernel_us, op_device, machine, device_slots)
+    slowdown, slowdown_held = waking(slowdown, cost, ops, threads, kernel_us, op_device, machine, device_slots, demand)
     done_us: tuple[float, ...] = ()
     done_kernel_us: tuple[float, ...] = ()
     comm_costs: tuple[CommOpCost | None, ...] = ()
@@ -461,9 +461,11 @@ def wakes_on(machine: Machine, device: int, slots: int) -> bool:
 def waking(
     slowdown: tuple[Callable[[int, int], float], ...], cost: CostModel, ops: Sequence[Op], threads: Sequence[int],
     kernel_us: Sequence[float], op_device: Sequence[int], machine: Machine, device_slots: Sequence[int],
+    demand: Sequence[int] | None = None,
 ) -> tuple[tuple[Callable[[int, int], float], ...], tuple[Callable[[int, int], float] | None, ...]]:
     """`slowdown` with the wake factor (`sim.wake`) on each device where it applies, and per
-    device the same while a worker holds the interpreter lock (None where none applies)."""
+    device the same while a worker holds the interpreter lock (None where none applies);
+    `demand`: the cores each kernel holds (one: it ran inline and wakes no helper)."""
     ask = wake_cost(cost)
     devices = [d for d in range(len(machine.devices)) if wakes_on(machine, d, device_slots[d])]
     none: tuple[Callable[[int, int], float] | None, ...] = (None,) * len(slowdown)
@@ -473,7 +475,8 @@ def waking(
     wake = [float(ask(op, threads[i])) if op_device[i] in on and threads[i] >= 2 and op.kind is not OpKind.COMM else 0.0
             for i, op in enumerate(ops)]
     fractions = wake_fractions(np.asarray(wake, dtype=np.float64), np.asarray(kernel_us, dtype=np.float64),
-                               np.asarray(threads, dtype=np.int64))
+                               np.asarray(threads, dtype=np.int64),
+                               None if demand is None else np.asarray(demand, dtype=np.int64))
     if fractions is None:
         return slowdown, none
     per_op = fractions.tolist()

@@ -13,6 +13,7 @@ import torch
 
 from schedlab.calibrate.model import WorkThreadsModel
 from schedlab.calibrate.profile import Profile
+from schedlab.calibrate.signature import signature
 from schedlab.calibrate.wake import (
     POOLED,
     WakeFit,
@@ -112,12 +113,18 @@ def test_wake_fits_round_trip_and_a_corrupt_one_is_one_clear_error(tmp_path: Pat
     assert Profile.load(path, check_machine=False).wake == {}
 
 
-def test_a_co_run_plan_of_two_threads_is_predicted_slower_with_the_wake() -> None:
+@pytest.mark.parametrize("mm_at_two_threads_us", [55.0, 100.0])
+def test_a_co_run_plan_of_two_threads_is_predicted_slower_with_the_wake(mm_at_two_threads_us: float) -> None:
+    """The mm runs a parallel region at two threads (55 us against 100 at one) and pays the
+    wake under two slots of two threads; no faster at two threads, it ran inline
+    (`sim.cost.team_or_inline`) and has no helpers to wake."""
     g = make_graph()
     m = cpu_machine(2)
-    plain = make_profile()
+    plain = make_profile(signatures={signature(g.ops[0]): {1: 100.0, 2: mm_at_two_threads_us}})
     woken = dataclasses.replace(plain, wake={POOLED: WakeFit(50.0, 0.0, 2, 10)})
-    for plan, slower in ((Plan(slots=2, threads=2), True), (Plan(slots=1, threads=2), False), (Plan(slots=2, threads=1), False)):
+    parallel = mm_at_two_threads_us < 100.0
+    for plan, slower in ((Plan(slots=2, threads=2), parallel), (Plan(slots=1, threads=2), False),
+                         (Plan(slots=2, threads=1), False)):
         r = resolve(g, plan, m)
         a = simulate(g, r, m, plain.for_graph(g).for_slots(plan.slots)).step_time_s
         b = simulate(g, r, m, woken.for_graph(g).for_slots(plan.slots)).step_time_s

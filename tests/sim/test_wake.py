@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -61,6 +62,22 @@ def test_a_co_run_plan_pays_the_wake_of_each_multi_thread_op_that_runs_alone(eng
     # One slot (the main thread's one team fits the cores) or one thread (no helper): nothing.
     assert run(chain(2), Plan(slots=1, threads=2), 2, cost, engine).step_time_s == pytest.approx(300e-6)
     assert run(chain(2), Plan(slots=2, threads=1), 2, cost, engine).step_time_s == pytest.approx(300e-6)
+
+
+@dataclass
+class InlineWakingCost(WakingCost):
+    """ATen's rule for cores (`sim.cost.team_or_inline`): a kernel no faster at more threads ran inline."""
+
+    inlines_small_calls: ClassVar[bool] = True
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_call_run_inline_wakes_no_helper(engine: str) -> None:
+    # op0 is no faster at two threads, so it ran inline: no team, no helper, no wake;
+    # op1 halves at two threads and pays its wake: 100 * (1 + 20/100).
+    cost = InlineWakingCost(kernel=lambda op, k: 200.0 / k if op.name == "op1" else 100.0)
+    res = run(chain(2), Plan(slots=2, threads=2), 2, cost, engine)
+    assert spans(res.trace) == [("op0", 0, pytest.approx(100), 0), ("op1", pytest.approx(100), pytest.approx(220), 0)]
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -124,6 +141,31 @@ def test_engines_agree_exactly_with_wake_costs(seed: int) -> None:
         assert compiled.step_time_s >= plain.step_time_s
     else:
         assert compiled.step_time_s == plain.step_time_s
+
+
+@dataclass(frozen=True)
+class InlineWakingRandomCost(WakingRandomCost):
+    """About a third of the ops no faster at more threads: those ran inline."""
+
+    inlines_small_calls: ClassVar[bool] = True
+
+    def kernel_us(self, op: Op, threads: int) -> float:
+        inline = self._draw("inline:" + op.name, 0.0, 1.0) < 0.35
+        return super().kernel_us(op, 1 if inline else threads)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_engines_agree_exactly_with_wake_costs_and_inline_calls(seed: int) -> None:
+    rng = random.Random(700 + seed)
+    g = random_dag(rng.randint(20, 300), seed, window=rng.randint(3, 24), view_share=0.2)
+    cores = rng.choice([2, 4])
+    m = cpu_machine(cores)
+    resolved = resolve(g, random_plan(g, cores, seed, max_slots=4), m)
+    cost = InlineWakingRandomCost(seed, integer=seed % 2 == 0)
+    compiled = simulate(g, resolved, m, cost, engine="compiled")
+    assert rows(compiled) == rows(simulate(g, resolved, m, cost, engine="fast"))
+    assert rows(compiled) == rows(simulate(g, resolved, m, cost, engine="simpy"))
+    assert Simulator(g, m, cost).run(resolved, record=False).step_time_s == compiled.step_time_s
 
 
 def test_a_reused_simulator_charges_each_plan_its_own_wake() -> None:
