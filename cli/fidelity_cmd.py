@@ -452,6 +452,7 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
     t0 = time.perf_counter()
     out = Path(args.out) if args.out else DEFAULT_HELDOUT_OUT
     check_writable(out)  # before minutes of measuring, not after
+    check_writable(cal_traces.traces_dir(out) / "trace.json")  # and the calibration traces beside it
     machine = detect_host()
     profile = load_profile(args.profile)
     plans = plan_spread(machine.default_device.cores)
