@@ -553,7 +553,7 @@ def run_rescore(args: argparse.Namespace) -> int:
     where = f"{runs.cores} cores" + (f", {runs.devices} ranks" if runs.devices > 1 else "")
     learnt = "trace_calibrated" in result["overall"]
     print(f"{runs.set_name} fidelity re-scored: profile {result['profile']}, profile-only"
-          f"{' and trace-calibrated (on each run s1-t1-topo trace the results file kept)' if learnt else ''}, "
+          f"{' and trace-calibrated (on the s1-t1-topo traces the results files kept)' if learnt else ''}, "
           f"against the median of {n} run(s) (size {runs.size}, {where})")
     methods = ("profile_only", "trace_calibrated") if learnt else ("profile_only",)
     if learnt:

@@ -239,7 +239,7 @@ class Simulator:
         interpreter lock, or None where no op pays a wake (the floats `prepare.waking` gives)."""
         if threads.size == 0 or threads.max() < 2:
             return slowdown, None
-        fractions = wake_fractions(self._costs.wake_us(threads, mirror), kernel_us, threads, demand)
+        fractions = wake_fractions(self._costs.wake_us(threads, mirror), kernel_us, demand)
         if fractions is None:
             return slowdown, None
         return (wake_table(slowdown, fractions, threads, capacity),

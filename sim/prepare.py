@@ -461,7 +461,7 @@ def wakes_on(machine: Machine, device: int, slots: int) -> bool:
 def waking(
     slowdown: tuple[Callable[[int, int], float], ...], cost: CostModel, ops: Sequence[Op], threads: Sequence[int],
     kernel_us: Sequence[float], op_device: Sequence[int], machine: Machine, device_slots: Sequence[int],
-    demand: Sequence[int] | None = None,
+    demand: Sequence[int],
 ) -> tuple[tuple[Callable[[int, int], float], ...], tuple[Callable[[int, int], float] | None, ...]]:
     """`slowdown` with the wake factor (`sim.wake`) on each device where it applies, and per
     device the same while a worker holds the interpreter lock (None where none applies);
@@ -472,11 +472,10 @@ def waking(
     if ask is None or not devices:
         return slowdown, none
     on = set(devices)
-    wake = [float(ask(op, threads[i])) if op_device[i] in on and threads[i] >= 2 and op.kind is not OpKind.COMM else 0.0
+    wake = [float(ask(op, threads[i])) if op_device[i] in on and demand[i] >= 2 and op.kind is not OpKind.COMM else 0.0
             for i, op in enumerate(ops)]
     fractions = wake_fractions(np.asarray(wake, dtype=np.float64), np.asarray(kernel_us, dtype=np.float64),
-                               np.asarray(threads, dtype=np.int64),
-                               None if demand is None else np.asarray(demand, dtype=np.int64))
+                               np.asarray(demand, dtype=np.int64))
     if fractions is None:
         return slowdown, none
     per_op = fractions.tolist()

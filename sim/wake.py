@@ -49,18 +49,14 @@ def idle_share(busy_others: int, threads: int, cores: int, held: int = 0) -> flo
     return min(1.0, max(0, cores - 1 - busy_others - held) / (threads - 1))
 
 
-def wake_fractions(
-    wake_us: np.ndarray, kernel_us: np.ndarray, threads: np.ndarray, demand: np.ndarray | None = None
-) -> np.ndarray | None:
-    """Per op: its wake cost over its kernel time (0 with one thread or no kernel time, and
-    0 where its kernel holds one core, `demand`: run inline, it has no helpers to wake,
-    `sim.cost.team_or_inline`); None when no op pays anything."""
-    pays = (threads >= 2) & (wake_us > 0.0) & (kernel_us > 0.0)
-    if demand is not None:
-        pays &= demand >= 2
+def wake_fractions(wake_us: np.ndarray, kernel_us: np.ndarray, demand: np.ndarray) -> np.ndarray | None:
+    """Per op: its wake cost over its kernel time; 0 where its kernel holds one core
+    (`demand`: one thread, or a call run inline, `sim.cost.team_or_inline`, has no helper to
+    wake) or has no kernel time. None when no op pays anything."""
+    pays = (demand >= 2) & (wake_us > 0.0) & (kernel_us > 0.0)
     if not pays.any():
         return None
-    out = np.zeros(len(threads), dtype=np.float64)
+    out = np.zeros(len(demand), dtype=np.float64)
     out[pays] = wake_us[pays] / kernel_us[pays]
     return out
 
