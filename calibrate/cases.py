@@ -82,7 +82,7 @@ def workload_cases(graph: Graph, input_values: dict[int, Any], seen: set[str], s
         if sig not in seen:
             seen.add(sig)
             yield Case(
-                sig, fit_class(op.op_class, op.strided), op.target, op.flops, op.bytes_moved, fn, args, kwargs, source,
+                sig, fit_class(op.op_class, op.strided, op.args), op.target, op.flops, op.bytes_moved, fn, args, kwargs, source,
                 is_view=op.is_view, outputs=len(op.outputs),
             )
         out = fn(*args, **kwargs)

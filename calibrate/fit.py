@@ -22,6 +22,7 @@ import numpy as np
 from scipy.optimize import least_squares, minimize_scalar
 
 from schedlab.calibrate.model import PARAM_NAMES, Array, WorkThreadsModel, predict_array
+from schedlab.calibrate.signature import base_class
 from schedlab.graph import COMPUTE_CLASSES  # the fallback model is fitted on the other classes
 
 MIN_SIGNATURES_FULL_FIT = 8  # fewer: the fallback's shape, scaled to the class
@@ -228,7 +229,7 @@ def fit_class(
 
 def fit_all(points: Sequence[Point], floor_us: float, seed: int) -> tuple[ClassFit, dict[str, ClassFit]]:
     """The fallback (fitted on every memory-bound class) and one fit per op class."""
-    pool = [p for p in points if p.op_class not in COMPUTE_CLASSES] or list(points)
+    pool = [p for p in points if base_class(p.op_class) not in COMPUTE_CLASSES] or list(points)
     fallback = fit_class(pool, floor_us, seed)
     by_class: dict[str, list[Point]] = {}
     for p in points:

@@ -388,10 +388,10 @@ class Profile:
         input (`Op.strided`), that class's strided model (``add[strided]``,
         `calibrate.signature.fit_class`) where calibration timed such cases and its fit is
         trusted: a transposed operand makes a memory-bound kernel several times slower at the
-        same bytes. Otherwise (any profile calibrated before strided cases) the contiguous
-        model."""
-        if op.strided:
-            key = fit_class(op.op_class, strided=True)
+        same bytes. Likewise a 1-D convolution's own model (``convolution[1d]``). Otherwise
+        (a profile calibrated before such cases) the class's model."""
+        key = fit_class(op.op_class, op.strided, op.args)
+        if key != op.op_class:
             fit = self.classes.get(key)
             if fit is not None and fit.trusted:
                 return key

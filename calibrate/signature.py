@@ -54,15 +54,33 @@ def signature(op: Op) -> str:
     return signature_of(op.target, op.flops, op.bytes_moved, op.args, op.kwargs, op.strided)
 
 
-def fit_class(op_class: str, strided: bool) -> str:
-    """The class a measurement is fitted under: ``add`` or, for a call that reads a
-    permuted input, ``add[strided]``."""
-    return op_class + STRIDED_CLASS if strided else op_class
+CONV1D_CLASS = "[1d]"  # a class model's name for the convolutions over one spatial dimension
+_CONV_STRIDE_ARG = {"convolution": 3, "convolution_backward": 4}  # where each call's stride list is
+
+
+def is_conv1d(op_class: str, args: Any) -> bool:
+    """Whether a call of `op_class` on `args` (as called, or in the Graph's encoding) is a
+    convolution over one spatial dimension (`nn.Conv1d`): its stride list has one element.
+    oneDNN runs those at another rate per FLOP than 2-D ones of the same work, so they get
+    a model of their own (`fit_class`)."""
+    at = _CONV_STRIDE_ARG.get(op_class)
+    if at is None or len(args) <= at:
+        return False
+    stride = args[at]
+    return isinstance(stride, (list, tuple)) and len(stride) == 1
+
+
+def fit_class(op_class: str, strided: bool, args: Any = ()) -> str:
+    """The class a measurement is fitted under: ``add``; for a call that reads a permuted
+    input, ``add[strided]``; for a 1-D convolution, ``convolution[1d]``."""
+    if strided:
+        return op_class + STRIDED_CLASS
+    return op_class + CONV1D_CLASS if is_conv1d(op_class, args) else op_class
 
 
 def base_class(name: str) -> str:
-    """`fit_class`'s op class: ``add[strided]`` -> ``add``."""
-    return name.removesuffix(STRIDED_CLASS)
+    """`fit_class`'s op class: ``add[strided]`` -> ``add``, ``convolution[1d]`` -> ``convolution``."""
+    return name.removesuffix(STRIDED_CLASS).removesuffix(CONV1D_CLASS)
 
 
 def graph_signatures(graph: Graph) -> tuple[str, ...]:

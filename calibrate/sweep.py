@@ -41,6 +41,7 @@ class SweepConfig:
     # matmuls above `max_flops`, up to this cap, on a random stream of their own (`_big_matmul_specs`)
     big_matmul_flops: float = 0.0
     big_matmuls: int = 4  # per class (mm, addmm) when big_matmul_flops > max_flops
+    extra_convs: int = 0  # more cases per convolution class, 2-D and 1-D, on random streams of their own
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,23 @@ def _conv_backward(
     x, w = torch.randn(n, c, hw, hw), torch.randn(o, c // groups, k, k)
     g = torch.randn_like(torch.ops.aten.convolution.default(x, w, None, *_conv_args(s, k, groups)))
     return (g, x, w, [o], *_conv_args(s, k, groups), list(mask)), {}
+
+
+def _conv1d_args(s: int, k: int, dilation: int) -> list[Any]:
+    return [[s], [dilation * (k // 2)], [dilation], False, [0], 1]  # stride, padding, dilation, ...
+
+
+def _conv1d(n: int, c: int, o: int, length: int, k: int, s: int, dilation: int) -> Call:
+    x, w = torch.randn(n, c, length), torch.randn(o, c, k)  # [N, C, L], [O, C, k]
+    return (x, w, None, *_conv1d_args(s, k, dilation)), {}
+
+
+def _conv1d_backward(
+    n: int, c: int, o: int, length: int, k: int, s: int, dilation: int, mask: tuple[bool, bool, bool]
+) -> Call:
+    x, w = torch.randn(n, c, length), torch.randn(o, c, k)
+    g = torch.randn_like(torch.ops.aten.convolution.default(x, w, None, *_conv1d_args(s, k, dilation)))
+    return (g, x, w, [o], *_conv1d_args(s, k, dilation), list(mask)), {}
 
 
 def _unary(e: int) -> Call:
@@ -255,6 +273,43 @@ def _group_norm_backward(e: int, c: int) -> Call:
     return (torch.randn_like(x), x, mean, rstd, wt, n, c, h * w, _groups_of(c), [True, True, True]), {}
 
 
+# Pooling windows as models use them, (kernel, stride, padding): 2x2 halving, the ResNet
+# stem's 3x3 stride 2, and nn.MaxPool1d/AvgPool1d's windows on the (N, C, 1, L) map ATen
+# pools a 1-D signal as.
+POOL_WINDOWS = (
+    ((2, 2), (2, 2), (0, 0)),
+    ((3, 3), (2, 2), (1, 1)),
+    ((1, 2), (1, 2), (0, 0)),
+    ((1, 3), (1, 2), (0, 1)),
+)
+PoolDims = tuple[int, int, int, int]  # N, C, H, W of the pooled map
+PoolWindow = tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
+
+
+def _pool_window_args(window: PoolWindow) -> list[list[int]]:
+    return [list(part) for part in window]  # kernel, stride, padding
+
+
+def _max_pool(dims: PoolDims, window: PoolWindow) -> Call:
+    return (torch.randn(*dims), *_pool_window_args(window), [1, 1], False), {}
+
+
+def _max_pool_backward(dims: PoolDims, window: PoolWindow) -> Call:
+    x = torch.randn(*dims)
+    out, idx = torch.ops.aten.max_pool2d_with_indices.default(x, *_pool_window_args(window), [1, 1], False)
+    return (torch.randn_like(out), x, *_pool_window_args(window), [1, 1], False, idx), {}
+
+
+def _avg_pool(dims: PoolDims, window: PoolWindow) -> Call:
+    return (torch.randn(*dims), *_pool_window_args(window), False, True, None), {}
+
+
+def _avg_pool_backward(dims: PoolDims, window: PoolWindow) -> Call:
+    x = torch.randn(*dims)
+    out = torch.ops.aten.avg_pool2d.default(x, *_pool_window_args(window), False, True, None)
+    return (torch.randn_like(out), x, *_pool_window_args(window), False, True, None), {}
+
+
 def _groups_of(c: int) -> int:
     """A group count as GroupNorm layers have them: 8 where the channels divide, else 1."""
     return 8 if c % 8 == 0 else 1
@@ -332,9 +387,11 @@ def _big_matmul_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
             for i in range(cfg.big_matmuls)]
 
 
-def _conv_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
-    """Dense convolutions (1x1, 3x3, 5x5), and one draw in four grouped: depthwise (a group
-    per channel) or a few groups, as MobileNet- and ResNeXt-like blocks have them."""
+def _conv_specs(cfg: SweepConfig, rng: random.Random, count: int | None = None) -> list[SweepSpec]:
+    """`count` (default `per_class`) cases per convolution class: dense convolutions (1x1,
+    3x3, 5x5), and one draw in four grouped: depthwise (a group per channel) or a few
+    groups, as MobileNet- and ResNeXt-like blocks have them."""
+    count = cfg.per_class if count is None else count
     Dims = tuple[int, int, int, int, int, int, int]
 
     def draw() -> Dims | None:
@@ -349,15 +406,47 @@ def _conv_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
         return d if 0 < _conv_flops(d) <= cfg.max_flops else None
 
     def banded(i: int) -> Dims:
-        return _draw_in_band(rng, draw, _conv_flops, MIN_CONV_FLOPS, cfg.max_flops, i, cfg.per_class)
+        return _draw_in_band(rng, draw, _conv_flops, MIN_CONV_FLOPS, cfg.max_flops, i, count)
 
     masks = ((True, True, False), (False, True, False), (True, True, True))
-    specs = [SweepSpec("aten.convolution.default", partial(_conv, *banded(i))) for i in range(cfg.per_class)]
+    specs = [SweepSpec("aten.convolution.default", partial(_conv, *banded(i))) for i in range(count)]
     specs += [
         SweepSpec("aten.convolution_backward.default", partial(_conv_backward, *banded(i), rng.choice(masks)))
-        for i in range(cfg.per_class)
+        for i in range(count)
     ]
     return specs
+
+
+def _conv1d_specs(cfg: SweepConfig, rng: random.Random, count: int | None = None) -> list[SweepSpec]:
+    """`count` (default `per_class`) convolutions over one spatial dimension per class
+    (`nn.Conv1d`: kernels 3-7, dilated or strided at times), fitted as classes of their own
+    (`calibrate.signature.is_conv1d`): oneDNN runs them at another rate per FLOP than 2-D
+    convolutions of the same work. Drawn from a random stream of their own, so the other
+    cases stay as they were."""
+    count = cfg.per_class if count is None else count
+    Dims1d = tuple[int, int, int, int, int, int, int]  # N, C, O, L, k, stride, dilation
+
+    def draw() -> Dims1d | None:
+        n, c, o = _log_int(rng, 1, 64), _model_dim(rng, 1, 512), _model_dim(rng, 8, 512)
+        length, k = _log_int(rng, 8, 4096), rng.choice((3, 3, 5, 7))
+        d = (n, c, o, length, k, rng.choice((1, 1, 2)), rng.choice((1, 1, 2)))
+        return d if 0 < _conv1d_flops(d) <= cfg.max_flops else None
+
+    def banded(i: int) -> Dims1d:
+        return _draw_in_band(rng, draw, _conv1d_flops, MIN_CONV_FLOPS, cfg.max_flops, i, count)
+
+    masks = ((True, True, False), (False, True, False), (True, True, True))
+    out = [SweepSpec("aten.convolution.default", partial(_conv1d, *banded(i))) for i in range(count)]
+    out += [SweepSpec("aten.convolution_backward.default", partial(_conv1d_backward, *banded(i), rng.choice(masks)))
+            for i in range(count)]
+    return out
+
+
+def _conv1d_flops(d: tuple[int, int, int, int, int, int, int]) -> float:
+    """A 1-D convolution's FLOPs (0 where its output would be empty)."""
+    n, c, o, length, k, s, dilation = d
+    out_len = max(0, (length + 2 * dilation * (k // 2) - dilation * (k - 1) - 1) // s + 1)
+    return 2.0 * n * o * out_len * c * k
 
 
 def _conv_flops(d: tuple[int, int, int, int, int, int, int]) -> float:
@@ -477,6 +566,38 @@ def _strided_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
     return specs
 
 
+def _pooling_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
+    """Max and average pooling, forward and backward, over feature maps of every size and the
+    windows of `POOL_WINDOWS`. ATen's NCHW pooling costs about 4-5 ns per input element on
+    one core of the 2-core VM, 10-20x what the memory roofline gives its bytes (measured
+    2026-11-27: a [1, 2] max pool of a (32, 64, 1, 512) map 4.9 ms at one thread, a 2x2 one
+    of a (32, 64, 16, 16) map 2.3 ms); until this sweep only the coverage model's one
+    max pool was timed, so its class was the fallback's shape scaled to one point. Drawn
+    from their own random stream, so the other cases stay as they were."""
+    per = max(2, cfg.per_class)
+
+    def dims(i: int, window: PoolWindow) -> PoolDims:  # case i in its band of map sizes
+        total = _log_int_in_band(rng, 256, cfg.max_elems, i, per)
+        c = _model_dim(rng, 8, 512)
+        if window[0][0] == 1:  # a 1-D signal: (N, C, 1, L)
+            length = _log_int(rng, 8, max(8, min(4096, total // c)))
+            return max(1, total // (c * length)), c, 1, length
+        hw = max(4, round(math.sqrt(max(1, total // c) / 2)))
+        return max(1, total // (c * hw * hw)), c, hw, hw
+
+    specs: list[SweepSpec] = []
+    for target, build in (
+        ("aten.max_pool2d_with_indices.default", _max_pool),
+        ("aten.max_pool2d_with_indices_backward.default", _max_pool_backward),
+        ("aten.avg_pool2d.default", _avg_pool),
+        ("aten.avg_pool2d_backward.default", _avg_pool_backward),
+    ):
+        for i in range(per):
+            window = POOL_WINDOWS[i % len(POOL_WINDOWS)]
+            specs.append(SweepSpec(target, partial(build, dims(i, window), window)))
+    return specs
+
+
 def sweep_specs(cfg: SweepConfig) -> list[SweepSpec]:
     """Every synthetic case of the sweep (tensors are made only when a case is iterated)."""
     rng = random.Random(cfg.seed)
@@ -485,7 +606,14 @@ def sweep_specs(cfg: SweepConfig) -> list[SweepSpec]:
     specs = _matmul_specs(cfg, rng) + _conv_specs(cfg, rng) + _memory_specs(cfg, rng)
     if torch.backends.mkldnn.is_available():  # the fused LSTM layer a captured nn.LSTM runs
         specs += _lstm_specs(cfg, random.Random(cfg.seed + 1))
-    return specs + _strided_specs(cfg, random.Random(cfg.seed + 2)) + _big_matmul_specs(cfg, random.Random(cfg.seed + 3))
+    # each later group on a random stream of its own, so that adding one leaves every other case as drawn
+    specs += _strided_specs(cfg, random.Random(cfg.seed + 2)) + _pooling_specs(cfg, random.Random(cfg.seed + 4))
+    specs += _conv1d_specs(cfg, random.Random(cfg.seed + 6))
+    specs += _big_matmul_specs(cfg, random.Random(cfg.seed + 3))
+    if cfg.extra_convs > 0:  # more of both convolution kinds
+        specs += _conv_specs(cfg, random.Random(cfg.seed + 5), cfg.extra_convs)
+        specs += _conv1d_specs(cfg, random.Random(cfg.seed + 7), cfg.extra_convs)
+    return specs
 
 
 def _encode(a: Any) -> Any:
@@ -530,7 +658,7 @@ def sweep_cases(specs: list[SweepSpec], seen: set[str]) -> Iterator[Case]:
         if sig in seen:
             continue
         seen.add(sig)
-        yield Case(sig, fit_class(op_class, strided), spec.target, flops, nbytes, fn, args, kwargs, "sweep")
+        yield Case(sig, fit_class(op_class, strided, args), spec.target, flops, nbytes, fn, args, kwargs, "sweep")
 
 
 def _flatten(a: Any) -> Iterator[Any]:

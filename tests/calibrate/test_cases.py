@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -135,3 +136,48 @@ def test_big_matmuls_span_the_range_above_the_cap_and_leave_every_other_case_as_
         assert all(1e6 < w <= 1e8 for w in works), works
         assert works[-1] > 10 * works[0]  # banded over the range, not bunched
     assert len(sweep_specs(replace(base, big_matmul_flops=1e5))) == len(plain)  # a cap under max_flops adds none
+
+
+def test_sweep_times_max_and_average_pooling_over_map_sizes_and_windows() -> None:
+    """Pooling, forward and backward, over feature maps from a few hundred elements to the
+    cap and every window of `POOL_WINDOWS`, 1-D ones on an (N, C, 1, L) map; each case runs
+    on its own tensors, and its FLOPs are one per output element, as for a captured pool."""
+    from schedlab.calibrate.sweep import POOL_WINDOWS
+
+    cfg = SweepConfig(per_class=8, max_elems=1 << 16)
+    cases = [c for c in sweep_cases(sweep_specs(cfg), set()) if "pool" in c.op_class]
+    by_class: dict[str, list[Any]] = {}
+    for c in cases:
+        by_class.setdefault(c.op_class, []).append(c)
+    assert sorted(by_class) == ["avg_pool2d", "avg_pool2d_backward", "max_pool2d_with_indices",
+                                "max_pool2d_with_indices_backward"]
+    for cls, group in by_class.items():
+        assert len(group) >= 7, cls  # a repeated signature is timed once
+        x = [c.args[1] if cls.endswith("backward") else c.args[0] for c in group]  # the pooled map
+        windows = {tuple(tuple(part) for part in (c.args[2:5] if cls.endswith("backward") else c.args[1:4]))
+                   for c in group}
+        assert windows == set(POOL_WINDOWS), cls
+        assert all(t.shape[2] == 1 for t, c in zip(x, group, strict=True)
+                   if (c.args[2] if cls.endswith("backward") else c.args[1])[0] == 1)
+        sizes = sorted(t.numel() for t in x)
+        assert sizes[0] >= 8 and sizes[-1] <= 1 << 16 and sizes[-1] > 10 * sizes[0], (cls, sizes)
+        for c in group:
+            out = c.fn(*c.args, **c.kwargs)
+            outs = list(out) if isinstance(out, (tuple, list)) else [out]
+            assert c.flops == sum(o.numel() for o in outs)
+
+
+def test_extra_convolutions_come_from_a_stream_of_their_own() -> None:
+    """`extra_convs` adds that many cases per convolution class, 2-D and 1-D, banded over the
+    same range of work, after every other case, which stays as drawn."""
+    base = SweepConfig(per_class=3, max_flops=1e6, max_elems=1 << 12)
+    more = sweep_specs(replace(base, extra_convs=4))
+    plain = sweep_specs(base)
+    assert len(more) == len(plain) + 16
+    assert [(s.target, s.build.args) for s in more[: len(plain)]] == [(s.target, s.build.args) for s in plain]
+    added = list(sweep_cases(more[len(plain):], set()))
+    assert sorted(c.op_class for c in added) == sorted(
+        [k + d for k in ("convolution", "convolution_backward") for d in ("", "[1d]")] * 4)
+    for cls in ("convolution", "convolution[1d]"):
+        works = sorted(c.flops for c in added if c.op_class == cls)
+        assert all(1e4 <= w <= 1e6 for w in works) and works[-1] > 10 * works[0], (cls, works)
