@@ -408,10 +408,21 @@ def _conv_specs(cfg: SweepConfig, rng: random.Random, count: int | None = None) 
     def banded(i: int) -> Dims:
         return _draw_in_band(rng, draw, _conv_flops, MIN_CONV_FLOPS, cfg.max_flops, i, count)
 
-    masks = ((True, True, False), (False, True, False), (True, True, True))
-    specs = [SweepSpec("aten.convolution.default", partial(_conv, *banded(i))) for i in range(count)]
+    return _convolution_pair(_conv, _conv_backward, banded, count, rng)
+
+
+CONV_BACKWARD_MASKS = ((True, True, False), (False, True, False), (True, True, True))  # input, weight, bias grads
+
+
+def _convolution_pair(
+    forward: Callable[..., Call], backward: Callable[..., Call], banded: Callable[[int], tuple[int, ...]], count: int,
+    rng: random.Random,
+) -> list[SweepSpec]:
+    """`count` forward convolutions and `count` backward ones (each computing a drawn subset
+    of its gradients), case i of each drawn in band i by `banded`."""
+    specs = [SweepSpec("aten.convolution.default", partial(forward, *banded(i))) for i in range(count)]
     specs += [
-        SweepSpec("aten.convolution_backward.default", partial(_conv_backward, *banded(i), rng.choice(masks)))
+        SweepSpec("aten.convolution_backward.default", partial(backward, *banded(i), rng.choice(CONV_BACKWARD_MASKS)))
         for i in range(count)
     ]
     return specs
@@ -435,11 +446,7 @@ def _conv1d_specs(cfg: SweepConfig, rng: random.Random, count: int | None = None
     def banded(i: int) -> Dims1d:
         return _draw_in_band(rng, draw, _conv1d_flops, MIN_CONV_FLOPS, cfg.max_flops, i, count)
 
-    masks = ((True, True, False), (False, True, False), (True, True, True))
-    out = [SweepSpec("aten.convolution.default", partial(_conv1d, *banded(i))) for i in range(count)]
-    out += [SweepSpec("aten.convolution_backward.default", partial(_conv1d_backward, *banded(i), rng.choice(masks)))
-            for i in range(count)]
-    return out
+    return _convolution_pair(_conv1d, _conv1d_backward, banded, count, rng)
 
 
 def _conv1d_flops(d: tuple[int, int, int, int, int, int, int]) -> float:
