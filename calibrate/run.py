@@ -85,7 +85,8 @@ def quick_config() -> CalibrationConfig:
     return CalibrationConfig(
         quick=True,
         links=quick_link_config(),
-        # the coverage models add real shapes; big matmuls as held-out models have them
+        # the coverage models add real shapes; big matmuls as held-out models have them; 40
+        # convolutions per class, as the full sweep has (12 gave a backward fit 2-3x slow on dense 3x3 ones)
         sweep=SweepConfig(per_class=12, max_flops=3e8, max_elems=1 << 22, big_matmul_flops=1.5e9, extra_convs=28),
         timing=TimingConfig(budget_s=0.01, min_reps=3, max_reps=30),
     )

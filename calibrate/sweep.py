@@ -576,11 +576,12 @@ def _strided_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
 def _pooling_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
     """Max and average pooling, forward and backward, over feature maps of every size and the
     windows of `POOL_WINDOWS`. ATen's NCHW pooling costs about 4-5 ns per input element on
-    one core of the 2-core VM, 10-20x what the memory roofline gives its bytes (measured
-    2026-11-27: a [1, 2] max pool of a (32, 64, 1, 512) map 4.9 ms at one thread, a 2x2 one
-    of a (32, 64, 16, 16) map 2.3 ms); until this sweep only the coverage model's one
-    max pool was timed, so its class was the fallback's shape scaled to one point. Drawn
-    from their own random stream, so the other cases stay as they were."""
+    one core of the 2-core VM (measured 2026-11-27: a [1, 2] max pool of a (32, 64, 1, 512)
+    map 4.9 ms at one thread, a 2x2 one of a (32, 64, 16, 16) map 2.3 ms); the memory
+    roofline gave held-out conv1d-two-branch's max pool 109 us where it took 2.3 ms. Until
+    this sweep only the coverage models' few max pools were timed (one shape in a quick
+    profile, three in a full one), too few for a fit of the class's own. Drawn from their
+    own random stream, so the other cases stay as they were."""
     per = max(2, cfg.per_class)
 
     def dims(i: int, window: PoolWindow) -> PoolDims:  # case i in its band of map sizes

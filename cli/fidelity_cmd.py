@@ -512,6 +512,7 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
 
 
 def run_rescore(args: argparse.Namespace) -> int:
+    from schedlab.calibrate.fidelity import CALIBRATION_PLAN
     from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
     from schedlab.calibrate.rank_fidelity import ranks_machine
     from schedlab.calibrate.rescore import load_runs, one_device_plans, rank_plans, rescore
@@ -553,7 +554,7 @@ def run_rescore(args: argparse.Namespace) -> int:
     where = f"{runs.cores} cores" + (f", {runs.devices} ranks" if runs.devices > 1 else "")
     learnt = "trace_calibrated" in result["overall"]
     print(f"{runs.set_name} fidelity re-scored: profile {result['profile']}, profile-only"
-          f"{' and trace-calibrated (on the s1-t1-topo traces the results files kept)' if learnt else ''}, "
+          f"{f' and trace-calibrated (on the {CALIBRATION_PLAN.name} traces the results files kept)' if learnt else ''}, "
           f"against the median of {n} run(s) (size {runs.size}, {where})")
     methods = ("profile_only", "trace_calibrated") if learnt else ("profile_only",)
     if learnt:
