@@ -58,12 +58,13 @@ def first_uses(graph: Graph) -> frozenset[int]:
 @dataclass(frozen=True)
 class Occurrence:
     """One op of a replayed graph: its signature, class, whether it is its target's first
-    use, and its call time in sequence (us)."""
+    use, its call time in sequence (us), and the bytes it reads and writes."""
 
     signature: str
     op_class: str
     first_use: bool
     in_seq_us: float
+    nbytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -130,18 +131,24 @@ def _median(xs: Iterable[float], default: float = 0.0) -> float:
 
 
 def fit_context(
-    occurrences: Sequence[Occurrence], hot_us: dict[str, float]
+    occurrences: Sequence[Occurrence], hot_us: dict[str, float], cold_us: Callable[[Occurrence], float] | None = None
 ) -> tuple[ContextCosts, dict[str, float]]:
     """The per-class context extras, and each replayed signature's own warm extra.
 
     `hot_us`: the benchmarked one-thread call time of each signature (occurrences of a
-    signature not benchmarked are ignored).
+    signature not benchmarked are ignored). `cold_us(o)`: what `o` paid in the step for
+    data not in the caches (`calibrate.cold`), which the Profile charges on its own and is
+    taken off first.
     """
     warm_by_sig: dict[str, list[float]] = {}
     classes: dict[str, str] = {}
+
+    def seq_us(o: Occurrence) -> float:
+        return o.in_seq_us - (cold_us(o) if cold_us is not None else 0.0)
+
     for o in occurrences:
         if o.signature in hot_us and not o.first_use:
-            warm_by_sig.setdefault(o.signature, []).append(o.in_seq_us - hot_us[o.signature])
+            warm_by_sig.setdefault(o.signature, []).append(seq_us(o) - hot_us[o.signature])
             classes[o.signature] = o.op_class
     sig_warm = {sig: statistics.median(xs) for sig, xs in warm_by_sig.items()}
     by_class: dict[str, list[float]] = {}
@@ -156,7 +163,7 @@ def fit_context(
     first: dict[str, list[float]] = {}
     for o in occurrences:
         if o.first_use and o.signature in hot_us:
-            first.setdefault(o.op_class, []).append(o.in_seq_us - hot_us[o.signature] - warm_of(o))
+            first.setdefault(o.op_class, []).append(seq_us(o) - hot_us[o.signature] - warm_of(o))
     first_use_us = {cls: statistics.median(xs) for cls, xs in first.items()}
     first_fallback = _median(x for xs in first.values() for x in xs)
     costs = ContextCosts(warm_us, warm_fallback, first_use_us, first_fallback)

@@ -21,6 +21,10 @@ unseen set that calibration must never name).
                 (causal), LayerNorm, GELU, SiLU, residuals, mean pooling
     reduce      reductions (mean, amax, var, logsumexp, norm), copies of permuted views,
                 cumsum, where/masking, mse and smooth-L1 losses
+    stream      memory-bound layers on tensors of megabytes at every shape (Linear,
+                BatchNorm1d, LayerNorm, ReLU, GELU, Tanh, Dropout, a residual add; a 1x1
+                Conv2d, BatchNorm2d, Hardswish): what a step pays for data that is not in
+                the caches (`calibrate.cold`) shows only on such ops
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-COVERAGE_MODELS: tuple[str, ...] = ("recurrent", "conv", "attention", "reduce")
+COVERAGE_MODELS: tuple[str, ...] = ("recurrent", "conv", "attention", "reduce", "stream")
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,23 @@ class _Reduce(nn.Module):
         return F.mse_loss(pred, target) + F.smooth_l1_loss(pred, target)
 
 
+class _Stream(nn.Module):
+    def __init__(self, width: int, channels: int) -> None:
+        super().__init__()
+        self.rows = nn.Sequential(
+            nn.Linear(width, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Linear(width, width), nn.LayerNorm(width),
+            nn.GELU(), nn.Dropout(0.1),
+        )
+        self.mix = nn.Linear(width, width)
+        self.maps = nn.Sequential(nn.Conv2d(channels, channels, 1), nn.BatchNorm2d(channels), nn.Hardswish())
+
+    def forward(self, rows: Tensor, maps: Tensor) -> Tensor:
+        h = self.rows(rows)
+        h = h + torch.tanh(self.mix(h))  # [R, W]
+        m = self.maps(maps)  # [B, C, S, S]
+        return h.pow(2).mean() + m.pow(2).mean()
+
+
 def build(name: str, shape: Shape) -> tuple[nn.Module, tuple[Tensor, ...]]:
     """Coverage model `name` at `shape`, in training mode, with its inputs (global RNG)."""
     builders: dict[str, Callable[[Shape], tuple[nn.Module, tuple[Tensor, ...]]]] = {
@@ -154,6 +175,7 @@ def build(name: str, shape: Shape) -> tuple[nn.Module, tuple[Tensor, ...]]:
         "conv": _build_conv,
         "attention": _build_attention,
         "reduce": _build_reduce,
+        "stream": _build_stream,
     }
     if name not in builders:
         raise KeyError(f"unknown coverage model {name!r}; known: {', '.join(COVERAGE_MODELS)}")
@@ -185,3 +207,14 @@ def _build_attention(s: Shape) -> tuple[nn.Module, tuple[Tensor, ...]]:
 def _build_reduce(s: Shape) -> tuple[nn.Module, tuple[Tensor, ...]]:
     x = torch.randn(s.batch, 4 * s.length, s.width)
     return _Reduce(s.width), (x, torch.randn(s.batch))
+
+
+STREAM_MIB = 4  # the stream model's activations at the small shape; doubling with the batch
+
+
+def _build_stream(s: Shape) -> tuple[nn.Module, tuple[Tensor, ...]]:
+    width, channels, side = 512, 32, 32
+    scale = max(1, s.batch // SHAPES[0].batch)  # megabytes at every shape: 4 MiB small, 8 medium, 16 large
+    rows = STREAM_MIB * (1 << 20) // 4 // width * scale
+    maps = torch.randn(STREAM_MIB * (1 << 20) // 4 // (channels * side * side) * scale, channels, side, side)
+    return _Stream(width, channels), (torch.randn(rows, width), maps)

@@ -26,7 +26,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from schedlab.calibrate.context import first_uses
 from schedlab.calibrate.signature import graph_signatures
 from schedlab.calibrate.trace_cal import trace_figures, trace_slots
 from schedlab.graph import Graph, Op
@@ -75,12 +74,8 @@ class ClassError:
 def op_class_errors(graph: Graph, trace: Trace, profile: Profile) -> list[ClassError]:
     """Per op class, the Profile against `trace` on the ops whose signature it never
     measured; the classes by measured time, largest first."""
-    first = first_uses(graph)
     figs = trace_figures(
-        trace,
-        graph,
-        profile.dispatch.event_floor_us(trace_slots(trace)),
-        lambda op: profile.context.first_use(op.op_class) if op.id in first else 0.0,
+        trace, graph, profile.dispatch.event_floor_us(trace_slots(trace)), profile.for_graph(graph).step_extra_us
     )
     sigs = graph_signatures(graph)
     runs: Counter[str] = Counter()

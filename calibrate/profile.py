@@ -10,6 +10,10 @@ A Profile implements `sim.cost.CostModel`. `kernel_us(op, threads)` looks up, in
 3. for a class never measured, or whose fit is not trusted (`ClassFit.trusted`), the machine's roofline (`calibrate.roofline`: peak FLOP/s
    and memory bandwidth measured in calibration); a Profile without one (version 1
    files) uses the model fitted on every memory-bound point (`fallback`).
+
+Whichever answers, the kernel is as it runs in a step, plus what its data not being in the
+caches costs there (`cold_us`, `calibrate.cold`) and, in a Profile bound to a graph
+(`for_graph`), the first use of its target (`first_use_us`, `calibrate.context`).
    `coverage(graph)` counts the ops of a graph that fell through to it.
 
 Views cost no kernel time: only dispatch (`dispatch_us`), the probe view's plus what
@@ -50,6 +54,8 @@ JSON layout (version 2; version 1 files, without "views" and "roofline", still l
               "signatures": {signature: kernel_us}, ...},
      "wake": {op_class or "*": {"base_us", "per_work", "threads", "n_points"}},   # calibrate.wake
      "wake_scale": {threads: share},   # the wake below the fits' thread count, calibrate.wake
+     "cold": null | {"model": "share_x_class_slope", "share", "slope_us_per_mib": {op_class:
+              {threads: us}}, "pooled_us_per_mib": {threads: us}, "n_points", "n_share_ops"},  # calibrate.cold
      "meta": {...}}
 
 "links" (link and collective fits between local ranks, `schedlab calibrate --links`) is
@@ -64,6 +70,8 @@ may be absent or null: the simulator then charges those ops the dispatch cost of
 "wake" (what an op of a co-run plan pays to wake its throttled OpenMP helpers, `wake_us`)
 is optional too, added within version 2: without it the simulator charges no wake cost.
 "wake_scale" (added later within version 2) may be absent: every count then pays the fits'.
+"cold" (what an op pays in a step for its data not being in the caches, `cold_us`, added
+later within version 2) may be absent or null: the simulator then charges nothing for it.
 """
 
 from __future__ import annotations
@@ -77,6 +85,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from schedlab.calibrate.cold import ColdCosts
 from schedlab.calibrate.context import NO_CONTEXT, ContextCosts, first_uses
 from schedlab.calibrate.corun import CorunFigures
 from schedlab.calibrate.cuda_costs import CudaCosts
@@ -133,6 +142,7 @@ class Profile:
     wake: dict[str, WakeFit] = field(default_factory=dict)
     # threads below the wake fits' own -> the share of their cost paid there (calibrate.wake)
     wake_scale: dict[int, float] = field(default_factory=dict)
+    cold: ColdCosts | None = None  # what data not in the caches costs in a step (calibrate.cold); None: nothing
     # the graph this Profile predicts (`for_graph`) and the Python ids of its first-use ops
     bound: tuple[Graph, frozenset[int]] | None = field(default=None, compare=False, repr=False)
     # executor slots the dispatch cost is for (`for_slots`); a use, not part of the JSON
@@ -191,7 +201,7 @@ class Profile:
             warm = self._from_row(op, row, n)
         else:
             warm = max(0.0, self.model_of(op).kernel_us(op.flops, op.bytes_moved, n))
-        out = max(0.0, warm + self.first_use_us(op))
+        out = max(0.0, warm + self.first_use_us(op) + self.cold_us(op, n))
         self._alone[(id(op), n)] = (op, out)
         return out
 
@@ -213,6 +223,20 @@ class Profile:
         if self.bound is None or id(op) not in self.bound[1]:
             return 0.0
         return self.context.first_use(op.op_class)
+
+    def cold_us(self, op: Op, threads: int) -> float:
+        """What `op` pays, at `threads`, in a step for its data not being in the caches
+        (`calibrate.cold`: the in-step share of its class's cold extra per MiB it moves); 0
+        for a view, or in a Profile calibrated before cold costs were measured."""
+        if self.cold is None or op.is_view:
+            return 0.0
+        return self.cold.extra_us(op.op_class, op.bytes_moved, max(1, threads))
+
+    def step_extra_us(self, op: Op, threads: int) -> float:
+        """What `op` costs in a step beyond its kernel wherever it runs (a trace's event less
+        this, and the executor's floor, is the kernel): the first use of its target in the
+        bound graph (`first_use_us`) and its data not in the caches (`cold_us`)."""
+        return self.first_use_us(op) + self.cold_us(op, threads)
 
     def for_graph(self, graph: Graph) -> Profile:
         """This Profile bound to `graph`: the first op of each target in its program order
@@ -461,19 +485,15 @@ class Profile:
 
         Each (signature, threads) seen in the trace gets the median of its event durations,
         stalls dropped (`calibrate.trace_cal.robust_low`), minus the executor's in-event
-        floor and, for the first op of each target, its first-use extra (which a bound
-        Profile adds back where it applies); trace entries replace microbenchmark ones,
+        floor and what the op costs in a step beyond its kernel (`step_extra_us`: its
+        target's first use, its data not in the caches), which the Profile adds back where
+        it applies; trace entries replace microbenchmark ones,
         other thread counts of the signature are kept. With `typical_step` (default) the
         trace's entries are scaled by its step factor, so that they sum to what a median
         step spent in those kernels (`TraceFigures.step_factor`).
         """
         floor_us = self.dispatch.event_floor_us(trace_slots(trace))
-        first = first_uses(graph)
-
-        def less_us(op: Op) -> float:
-            return self.context.first_use(op.op_class) if op.id in first else 0.0
-
-        figs = trace_figures(trace, graph, floor_us, less_us)
+        figs = trace_figures(trace, graph, floor_us, self.for_graph(graph).step_extra_us)
         factor = figs.step_factor if typical_step else 1.0
         merged = {sig: dict(row) for sig, row in self.signatures.items()}
         for sig, row in figs.signatures.items():
@@ -529,6 +549,7 @@ class Profile:
             "cuda": None if self.cuda is None else self.cuda.to_json(),
             "wake": {cls: fit.to_json() for cls, fit in sorted(self.wake.items())},
             "wake_scale": {str(k): v for k, v in sorted(self.wake_scale.items())},
+            "cold": None if self.cold is None else self.cold.to_json(),
             "meta": self.meta,
         }
 
@@ -580,6 +601,8 @@ class Profile:
                 wake[str(cls)] = WakeFit.from_json(wd)
             where = "wake_scale"
             wake_scale = _wake_scale_from_json(d.get("wake_scale") or {})
+            where = "cold"
+            cold = ColdCosts.from_json(d["cold"]) if d.get("cold") is not None else None
             where = "meta"
             meta = dict(d.get("meta", {}))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -588,7 +611,7 @@ class Profile:
             raise SchedlabError(f"corrupt {source}: bad {where}: {detail}{hint}") from None
         return Profile(
             machine, created, quick, dispatch, classes, fallback, signatures, corun, meta, views, roofline, context,
-            links=links, cuda=cuda, wake=wake, wake_scale=wake_scale,
+            links=links, cuda=cuda, wake=wake, wake_scale=wake_scale, cold=cold,
         )
 
     def save(self, path: str | Path) -> Path:

@@ -27,6 +27,7 @@ from typing import Any
 from tqdm import tqdm
 
 from schedlab.calibrate.cases import Case, new_signatures, workload_cases
+from schedlab.calibrate.cold import MIN_INPUT_BYTES, ColdCosts, ColdPoint, Evictor, fit_cold, tensor_bytes, time_cold
 from schedlab.calibrate.context import ContextCosts, Occurrence, bounded_warm, first_uses, fit_context
 from schedlab.calibrate.corun import measure_corun
 from schedlab.calibrate.corun_fit import CorunRun, fit_corun_latency, measure_corun_runs
@@ -74,6 +75,7 @@ class CalibrationConfig:
     corun_steps: int = 3  # timed two-slot executor steps of each small graph (calibrate.corun_fit); 0: none
     wake_reps: int = WAKE_REPS  # timed calls per round of each op's wake cost (calibrate.wake); 0: none
     wake_scale_every: int = 4  # every Nth case's wake is timed at the smaller thread counts too; 0: none
+    cold_per_class: int = 4  # calls per op class timed cold (calibrate.cold); 0: no cold costs
     dispatch_ops: int = 1000  # ops per chain of the executor probe (see dispatch.py)
     corun_s: float = 0.25  # per alone/together run of each co-run op
     corun_rounds: int = 3
@@ -102,6 +104,7 @@ def full_config() -> CalibrationConfig:
         dispatch_ops=2000,
         replay_rounds=5,
         corun_steps=5,
+        cold_per_class=8,
         corun_s=0.5,
         corun_rounds=5,
         links=LinkConfig(),
@@ -177,6 +180,9 @@ class _Bench:
     wake: list[WakePoint] = field(default_factory=list)  # ops' cost of waking throttled helpers
     failures: list[str] = field(default_factory=list)
     contended: int = 0
+    # the cold extras (calibrate.cold): what evicts the caches, the calls timed cold
+    evict: Callable[[], None] | None = None
+    cold: list[ColdPoint] = field(default_factory=list)
 
 
 def _bench(
@@ -203,9 +209,25 @@ def _bench(
                     continue
                 extra = time_wake(case.fn, case.args, case.kwargs, k, cores, reps=wake_reps(times[k], cfg.wake_reps))
                 acc.wake.append(WakePoint(case.op_class, case.flops, case.nbytes, k, extra))
+            _time_cold(case, tuple(k for k in k_threads if k not in contended), cfg, acc)
         except Exception as e:  # one op failing must not lose the calibration
             acc.failures.append(f"{case.target} ({case.source}): {type(e).__name__}: {str(e).splitlines()[0][:120]}")
         on_done()
+
+
+def _time_cold(case: Case, threads: tuple[int, ...], cfg: CalibrationConfig, acc: _Bench) -> None:
+    """Time `case` cold (`calibrate.cold.time_cold`) while its class has fewer than
+    `cfg.cold_per_class` such calls and its inputs hold at least `MIN_INPUT_BYTES`."""
+    if acc.evict is None or case.is_view or not threads or cfg.cold_per_class <= 0:
+        return
+    cls = base_class(case.op_class)
+    if sum(1 for p in acc.cold if p.op_class == cls and p.threads == threads[0]) >= cfg.cold_per_class:
+        return
+    in_bytes = tensor_bytes(case.args) + tensor_bytes(case.kwargs.values())
+    if in_bytes < MIN_INPUT_BYTES:
+        return
+    extra = time_cold(case.fn, case.args, case.kwargs, threads, set_intra_op_threads, acc.evict)
+    acc.cold += [ColdPoint(cls, case.nbytes, k, us) for k, us in extra.items()]
 
 
 def _light(case: Case) -> Case:
@@ -236,7 +258,7 @@ def _occurrences(
             cls, less = f"view:{op.op_class}", dispatch.view_us - dispatch.view_call_floor_us
         else:
             cls, less = op.op_class, dispatch.op_us - dispatch.call_floor_us
-        out.append(Occurrence(signature(op), cls, op.id in first, robust_low(ds) - less))
+        out.append(Occurrence(signature(op), cls, op.id in first, robust_low(ds) - less, op.bytes_moved))
     return out
 
 
@@ -308,13 +330,19 @@ def run_calibration(
         with bars.bar(1, "roofline", "step") as bar:
             roofline = measure_roofline(threads, set_intra_op_threads)
             bar.update()
+        if cfg.cold_per_class > 0:
+            import torch
+
+            acc.evict = Evictor(torch)
         _benchmark_all(cfg, threads, host, dispatch, bars, acc)
     finally:
         set_intra_op_threads(before)
     if not acc.results:
         raise SchedlabError("calibration measured no ops; nothing to fit" + "".join(f"\n  {f}" for f in acc.failures))
     floor = dispatch.call_floor_us
-    context, in_step = _in_step(acc, roofline)
+    cold = _fit_cold(acc) if acc.evict is not None else None
+    acc.evict = None  # frees the eviction buffer
+    context, in_step = _in_step(acc, roofline, cold)
     ops = [(c, k, t) for c, k, t in in_step if not c.is_view]
     points = [Point(c.signature, c.op_class, c.flops, c.nbytes, k, max(t, 1e-3)) for c, k, t in ops]
     with bars.bar(1, "fit", "step") as bar:
@@ -361,6 +389,7 @@ def run_calibration(
         context=context,
         wake=wake,
         wake_scale=wake_scale,
+        cold=cold,
     )
     if acc.corun_runs:
         with bars.bar(1, "fit co-run latency", "step") as bar:
@@ -390,12 +419,32 @@ def _measure_links(cfg: LinkConfig, bars: _Progress) -> tuple[LinkFits | None, s
             return None, f"links: {e}"
 
 
-def _in_step(acc: _Bench, roofline: Roofline) -> tuple[ContextCosts, list[tuple[Case, int, float]]]:
+def _fit_cold(acc: _Bench) -> ColdCosts:
+    """The cold costs (`calibrate.cold`): slopes from the calls timed cold, the in-step share
+    from the replayed ops that ran in a step after their target's first use."""
+    hot = {c.signature: t for c, k, t in acc.results if k == 1}
+    replayed = [o for o in acc.occurrences if o.signature in hot and not o.first_use and not o.op_class.startswith("view:")]
+
+    def excess(costs: ColdCosts) -> Iterator[tuple[float, float]]:
+        for o in replayed:
+            yield o.in_seq_us - hot[o.signature], costs.cold_us(o.op_class, o.nbytes, 1)
+
+    return fit_cold(acc.cold, excess)
+
+
+def _in_step(
+    acc: _Bench, roofline: Roofline, cold: ColdCosts | None
+) -> tuple[ContextCosts, list[tuple[Case, int, float]]]:
     """The context extras, and every benchmarked call time as it would run in a step: plus
     its signature's warm extra, else its class's (at most what moving its bytes from memory
-    costs, `calibrate.context.bounded_warm`), else the median over all."""
+    costs, `calibrate.context.bounded_warm`), else the median over all. The replayed ops'
+    cold extras (`cold`) are taken off before the context extras are fitted."""
     hot = {c.signature: t for c, k, t in acc.results if k == 1}
-    context, sig_warm = fit_context(acc.occurrences, hot)
+
+    def cold_us(o: Occurrence) -> float:
+        return cold.extra_us(o.op_class, o.nbytes, 1) if cold is not None and not o.op_class.startswith("view:") else 0.0
+
+    context, sig_warm = fit_context(acc.occurrences, hot, cold_us)
 
     def warm(c: Case) -> float:
         if c.signature in sig_warm:

@@ -117,13 +117,14 @@ def _overlapping(events: list[TraceEvent]) -> set[int]:
 
 
 def trace_figures(
-    trace: Trace, graph: Graph, floor_us: float, less_us: Callable[[Op], float] | None = None
+    trace: Trace, graph: Graph, floor_us: float, less_us: Callable[[Op, int], float] | None = None
 ) -> TraceFigures:
     """Kernel times per (signature, threads) seen in `trace`: `robust_low` event - `floor_us`.
 
-    `less_us(op)` is taken off each of `op`'s events first: what the event holds beyond the
-    op's kernel in a step (the first use of its target, `calibrate.context`), so that the
-    table keeps what the op costs wherever it runs.
+    `less_us(op, threads)` is taken off each of `op`'s events first: what the event holds
+    beyond the op's kernel in a step (the first use of its target, `calibrate.context`;
+    its inputs evicted from the caches, `calibrate.cold`), so that the table keeps what
+    the op costs wherever it runs.
     """
     _check(trace, graph)
     events = [e for e in trace.events if e.kind not in _NOT_KERNELS]
@@ -136,8 +137,8 @@ def trace_figures(
         if op.is_view or i in overlapping:
             continue
         clean.add(e.op)
-        less_ns = less_us(op) * 1e3 if less_us is not None else 0.0
         key = (signature(op), max(1, e.threads))
+        less_ns = less_us(op, key[1]) * 1e3 if less_us is not None else 0.0
         durations[key].append(e.dur_ns - less_ns)
         used.append((e.step, key, e.dur_ns - less_ns))
     table: dict[str, dict[int, float]] = defaultdict(dict)
