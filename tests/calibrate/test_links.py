@@ -195,11 +195,13 @@ def _no_rank_left() -> None:
 
 def test_real_two_rank_run_measures_sane_links() -> None:
     sizes = (4, 1 << 18, 1 << 22)  # 4 B, 256 KiB, 4 MiB: far enough apart to order on a busy machine
-    seen: list[str] = []
-    fits = measure_links(
-        LinkConfig(sizes=sizes, allreduce_ranks=(2,), target_s=0.03, rounds=2, timeout_s=90.0), on_progress=seen.append
-    )
-    _no_rank_left()
+    cfg = LinkConfig(sizes=sizes, allreduce_ranks=(2,), target_s=0.03, rounds=2, timeout_s=90.0)
+    for _ in range(2):  # measured again once if a stall of the shared host put 4 B above 4 MiB (seen: 1.98 ms)
+        seen: list[str] = []
+        fits = measure_links(cfg, on_progress=seen.append)
+        _no_rank_left()
+        if all(sw.median_s[0] < sw.median_s[-1] for sw in (fits.p2p, fits.allreduce[2])):
+            break
     assert fits.backend == "gloo" and fits.p2p.sizes == sizes and fits.p2p.n_ranks == 2
     assert len(seen) == LinkConfig(sizes=sizes, allreduce_ranks=(2,), rounds=2).steps()
     assert fits.p2p_fit.latency_s > 0 and fits.p2p_fit.bw_bytes_per_s > 0
