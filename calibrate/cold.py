@@ -16,21 +16,27 @@ hot and the same call after 64 MiB were written elsewhere ("cold"):
   same way) left 24.1 ms, 17.7 ms with every output cold: an input the previous op has
   just written reads at nearly memory speed too.
 
-So the model has two measured parts:
+So the model has two measured parts (`schedlab calibrate --cold`; off by default):
 
 - per op class and thread count, the extra per MiB an op moves when its data comes from
-  memory (`slope_us_per_mib`): workload and sweep calls that read at least
-  `MIN_INPUT_BYTES` are timed after an eviction and hot (`time_cold`); a class keeps the
-  median of extra / MiB moved, a class without such calls the median over all;
+  memory (`slope_us_per_mib`): calls of the replayed graphs up to 2 ms, and up to a quota
+  per class of the others, that read at least `MIN_INPUT_BYTES` are timed after an
+  eviction and hot (`time_cold`); a class keeps the median of extra / MiB moved, a class
+  without such calls the median over all;
 - the machine's in-step share (`share`): the median, over the replayed ops of the
-  calibration graphs whose modelled cold extra is at least `SHARE_MIN_US`, of their
-  excess in the step over hot divided by that extra (`fit_share`). The "stream" coverage
-  model has megabyte tensors so that quick calibration has such ops.
+  calibration graphs whose cold extra is at least `SHARE_MIN_US` and `SHARE_MIN_OF_HOT`
+  of their hot time, of their excess in the step over hot divided by their own cold
+  extra (`fit_share`). Divided by their class's slope instead, and with compute-bound
+  ops in, the share of four quick calibrations came out 0.31 to 0.72; so, 0.67 and 0.67.
+  The cold probe (`coverage.COLD_PROBE`) has megabyte tensors so that a quick
+  calibration has such ops.
 
 An op's cold extra is share x its class's slope x the MiB it moves (`ColdCosts.extra_us`).
-The Profile adds it to every op (`Profile.cold_us`), and calibration takes it off the
-replayed ops before fitting the context extras (`calibrate.context`), so that the two do
-not count the same microseconds twice.
+The Profile adds it to memory-bound ops (`Profile.cold_us`), and calibration takes it off
+the replayed ops before fitting the context extras (`calibrate.context`), so that the two
+do not count the same microseconds twice. Judged on the held-out models it did not
+predict whole steps better (README, "Cold data"): one share per machine overcharges a
+step whose data fits the caches better.
 """
 
 from __future__ import annotations
@@ -45,7 +51,8 @@ from typing import Any
 
 MIB = float(1 << 20)
 MIN_INPUT_BYTES = 1 << 20  # a call reading less has a cold extra within the timing noise
-SHARE_MIN_US = 20.0  # replayed ops whose modelled cold extra is smaller say little of the share
+SHARE_MIN_US = 20.0  # replayed ops whose cold extra is smaller say little of the share,
+SHARE_MIN_OF_HOT = 0.25  # and those whose cold extra is a smaller share of their hot time
 DEFAULT_LLC_BYTES = 32 << 20  # where the kernel does not say (sysfs)
 COLD_REPS = 5  # cold calls, and hot ones, per (call, threads)
 WARM_CALLS = 6  # calls that make a call's data hot again after an eviction
@@ -74,6 +81,7 @@ class ColdPoint:
     nbytes: int  # bytes the call reads and writes
     threads: int
     extra_us: float  # median cold call - median hot call
+    signature: str = ""  # the call's (calibrate.signature)
 
 
 @dataclass(frozen=True)
@@ -203,23 +211,36 @@ def fit_slopes(points: Sequence[ColdPoint]) -> tuple[dict[str, dict[int, float]]
     return slopes, {k: max(0.0, statistics.median(xs)) for k, xs in pooled.items()}
 
 
-def fit_share(excess_and_cold_us: Iterable[tuple[float, float]]) -> tuple[float, int]:
+def fit_share(replayed: Iterable[tuple[float, float, float]]) -> tuple[float, int]:
     """The in-step share: the median of excess / cold extra over the (excess over hot in a
-    step, modelled cold extra) of replayed ops whose cold extra is at least `SHARE_MIN_US`,
-    clipped to [0, 1]; 0 with no such op (nothing measured says what a step pays). Also
-    how many ops it was fitted on."""
-    ratios = [excess / cold for excess, cold in excess_and_cold_us if cold >= SHARE_MIN_US]
+    step, cold extra, hot time) of replayed ops whose cold extra is at least `SHARE_MIN_US`
+    and `SHARE_MIN_OF_HOT` of their hot time (a 10 ms matmul's 200 us cold extra is within
+    its step's noise), clipped to [0, 1]; 0 with no such op (nothing measured says what a
+    step pays). Also how many ops it was fitted on."""
+    ratios = [
+        excess / cold for excess, cold, hot in replayed if cold >= max(SHARE_MIN_US, SHARE_MIN_OF_HOT * hot)
+    ]
     if not ratios:
         return 0.0, 0
     return min(1.0, max(0.0, statistics.median(ratios))), len(ratios)
 
 
-def fit_cold(points: Sequence[ColdPoint], excess_us: Callable[[ColdCosts], Iterable[tuple[float, float]]]) -> ColdCosts:
-    """The cold costs from the calls timed cold, and the share from `excess_us(costs)`: the
-    (excess over hot in a step, cold extra under `costs`) of each replayed op."""
+def fit_cold(
+    points: Sequence[ColdPoint],
+    replayed: Callable[[Callable[[str, str, float], float]], Iterable[tuple[float, float, float]]],
+) -> ColdCosts:
+    """The cold costs from the calls timed cold, and the share from `replayed(cold_us)`:
+    the (excess over hot in a step, `cold_us(signature, op class, bytes)`, hot time) of
+    each replayed op, where `cold_us` is the one-thread cold extra timed for that
+    signature, else its class's slope times its bytes."""
     slopes, pooled = fit_slopes(points)
     unit = ColdCosts(1.0, slopes, pooled, len(points))
-    share, n = fit_share(excess_us(unit))
+    own = {p.signature: p.extra_us for p in points if p.threads == 1 and p.signature}
+
+    def cold_us(signature: str, op_class: str, nbytes: float) -> float:
+        return own[signature] if signature in own else unit.cold_us(op_class, nbytes, 1)
+
+    share, n = fit_share(replayed(cold_us))
     return ColdCosts(share, slopes, pooled, len(points), n)
 
 

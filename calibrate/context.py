@@ -22,6 +22,10 @@ So calibration stores kernels as they run in a step (`warm`): the benchmark plus
 op's own warm extra (its signature's, else its class's median, else the median of
 all), in the signature table and in the points the class models are fitted on.
 
+What an op of megabytes pays for its data not being in the caches grows with its bytes
+and is modelled on its own (`calibrate.cold`); it is taken off each replayed op before
+the extras here are fitted, so they hold the rest.
+
 A class's median comes from the sizes the calibration graphs replay, and at the default
 sizes those move megabytes whose data a step has evicted (a 12.6 MB gelu: +294 us). A
 call of the same class on 17 elements cannot pay that: `bounded_warm` caps an extra

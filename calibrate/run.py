@@ -31,7 +31,7 @@ from schedlab.calibrate.cold import MIN_INPUT_BYTES, ColdCosts, ColdPoint, Evict
 from schedlab.calibrate.context import ContextCosts, Occurrence, bounded_warm, first_uses, fit_context
 from schedlab.calibrate.corun import measure_corun
 from schedlab.calibrate.corun_fit import CorunRun, fit_corun_latency, measure_corun_runs
-from schedlab.calibrate.coverage import COVERAGE_MODELS, SHAPES, Shape
+from schedlab.calibrate.coverage import COLD_PROBE, COVERAGE_MODELS, SHAPES, Shape
 from schedlab.calibrate.coverage import build as build_coverage
 from schedlab.calibrate.dispatch import DispatchFigures, measure_dispatch
 from schedlab.calibrate.fit import ClassFit, Point, fit_all
@@ -42,7 +42,7 @@ from schedlab.calibrate.model import WorkThreadsModel
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.roofline import Roofline, measure_roofline
 from schedlab.calibrate.signature import base_class, signature
-from schedlab.calibrate.sweep import SweepConfig, sweep_cases, sweep_specs
+from schedlab.calibrate.sweep import SWEEP_SOURCE, SweepConfig, sweep_cases, sweep_specs
 from schedlab.calibrate.threads import thread_counts
 from schedlab.calibrate.timing import RetryBudget, TimingConfig, time_point
 from schedlab.calibrate.trace_cal import robust_low
@@ -75,7 +75,7 @@ class CalibrationConfig:
     corun_steps: int = 3  # timed two-slot executor steps of each small graph (calibrate.corun_fit); 0: none
     wake_reps: int = WAKE_REPS  # timed calls per round of each op's wake cost (calibrate.wake); 0: none
     wake_scale_every: int = 4  # every Nth case's wake is timed at the smaller thread counts too; 0: none
-    cold_per_class: int = 4  # calls per op class timed cold (calibrate.cold); 0: no cold costs
+    cold_per_class: int = 0  # sweep calls per op class timed cold (calibrate.cold, `with_cold`); 0: no cold costs
     dispatch_ops: int = 1000  # ops per chain of the executor probe (see dispatch.py)
     corun_s: float = 0.25  # per alone/together run of each co-run op
     corun_rounds: int = 3
@@ -94,6 +94,14 @@ def quick_config() -> CalibrationConfig:
     )
 
 
+def with_cold(cfg: CalibrationConfig) -> CalibrationConfig:
+    """`cfg` measuring cold costs too (`calibrate.cold`; `schedlab calibrate --cold`): the
+    cold-probe coverage model replayed, its calls and up to 4 (quick) or 8 sweep calls per
+    class timed cold. Not in the presets: on the held-out models it did not predict whole
+    steps better (README, "Cold data")."""
+    return replace(cfg, cold_per_class=4 if cfg.quick else 8)
+
+
 def full_config() -> CalibrationConfig:
     return CalibrationConfig(
         quick=False,
@@ -104,7 +112,6 @@ def full_config() -> CalibrationConfig:
         dispatch_ops=2000,
         replay_rounds=5,
         corun_steps=5,
-        cold_per_class=8,
         corun_s=0.5,
         corun_rounds=5,
         links=LinkConfig(),
@@ -137,9 +144,10 @@ def _capture_jobs(cfg: CalibrationConfig) -> list[tuple[str, Callable[[], Worklo
     for shape_name in cfg.coverage_shapes:
         if shape_name not in shapes:
             raise SchedlabError(f"unknown coverage shape {shape_name!r}; known: {', '.join(shapes)}")
+        models = (*cfg.coverage, COLD_PROBE) if cfg.cold_per_class > 0 else cfg.coverage
         jobs += [
             (f"coverage:{m}/{shape_name}/sgd", partial(_coverage_workload, m, shapes[shape_name], cfg.seed), "sgd")
-            for m in cfg.coverage
+            for m in models
         ]
     return jobs
 
@@ -209,25 +217,31 @@ def _bench(
                     continue
                 extra = time_wake(case.fn, case.args, case.kwargs, k, cores, reps=wake_reps(times[k], cfg.wake_reps))
                 acc.wake.append(WakePoint(case.op_class, case.flops, case.nbytes, k, extra))
-            _time_cold(case, tuple(k for k in k_threads if k not in contended), cfg, acc)
+            _time_cold(case, {k: t for k, t in times.items() if k not in contended}, cfg, acc)
         except Exception as e:  # one op failing must not lose the calibration
             acc.failures.append(f"{case.target} ({case.source}): {type(e).__name__}: {str(e).splitlines()[0][:120]}")
         on_done()
 
 
-def _time_cold(case: Case, threads: tuple[int, ...], cfg: CalibrationConfig, acc: _Bench) -> None:
-    """Time `case` cold (`calibrate.cold.time_cold`) while its class has fewer than
-    `cfg.cold_per_class` such calls and its inputs hold at least `MIN_INPUT_BYTES`."""
-    if acc.evict is None or case.is_view or not threads or cfg.cold_per_class <= 0:
+def _time_cold(case: Case, hot_us: dict[int, float], cfg: CalibrationConfig, acc: _Bench) -> None:
+    """Time `case` cold (`calibrate.cold.time_cold`) if its inputs hold at least
+    `MIN_INPUT_BYTES`: a call of a replayed graph of at most `COLD_ALWAYS_US` (the in-step
+    share is fitted on such calls), any other while its class has fewer than
+    `cfg.cold_per_class` cold calls. `hot_us`: its call time per thread count to time."""
+    if acc.evict is None or case.is_view or not hot_us or cfg.cold_per_class <= 0:
         return
+    threads = tuple(sorted(hot_us))
     cls = base_class(case.op_class)
-    if sum(1 for p in acc.cold if p.op_class == cls and p.threads == threads[0]) >= cfg.cold_per_class:
+    always = case.source != SWEEP_SOURCE and max(hot_us.values()) <= COLD_ALWAYS_US
+    if not always and sum(1 for p in acc.cold if p.op_class == cls and p.threads == threads[0]) >= cfg.cold_per_class:
         return
-    in_bytes = tensor_bytes(case.args) + tensor_bytes(case.kwargs.values())
-    if in_bytes < MIN_INPUT_BYTES:
+    if tensor_bytes(case.args) + tensor_bytes(case.kwargs.values()) < MIN_INPUT_BYTES:
         return
     extra = time_cold(case.fn, case.args, case.kwargs, threads, set_intra_op_threads, acc.evict)
-    acc.cold += [ColdPoint(cls, case.nbytes, k, us) for k, us in extra.items()]
+    acc.cold += [ColdPoint(cls, case.nbytes, k, us, case.signature) for k, us in extra.items()]
+
+
+COLD_ALWAYS_US = 2000.0  # longer replayed calls, mostly compute-bound, are timed cold only up to the class quota
 
 
 def _light(case: Case) -> Case:
@@ -419,15 +433,21 @@ def _measure_links(cfg: LinkConfig, bars: _Progress) -> tuple[LinkFits | None, s
             return None, f"links: {e}"
 
 
+def _hot_us(acc: _Bench) -> dict[str, float]:
+    """Each benchmarked signature's one-thread call time."""
+    return {c.signature: t for c, k, t in acc.results if k == 1}
+
+
 def _fit_cold(acc: _Bench) -> ColdCosts:
     """The cold costs (`calibrate.cold`): slopes from the calls timed cold, the in-step share
     from the replayed ops that ran in a step after their target's first use."""
-    hot = {c.signature: t for c, k, t in acc.results if k == 1}
-    replayed = [o for o in acc.occurrences if o.signature in hot and not o.first_use and not o.op_class.startswith("view:")]
+    hot = _hot_us(acc)
+    replayed = [o for o in acc.occurrences if o.signature in hot and not o.first_use]  # a view moves no bytes: no extra
 
-    def excess(costs: ColdCosts) -> Iterator[tuple[float, float]]:
+    def excess(cold_us: Callable[[str, str, float], float]) -> Iterator[tuple[float, float, float]]:
         for o in replayed:
-            yield o.in_seq_us - hot[o.signature], costs.cold_us(o.op_class, o.nbytes, 1)
+            hot_us = hot[o.signature]
+            yield o.in_seq_us - hot_us, cold_us(o.signature, o.op_class, o.nbytes), hot_us
 
     return fit_cold(acc.cold, excess)
 
@@ -439,10 +459,10 @@ def _in_step(
     its signature's warm extra, else its class's (at most what moving its bytes from memory
     costs, `calibrate.context.bounded_warm`), else the median over all. The replayed ops'
     cold extras (`cold`) are taken off before the context extras are fitted."""
-    hot = {c.signature: t for c, k, t in acc.results if k == 1}
+    hot = _hot_us(acc)
 
     def cold_us(o: Occurrence) -> float:
-        return cold.extra_us(o.op_class, o.nbytes, 1) if cold is not None and not o.op_class.startswith("view:") else 0.0
+        return cold.extra_us(o.op_class, o.nbytes, 1) if cold is not None else 0.0
 
     context, sig_warm = fit_context(acc.occurrences, hot, cold_us)
 

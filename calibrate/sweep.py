@@ -30,6 +30,9 @@ Builder = Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]
 T = TypeVar("T")
 
 
+SWEEP_SOURCE = "sweep"  # the source of every sweep case (calibrate.cases.Case.source)
+
+
 @dataclass(frozen=True)
 class SweepConfig:
     """How many synthetic shapes per class, and how large they may get."""
@@ -666,7 +669,7 @@ def sweep_cases(specs: list[SweepSpec], seen: set[str]) -> Iterator[Case]:
         if sig in seen:
             continue
         seen.add(sig)
-        yield Case(sig, fit_class(op_class, strided, args), spec.target, flops, nbytes, fn, args, kwargs, "sweep")
+        yield Case(sig, fit_class(op_class, strided, args), spec.target, flops, nbytes, fn, args, kwargs, SWEEP_SOURCE)
 
 
 def _flatten(a: Any) -> Iterator[Any]:

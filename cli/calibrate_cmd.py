@@ -56,6 +56,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --cuda: the size of the built-in workloads measured (default: default, or tiny with --quick; "
         "gpu: the default models at 16x their batch, steps bound by the GPU rather than the host)",
     )
+    p.add_argument(
+        "--cold", action="store_true",
+        help="also measure what a step pays for data not in the caches (memory-bound calls of a MiB or more timed "
+        "after an eviction, and the share of that a replayed step pays), which the profile then charges to "
+        "memory-bound ops; about 10 s more with --quick. Off by default: it did not predict the held-out models' "
+        "steps better (README, \"Cold data\")",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
@@ -113,6 +120,7 @@ def summary(profile: Any, path: Path, wall_s: float) -> dict[str, Any]:
         "coverage_models": profile.meta.get("coverage", []),
         "links": None if profile.links is None else links_summary(profile.links),
         "wake": _wake_summary(profile),
+        "cold": None if profile.cold is None else _cold_summary(profile.cold),
         "signatures": len(profile.signatures),
         "view_signatures": len(profile.views.signatures),
         "foreign_cpu_frac": profile.meta.get("foreign_cpu_frac"),
@@ -134,6 +142,18 @@ def _wake_summary(profile: Any) -> dict[str, Any] | None:
         "pooled": pooled.to_json(),
         "classes": len(profile.wake) - 1,
         "scale": {str(k): v for k, v in sorted(profile.wake_scale.items())},
+    }
+
+
+def _cold_summary(cold: Any) -> dict[str, Any]:
+    """What a step pays for data not in the caches (calibrate.cold): the in-step share, the
+    pooled cold extra per MiB moved, and how many calls and replayed ops it was fitted on."""
+    return {
+        "share": round(cold.share, 3),
+        "pooled_us_per_mib": {str(k): round(v, 2) for k, v in sorted(cold.pooled_us_per_mib.items())},
+        "classes": len(cold.slope_us_per_mib),
+        "n_points": cold.n_points,
+        "n_share_ops": cold.n_share_ops,
     }
 
 
@@ -175,6 +195,11 @@ def _print_table(s: dict[str, Any]) -> None:
         print(f"waking throttled OpenMP helpers (co-run plans): {p['base_us']:.1f} us + {p['per_work']:.4f} x work at "
               f"{p['threads']} threads (pooled over {p['n_points']} cases; {w['classes']} classes of their own)"
               + (f"; {scale}" if scale else ""))
+    if s.get("cold"):
+        c = s["cold"]
+        per_mib = ", ".join(f"{v:.1f} us/MiB at {k} thr" for k, v in c["pooled_us_per_mib"].items()) or "none measured"
+        print(f"data not in the caches: a step pays {c['share']:.2f} of the cold extra (fitted on {c['n_share_ops']} "
+              f"replayed ops); cold extra {per_mib} pooled ({c['n_points']} calls timed cold, {c['classes']} classes)")
     if s["links"]:
         _print_links(s["links"])
 
@@ -357,12 +382,16 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.out)  # before the measuring, not after
     t0 = time.perf_counter()
     config = None
-    if getattr(args, "threads", None):
+    if getattr(args, "threads", None) or getattr(args, "cold", False):
         from dataclasses import replace
 
-        from schedlab.calibrate.run import full_config, quick_config
+        from schedlab.calibrate.run import full_config, quick_config, with_cold
 
-        config = replace(quick_config() if args.quick else full_config(), threads=args.threads)
+        config = quick_config() if args.quick else full_config()
+        if getattr(args, "threads", None):
+            config = replace(config, threads=args.threads)
+        if getattr(args, "cold", False):
+            config = with_cold(config)
     profile = run_calibration(quick=args.quick, out=args.out, progress=not getattr(args, "no_progress", False),
                               config=config)
     s = summary(profile, args.out, time.perf_counter() - t0)

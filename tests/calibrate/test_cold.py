@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -37,26 +38,32 @@ def test_slopes_are_per_class_and_thread_medians_per_mib_never_below_zero() -> N
 
 def test_the_share_is_the_median_ratio_over_ops_with_a_measurable_cold_extra() -> None:
     big = 2 * SHARE_MIN_US
-    assert fit_share([(0.5 * big, big), (0.7 * big, big), (0.9 * big, big), (500.0, 1.0)]) == (pytest.approx(0.7), 3)
-    assert fit_share([(5 * big, big)]) == (1.0, 1)  # never more than all of it
-    assert fit_share([(-big, big)]) == (0.0, 1)
-    assert fit_share([(3.0, 1.0)]) == (0.0, 0)  # nothing measurable: a step pays nothing
+    hot = big  # a memory-bound op: its cold extra is as large as its hot time
+    assert fit_share([(0.5 * big, big, hot), (0.7 * big, big, hot), (0.9 * big, big, hot), (500.0, 1.0, 1.0)]) == (
+        pytest.approx(0.7), 3)
+    assert fit_share([(5 * big, big, hot)]) == (1.0, 1)  # never more than all of it
+    assert fit_share([(-big, big, hot)]) == (0.0, 1)
+    assert fit_share([(3.0, 1.0, 1.0)]) == (0.0, 0)  # nothing measurable: a step pays nothing
+    assert fit_share([(-big, big, 100 * big)]) == (0.0, 0)  # a matmul's cold extra is within its noise
     assert fit_share([]) == (0.0, 0)
 
 
-def test_fit_cold_fits_the_share_under_the_fitted_slopes() -> None:
-    points = [ColdPoint("relu", 4 * M, 1, 100.0)]  # 25 us/MiB
-    seen: list[float] = []
+def test_fit_cold_divides_each_replayed_op_by_its_own_cold_extra_else_its_class_slope() -> None:
+    points = [
+        ColdPoint("relu", 4 * M, 1, 100.0, "relu/a"),  # 25 us/MiB, and relu/a's own 100 us
+        ColdPoint("relu", 4 * M, 2, 60.0, "relu/a"),
+    ]
 
-    def excess(costs: ColdCosts) -> list[tuple[float, float]]:
-        cold = costs.cold_us("relu", 8 * M, 1)  # 200 us
-        seen.append(cold)
-        return [(120.0, cold), (160.0, cold), (140.0, cold)]
+    def excess(cold_us: Callable[[str, str, float], float]) -> list[tuple[float, float, float]]:
+        assert cold_us("relu/a", "relu", 4 * M) == pytest.approx(100.0)  # its own, one thread
+        assert cold_us("relu/b", "relu", 8 * M) == pytest.approx(200.0)  # not timed cold: the slope
+        return [(70.0, cold_us("relu/a", "relu", 4 * M), 100.0), (140.0, cold_us("relu/b", "relu", 8 * M), 200.0),
+                (150.0, cold_us("relu/b", "relu", 8 * M), 200.0)]
 
     costs = fit_cold(points, excess)
-    assert seen == [pytest.approx(200.0)]
-    assert costs.share == pytest.approx(0.7) and costs.n_share_ops == 3 and costs.n_points == 1
+    assert costs.share == pytest.approx(0.7) and costs.n_share_ops == 3 and costs.n_points == 2
     assert costs.extra_us("relu", 8 * M, 1) == pytest.approx(140.0)
+    assert costs.extra_us("relu", 8 * M, 2) == pytest.approx(0.7 * 15.0 * 8)
 
 
 def costs() -> ColdCosts:
@@ -82,14 +89,16 @@ def test_cold_costs_round_trip_and_reject_what_cannot_be_a_cost() -> None:
 
 
 def cold_profile() -> Profile:
-    return dataclasses.replace(make_profile(), cold=ColdCosts(0.5, {"mm": {1: 40.0, 2: 20.0}}, {1: 10.0}))
+    return dataclasses.replace(make_profile(), cold=ColdCosts(0.5, {"relu": {1: 40.0, 2: 20.0}}, {1: 10.0}))
 
 
-def test_the_profile_charges_every_op_its_cold_extra_and_views_nothing() -> None:
+def test_the_profile_charges_memory_bound_ops_their_cold_extra_and_views_and_matmuls_nothing() -> None:
     plain, cold = make_profile(), cold_profile()
-    op = make_op(nbytes=3 * M)
+    op = make_op("aten.relu.default", flops=1e6, nbytes=3 * M, args=({"v": 0},))
     assert cold.kernel_us(op, 1) == pytest.approx(plain.kernel_us(op, 1) + 0.5 * 40.0 * 3)
     assert cold.kernel_us(op, 2) == pytest.approx(plain.kernel_us(op, 2) + 0.5 * 20.0 * 3)
+    mm = make_op(nbytes=3 * M)  # compute-bound: its cold extra hides behind its arithmetic
+    assert cold.cold_us(mm, 1) == 0.0 and cold.kernel_us(mm, 1) == pytest.approx(plain.kernel_us(mm, 1))
     view = make_op(is_view=True)
     assert cold.cold_us(view, 1) == 0.0 and plain.cold_us(op, 1) == 0.0
 
@@ -106,16 +115,17 @@ def test_a_profile_keeps_its_cold_costs_in_json_and_names_a_corrupt_section(tmp_
 
 def test_with_trace_keeps_the_kernel_without_the_cold_extra() -> None:
     g = make_graph()
-    p = dataclasses.replace(make_profile(), cold=ColdCosts(0.5, {"mm": {1: 4096.0}}, {}))  # mm: 512 B -> 1 us
-    mm = g.ops[0]
-    assert p.cold_us(mm, 1) == pytest.approx(1.0)
+    p = dataclasses.replace(make_profile(), cold=ColdCosts(0.5, {"relu": {1: 8192.0}}, {}))  # relu: 256 B -> 1 us
+    relu = g.ops[2]
+    assert p.cold_us(relu, 1) == pytest.approx(1.0)
     events = tuple(
-        TraceEvent(mm.id, mm.name, "F", "cpu0", 0, 1, 0, int(1e3 * (DISPATCH.op_us + 50.0)), step) for step in range(3)
+        TraceEvent(relu.id, relu.name, "F", "cpu0", 0, 1, 0, int(1e3 * (DISPATCH.op_us + 50.0)), step)
+        for step in range(3)
     )
     trace = Trace(events=events, meta={"source": "exec", "graph_hash": g.hash, "plan": {"slots": 1}})
     traced = p.with_trace(trace, g)
     assert traced.signatures  # the trace's kernel is in the table, less the cold extra the Profile adds back
-    assert traced.kernel_us(mm, 1) == pytest.approx(50.0)
+    assert traced.kernel_us(relu, 1) == pytest.approx(50.0)
 
 
 def test_the_context_fit_takes_the_cold_extra_off_first() -> None:

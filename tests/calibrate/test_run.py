@@ -66,6 +66,24 @@ def test_a_calibration_at_two_threads_fits_what_waking_helpers_costs(tmp_path: P
     assert Profile.load(tmp_path / "p.json").wake == profile.wake
 
 
+def test_a_calibration_with_megabyte_ops_fits_what_a_step_pays_for_data_not_in_the_caches(tmp_path: Path) -> None:
+    """The stream coverage model's ops move megabytes: they are timed cold, and their step
+    gives the in-step share (calibrate.cold); without cold timing the profile has none."""
+    cfg = replace(run_mod.with_cold(TINY), workloads=(), coverage=(), corun_steps=0, replay_rounds=2)
+    assert [j[0] for j in run_mod._capture_jobs(cfg)] == ["coverage:stream/small/sgd"]  # the cold probe
+    profile = run_calibration(quick=True, out=tmp_path / "p.json", progress=False, config=cfg)
+    cold = profile.cold
+    assert cold is not None and cold.n_points > 0 and cold.n_share_ops > 0
+    assert {"relu", "native_layer_norm"} <= set(cold.slope_us_per_mib)
+    assert cold.pooled_us_per_mib[1] > 0.0  # from memory, megabytes cost more than from the caches
+    assert 0.0 <= cold.share <= 1.0
+    loaded = Profile.load(tmp_path / "p.json").cold
+    assert loaded is not None and loaded.to_json() == cold.to_json()
+    off = replace(cfg, cold_per_class=0)
+    assert run_mod._capture_jobs(off) == []  # no cold costs: no probe either
+    assert run_calibration(quick=True, out=tmp_path / "q.json", progress=False, config=replace(off, workloads=("mlp",))).cold is None
+
+
 def test_the_wake_is_timed_at_the_most_threads_and_every_nth_case_at_fewer(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
 
@@ -115,6 +133,27 @@ def test_calibrate_command_prints_a_json_summary(
     assert "mm" in summary["classes"] and "heldout_mape" in summary["classes"]["mm"]
     assert summary["dispatch_us"]["op_us"] > 0
     assert summary["wall_s"] >= 0
+    assert summary["cold"] is None  # not asked for
+
+
+def test_calibrate_cold_measures_cold_costs_on_top_of_the_preset(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[CalibrationConfig] = []
+
+    def fake_run(quick: bool, out: Path, progress: bool, config: CalibrationConfig | None) -> Profile:
+        assert config is not None
+        seen.append(config)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(run_mod, "run_calibration", fake_run)
+    parser = argparse.ArgumentParser(prog="schedlab")
+    calibrate_cmd.register(parser.add_subparsers(dest="command"))
+    for argv, per_class in ((["--quick", "--cold"], 4), (["--cold", "--threads", "1"], 8)):
+        args = parser.parse_args(["calibrate", *argv, "--out", "/tmp/schedlab-test-never-written.json"])
+        with pytest.raises(SystemExit):
+            args.handler(args)
+        assert seen[-1].cold_per_class == per_class
+    assert seen[-1].threads == (1,) and seen[-1].quick is False
+    assert run_mod.quick_config().cold_per_class == 0 and run_mod.full_config().cold_per_class == 0
 
 
 def test_calibrate_command_defaults_to_the_profile_simulate_reads() -> None:
