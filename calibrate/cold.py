@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from schedlab.graph import COMPUTE_CLASSES
+
 MIB = float(1 << 20)
 MIN_INPUT_BYTES = 1 << 20  # a call reading less has a cold extra within the timing noise
 SHARE_MIN_US = 20.0  # replayed ops whose cold extra is smaller say little of the share,
@@ -108,7 +110,11 @@ class ColdCosts:
         return self.slope(op_class, threads) * max(0.0, nbytes) / MIB
 
     def extra_us(self, op_class: str, nbytes: float, threads: int) -> float:
-        """What such a call pays in a step: the share of `cold_us`."""
+        """What such a call pays in a step: the share of `cold_us`; nothing for a
+        compute-bound class (`graph.COMPUTE_CLASSES`: charged, the built-in cnn's
+        convolutions came out 16-21% slow)."""
+        if op_class in COMPUTE_CLASSES:
+            return 0.0
         return self.share * self.cold_us(op_class, nbytes, threads)
 
     def to_json(self) -> dict[str, Any]:

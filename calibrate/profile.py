@@ -100,7 +100,7 @@ from schedlab.calibrate.views import NO_VIEW_COSTS, ViewCosts
 from schedlab.calibrate.wake import POOLED, WakeFit, region_share, wake_share
 from schedlab.distribute import ALL_REDUCE, RECV, SEND
 from schedlab.errors import SchedlabError
-from schedlab.graph import COMPUTE_CLASSES, Graph, Op, OpKind
+from schedlab.graph import Graph, Op, OpKind
 from schedlab.machine import Machine
 from schedlab.paths import default_profile_path
 from schedlab.sim.comm import CommOpCost
@@ -227,9 +227,9 @@ class Profile:
     def cold_us(self, op: Op, threads: int) -> float:
         """What `op` pays, at `threads`, in a step for its data not being in the caches
         (`calibrate.cold`: the in-step share of its class's cold extra per MiB it moves); 0
-        for a view, a compute-bound class (`graph.COMPUTE_CLASSES`: charged, the built-in
-        cnn's convolutions came out 16-21% slow), or a Profile without cold costs."""
-        if self.cold is None or op.is_view or op.op_class in COMPUTE_CLASSES:
+        for a view, a compute-bound class (`ColdCosts.extra_us`), or a Profile without
+        cold costs."""
+        if self.cold is None or op.is_view:
             return 0.0
         return self.cold.extra_us(op.op_class, op.bytes_moved, max(1, threads))
 

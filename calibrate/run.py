@@ -50,7 +50,7 @@ from schedlab.calibrate.views import ViewCosts, ViewPoint, fit_views, view_key
 from schedlab.calibrate.wake import WAKE_REPS, WakePoint, fit_wake, fit_wake_scale, time_wake, wake_reps
 from schedlab.errors import SchedlabError
 from schedlab.exec.threads import set_intra_op_threads
-from schedlab.graph import Graph
+from schedlab.graph import COMPUTE_CLASSES, Graph
 from schedlab.machine import Machine
 from schedlab.workloads import BUILTIN_WORKLOADS, Workload
 
@@ -442,7 +442,9 @@ def _fit_cold(acc: _Bench) -> ColdCosts:
     """The cold costs (`calibrate.cold`): slopes from the calls timed cold, the in-step share
     from the replayed ops that ran in a step after their target's first use."""
     hot = _hot_us(acc)
-    replayed = [o for o in acc.occurrences if o.signature in hot and not o.first_use]  # a view moves no bytes: no extra
+    replayed = [  # the ops the share is charged to; a view moves no bytes
+        o for o in acc.occurrences if o.signature in hot and not o.first_use and o.op_class not in COMPUTE_CLASSES
+    ]
 
     def excess(cold_us: Callable[[str, str, float], float]) -> Iterator[tuple[float, float, float]]:
         for o in replayed:

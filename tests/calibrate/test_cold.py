@@ -77,6 +77,7 @@ def test_a_class_without_slopes_takes_the_pooled_ones_and_threads_take_the_neare
     assert c.extra_us("gelu", M, 2) == pytest.approx(0.5 * 8.0)  # pooled, 1 thread is the nearest below 2
     assert c.extra_us("gelu", M, 4) == pytest.approx(0.5 * 2.0)
     assert ColdCosts(0.5, {}, {}).extra_us("gelu", M, 1) == 0.0
+    assert c.extra_us("convolution", M, 1) == 0.0 and c.cold_us("convolution", M, 1) == pytest.approx(8.0)
 
 
 def test_cold_costs_round_trip_and_reject_what_cannot_be_a_cost() -> None:
