@@ -41,7 +41,6 @@ step whose data fits the caches better.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -50,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from schedlab.graph import COMPUTE_CLASSES
+from schedlab.io import json_number
 
 MIB = float(1 << 20)
 MIN_INPUT_BYTES = 1 << 20  # a call reading less has a cold extra within the timing noise
@@ -135,27 +135,28 @@ class ColdCosts:
         if not isinstance(d, dict):
             raise TypeError(f"expected an object, got {type(d).__name__}")
 
-        def number(v: Any, what: str) -> float:
-            x = float(v)
-            if not math.isfinite(x) or x < 0:
-                raise ValueError(f"{what} must be a finite number >= 0, not {v!r}")
-            return x
-
         def row(raw: Any, what: str) -> dict[int, float]:
             if not isinstance(raw, dict):
                 raise TypeError(f"{what} must be an object of threads -> us per MiB")
-            return {int(k): number(v, f"{what}.{k}") for k, v in raw.items()}
+            return {int(k): json_number(v, f"{what}.{k}", minimum=0.0) for k, v in raw.items()}
 
         slopes = d.get("slope_us_per_mib", {})
         if not isinstance(slopes, dict):
             raise TypeError("slope_us_per_mib must be an object of op class -> threads -> us per MiB")
         return ColdCosts(
-            share=number(d.get("share", 0.0), "share"),
+            share=_share(d.get("share", 0.0)),
             slope_us_per_mib={str(c): row(r, f"slope_us_per_mib.{c}") for c, r in slopes.items()},
             pooled_us_per_mib=row(d.get("pooled_us_per_mib", {}), "pooled_us_per_mib"),
             n_points=int(d.get("n_points", 0)),
             n_share_ops=int(d.get("n_share_ops", 0)),
         )
+
+
+def _share(v: Any) -> float:
+    x = json_number(v, "share", minimum=0.0)
+    if x > 1.0:
+        raise ValueError(f"share must lie in [0, 1], not {v!r}")
+    return x
 
 
 class Evictor:

@@ -39,13 +39,13 @@ target in program order (`first_uses`); an unbound Profile charges none.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from schedlab.graph import Graph
+from schedlab.io import json_number
 
 
 def first_uses(graph: Graph) -> frozenset[int]:
@@ -99,23 +99,17 @@ class ContextCosts:
         if not isinstance(d, dict):
             raise TypeError(f"expected an object, got {type(d).__name__}")
 
-        def number(v: Any, what: str) -> float:
-            x = float(v)
-            if not math.isfinite(x):
-                raise ValueError(f"{what} must be a finite number, not {v!r}")
-            return x
-
         def table(key: str) -> dict[str, float]:
             raw = d.get(key, {})
             if not isinstance(raw, dict):
                 raise TypeError(f"{key} must be an object of op class -> us")
-            return {str(k): number(v, f"{key}.{k}") for k, v in raw.items()}
+            return {str(k): json_number(v, f"{key}.{k}") for k, v in raw.items()}
 
         return ContextCosts(
             warm_us=table("warm_us"),
-            warm_fallback_us=number(d.get("warm_fallback_us", 0.0), "warm_fallback_us"),
+            warm_fallback_us=json_number(d.get("warm_fallback_us", 0.0), "warm_fallback_us"),
             first_use_us=table("first_use_us"),
-            first_use_fallback_us=number(d.get("first_use_fallback_us", 0.0), "first_use_fallback_us"),
+            first_use_fallback_us=json_number(d.get("first_use_fallback_us", 0.0), "first_use_fallback_us"),
         )
 
 

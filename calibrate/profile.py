@@ -10,11 +10,12 @@ A Profile implements `sim.cost.CostModel`. `kernel_us(op, threads)` looks up, in
 3. for a class never measured, or whose fit is not trusted (`ClassFit.trusted`), the machine's roofline (`calibrate.roofline`: peak FLOP/s
    and memory bandwidth measured in calibration); a Profile without one (version 1
    files) uses the model fitted on every memory-bound point (`fallback`).
+   `coverage(graph)` counts the ops of a graph that fell through to it.
 
 Whichever answers, the kernel is as it runs in a step, plus what its data not being in the
-caches costs there (`cold_us`, `calibrate.cold`) and, in a Profile bound to a graph
-(`for_graph`), the first use of its target (`first_use_us`, `calibrate.context`).
-   `coverage(graph)` counts the ops of a graph that fell through to it.
+caches costs there (`cold_us`, `calibrate.cold`; profiles of `calibrate --cold` only) and,
+in a Profile bound to a graph (`for_graph`), the first use of its target (`first_use_us`,
+`calibrate.context`).
 
 Views cost no kernel time: only dispatch (`dispatch_us`), the probe view's plus what
 the view's own call costs beyond it (`calibrate.views`). `dispatch_us` is the executor's

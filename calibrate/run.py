@@ -223,6 +223,9 @@ def _bench(
         on_done()
 
 
+COLD_ALWAYS_US = 2000.0  # longer replayed calls, mostly compute-bound, are timed cold only up to the class quota
+
+
 def _time_cold(case: Case, hot_us: dict[int, float], cfg: CalibrationConfig, acc: _Bench) -> None:
     """Time `case` cold (`calibrate.cold.time_cold`) if its inputs hold at least
     `MIN_INPUT_BYTES`: a call of a replayed graph of at most `COLD_ALWAYS_US` (the in-step
@@ -239,9 +242,6 @@ def _time_cold(case: Case, hot_us: dict[int, float], cfg: CalibrationConfig, acc
         return
     extra = time_cold(case.fn, case.args, case.kwargs, threads, set_intra_op_threads, acc.evict)
     acc.cold += [ColdPoint(cls, case.nbytes, k, us, case.signature) for k, us in extra.items()]
-
-
-COLD_ALWAYS_US = 2000.0  # longer replayed calls, mostly compute-bound, are timed cold only up to the class quota
 
 
 def _light(case: Case) -> Case:

@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--cold", action="store_true",
         help="also measure what a step pays for data not in the caches (memory-bound calls of a MiB or more timed "
         "after an eviction, and the share of that a replayed step pays), which the profile then charges to "
-        "memory-bound ops; about 10 s more with --quick. Off by default: it did not predict the held-out models' "
+        "memory-bound ops; about 6 s more with --quick. Off by default: it did not predict the held-out models' "
         "steps better (README, \"Cold data\")",
     )
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
@@ -370,6 +370,8 @@ def run(args: argparse.Namespace) -> int:
 
     if getattr(args, "links", False) and getattr(args, "cuda", False):
         raise SchedlabError("--links and --cuda each re-measure one part of the profile: give one of them")
+    if getattr(args, "cold", False) and (getattr(args, "links", False) or getattr(args, "cuda", False)):
+        raise SchedlabError("--cold goes with the CPU calibration: --links and --cuda measure other parts of the profile")
     if getattr(args, "links", False):
         return run_links(args)
     if getattr(args, "size", None) is not None and not getattr(args, "cuda", False):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -150,3 +151,13 @@ def read_json(path: str | Path, what: str = "file") -> Any:
         raise SchedlabError(
             f"{what} file {path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})"
         ) from None
+
+
+def json_number(v: Any, what: str, minimum: float | None = None) -> float:
+    """`v` read from JSON as a float; a ValueError naming `what` where it is not a finite
+    number or lies below `minimum`."""
+    x = float(v)
+    if not math.isfinite(x) or (minimum is not None and x < minimum):
+        bound = "" if minimum is None else f" >= {minimum:g}"
+        raise ValueError(f"{what} must be a finite number{bound}, not {v!r}")
+    return x

@@ -83,7 +83,7 @@ def test_a_class_without_slopes_takes_the_pooled_ones_and_threads_take_the_neare
 def test_cold_costs_round_trip_and_reject_what_cannot_be_a_cost() -> None:
     c = costs()
     assert ColdCosts.from_json(json.loads(json.dumps(c.to_json()))) == c
-    for bad in ({"share": -0.1}, {"share": float("nan")}, {"slope_us_per_mib": {"relu": {"1": -3}}},
+    for bad in ({"share": -0.1}, {"share": 1.5}, {"share": float("nan")}, {"slope_us_per_mib": {"relu": {"1": -3}}},
                 {"slope_us_per_mib": [1]}, {"pooled_us_per_mib": {"x": 1}}):
         with pytest.raises((TypeError, ValueError)):
             ColdCosts.from_json({**c.to_json(), **bad})

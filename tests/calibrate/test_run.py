@@ -17,6 +17,7 @@ from schedlab.calibrate.timing import RetryBudget, TimingConfig
 from schedlab.calibrate.wake import POOLED
 from schedlab.capture import capture
 from schedlab.cli import calibrate_cmd
+from schedlab.errors import SchedlabError
 from schedlab.workloads import load_workload
 
 TINY = CalibrationConfig(
@@ -153,6 +154,10 @@ def test_calibrate_cold_measures_cold_costs_on_top_of_the_preset(monkeypatch: py
             args.handler(args)
         assert seen[-1].cold_per_class == per_class
     assert seen[-1].threads == (1,) and seen[-1].quick is False
+    for other in ("--links", "--cuda"):
+        args = parser.parse_args(["calibrate", "--cold", other])
+        with pytest.raises(SchedlabError, match="--cold goes with the CPU calibration"):
+            args.handler(args)
     assert run_mod.quick_config().cold_per_class == 0 and run_mod.full_config().cold_per_class == 0
 
 

@@ -76,3 +76,16 @@ def test_swap_dir_replaces_a_folder_and_puts_it_back_on_failure(tmp_path: Path) 
         swap_dir(staged, final, then=lambda: written.append(sorted(p.name for p in final.iterdir())[0]))
     assert written == ["d.txt"]  # `then` runs with the new folder in place
     assert [p.name for p in tmp_path.iterdir()] == ["report"] and [p.name for p in final.iterdir()] == ["d.txt"]
+
+
+def test_json_number_reads_finite_numbers_and_names_what_is_wrong() -> None:
+    from schedlab.io import json_number
+
+    assert json_number(3, "x") == 3.0 and json_number("-2.5", "x") == -2.5
+    assert json_number(0, "x", minimum=0.0) == 0.0
+    for bad, minimum, says in ((float("inf"), None, "x must be a finite number,"), ("nan", None, "finite"),
+                               (-1, 0.0, "x must be a finite number >= 0")):
+        with pytest.raises(ValueError, match=says):
+            json_number(bad, "x", minimum=minimum)
+    with pytest.raises(ValueError):
+        json_number("many", "x")
