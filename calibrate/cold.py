@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from schedlab.graph import COMPUTE_CLASSES
 from schedlab.io import json_number
@@ -232,22 +232,35 @@ def fit_share(replayed: Iterable[tuple[float, float, float]]) -> tuple[float, in
     return min(1.0, max(0.0, statistics.median(ratios))), len(ratios)
 
 
-def fit_cold(
-    points: Sequence[ColdPoint],
-    replayed: Callable[[Callable[[str, str, float], float]], Iterable[tuple[float, float, float]]],
-) -> ColdCosts:
-    """The cold costs from the calls timed cold, and the share from `replayed(cold_us)`:
-    the (excess over hot in a step, `cold_us(signature, op class, bytes)`, hot time) of
-    each replayed op, where `cold_us` is the one-thread cold extra timed for that
-    signature, else its class's slope times its bytes."""
+class ReplayedOp(NamedTuple):
+    """One op of a replayed calibration graph, as the share is fitted on it."""
+
+    signature: str
+    op_class: str
+    nbytes: int
+    excess_us: float  # its time in the step less its hot call
+    hot_us: float
+
+
+def cold_lookup(points: Sequence[ColdPoint]) -> Callable[[str, str, float], float]:
+    """`cold_us(signature, op class, bytes)`: the one-thread cold extra timed for that
+    signature, else its class's slope (or the pooled one) times its bytes."""
     slopes, pooled = fit_slopes(points)
-    unit = ColdCosts(1.0, slopes, pooled, len(points))
+    unit = ColdCosts(1.0, slopes, pooled)
     own = {p.signature: p.extra_us for p in points if p.threads == 1 and p.signature}
 
     def cold_us(signature: str, op_class: str, nbytes: float) -> float:
         return own[signature] if signature in own else unit.cold_us(op_class, nbytes, 1)
 
-    share, n = fit_share(replayed(cold_us))
+    return cold_us
+
+
+def fit_cold(points: Sequence[ColdPoint], replayed: Iterable[ReplayedOp]) -> ColdCosts:
+    """The cold costs from the calls timed cold, and the share (`fit_share`) from the
+    replayed ops, each divided by its cold extra (`cold_lookup`)."""
+    slopes, pooled = fit_slopes(points)
+    cold_us = cold_lookup(points)
+    share, n = fit_share((o.excess_us, cold_us(o.signature, o.op_class, o.nbytes), o.hot_us) for o in replayed)
     return ColdCosts(share, slopes, pooled, len(points), n)
 
 

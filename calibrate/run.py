@@ -27,7 +27,16 @@ from typing import Any
 from tqdm import tqdm
 
 from schedlab.calibrate.cases import Case, new_signatures, workload_cases
-from schedlab.calibrate.cold import MIN_INPUT_BYTES, ColdCosts, ColdPoint, Evictor, fit_cold, tensor_bytes, time_cold
+from schedlab.calibrate.cold import (
+    MIN_INPUT_BYTES,
+    ColdCosts,
+    ColdPoint,
+    Evictor,
+    ReplayedOp,
+    fit_cold,
+    tensor_bytes,
+    time_cold,
+)
 from schedlab.calibrate.context import ContextCosts, Occurrence, bounded_warm, first_uses, fit_context
 from schedlab.calibrate.corun import measure_corun
 from schedlab.calibrate.corun_fit import CorunRun, fit_corun_latency, measure_corun_runs
@@ -443,15 +452,11 @@ def _fit_cold(acc: _Bench) -> ColdCosts:
     from the replayed ops that ran in a step after their target's first use."""
     hot = _hot_us(acc)
     replayed = [  # the ops the share is charged to; a view moves no bytes
-        o for o in acc.occurrences if o.signature in hot and not o.first_use and o.op_class not in COMPUTE_CLASSES
+        ReplayedOp(o.signature, o.op_class, o.nbytes, o.in_seq_us - hot[o.signature], hot[o.signature])
+        for o in acc.occurrences
+        if o.signature in hot and not o.first_use and o.op_class not in COMPUTE_CLASSES
     ]
-
-    def excess(cold_us: Callable[[str, str, float], float]) -> Iterator[tuple[float, float, float]]:
-        for o in replayed:
-            hot_us = hot[o.signature]
-            yield o.in_seq_us - hot_us, cold_us(o.signature, o.op_class, o.nbytes), hot_us
-
-    return fit_cold(acc.cold, excess)
+    return fit_cold(acc.cold, replayed)
 
 
 def _in_step(

@@ -123,8 +123,8 @@ def trace_figures(
 
     `less_us(op, threads)` is taken off each of `op`'s events first: what the event holds
     beyond the op's kernel in a step (the first use of its target, `calibrate.context`;
-    its inputs evicted from the caches, `calibrate.cold`), so that the table keeps what
-    the op costs wherever it runs.
+    its data not in the caches, `calibrate.cold`), so that the table keeps what the op
+    costs wherever it runs.
     """
     _check(trace, graph)
     events = [e for e in trace.events if e.kind not in _NOT_KERNELS]

@@ -5,13 +5,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from schedlab.calibrate import Profile
-from schedlab.calibrate.cold import MIB, SHARE_MIN_US, ColdCosts, ColdPoint, fit_cold, fit_share, fit_slopes, time_cold
+from schedlab.calibrate.cold import (
+    MIB,
+    SHARE_MIN_US,
+    ColdCosts,
+    ColdPoint,
+    ReplayedOp,
+    cold_lookup,
+    fit_cold,
+    fit_share,
+    fit_slopes,
+    time_cold,
+)
 from schedlab.calibrate.context import Occurrence, fit_context
 from schedlab.errors import SchedlabError
 from schedlab.trace import Trace, TraceEvent
@@ -54,13 +64,13 @@ def test_fit_cold_divides_each_replayed_op_by_its_own_cold_extra_else_its_class_
         ColdPoint("relu", 4 * M, 2, 60.0, "relu/a"),
     ]
 
-    def excess(cold_us: Callable[[str, str, float], float]) -> list[tuple[float, float, float]]:
-        assert cold_us("relu/a", "relu", 4 * M) == pytest.approx(100.0)  # its own, one thread
-        assert cold_us("relu/b", "relu", 8 * M) == pytest.approx(200.0)  # not timed cold: the slope
-        return [(70.0, cold_us("relu/a", "relu", 4 * M), 100.0), (140.0, cold_us("relu/b", "relu", 8 * M), 200.0),
-                (150.0, cold_us("relu/b", "relu", 8 * M), 200.0)]
+    cold_us = cold_lookup(points)
+    assert cold_us("relu/a", "relu", 4 * M) == pytest.approx(100.0)  # its own, one thread
+    assert cold_us("relu/b", "relu", 8 * M) == pytest.approx(200.0)  # not timed cold: the slope
+    replayed = [ReplayedOp("relu/a", "relu", 4 * M, 70.0, 100.0), ReplayedOp("relu/b", "relu", 8 * M, 140.0, 200.0),
+                ReplayedOp("relu/b", "relu", 8 * M, 150.0, 200.0)]
 
-    costs = fit_cold(points, excess)
+    costs = fit_cold(points, replayed)
     assert costs.share == pytest.approx(0.7) and costs.n_share_ops == 3 and costs.n_points == 2
     assert costs.extra_us("relu", 8 * M, 1) == pytest.approx(140.0)
     assert costs.extra_us("relu", 8 * M, 2) == pytest.approx(0.7 * 15.0 * 8)
