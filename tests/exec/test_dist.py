@@ -19,9 +19,12 @@ from typing import Any
 import pytest
 import torch
 
+from schedlab.capture import capture
+from schedlab.data_parallel import plan_step
 from schedlab.distribute import ALL_REDUCE
 from schedlab.errors import SchedlabError
 from schedlab.exec.check import check_step
+from schedlab.exec.dist import p2p_directions
 from schedlab.exec.launch import run_ranks
 from schedlab.graph import Graph, GraphInput, GraphOutput, InputRole, Op, OpKind, OutputRole, TensorMeta
 from schedlab.machine import Machine, detect_host, host_ranks
@@ -110,6 +113,24 @@ def test_transformer_on_three_ranks_matches_eager(tmp_path: Path) -> None:
 def test_layer_split_on_two_ranks_matches_eager(name: str, tmp_path: Path) -> None:
     _, c = captured_workload(name)
     check_run(name, blocks(c.graph, 2), 2, tmp_path)  # type: ignore[attr-defined]
+
+
+def test_each_direction_between_ranks_gets_its_own_point_to_point_group() -> None:
+    """A rank's sends to a peer and its receives from it go through two groups (one per
+    direction: `exec.dist`'s docstring says why), made for the directions sends take."""
+    _, c = captured_workload("transformer")
+    graph = c.graph  # type: ignore[attr-defined]
+    machine = host_ranks(3)
+    rank_of = {d.id: d.process for d in machine.devices}
+    resolved = resolve(graph, Plan(layer_devices=blocks(graph, 3)), machine)
+    run_graph = resolved.run_graph(graph)
+    # A chain of blocks: activations forward (0 -> 1 -> 2), gradients back (2 -> 1 -> 0), and
+    # the inputs rank 0 holds that the last block reads (0 -> 2; nothing flows back to them).
+    assert p2p_directions(run_graph, resolved.device, rank_of) == [(0, 1), (0, 2), (1, 0), (1, 2), (2, 1)]
+    w, _ = captured_workload("mlp")
+    step = plan_step(w, 2, lambda part: capture(part, "sgd"))  # type: ignore[arg-type]
+    dp = resolve(step.graph, Plan(replicas=2), host_ranks(2))
+    assert p2p_directions(dp.run_graph(step.graph), dp.device, {"cpu0": 0, "cpu1": 1}) == []  # all-reduces only
 
 
 @pytest.mark.slow
