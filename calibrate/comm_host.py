@@ -16,8 +16,9 @@ a table over sizes (`CostTable` says why not a line):
 - ``recv_wait``: ``is_completed()`` and ``wait()`` of a receive whose data is there;
 - ``allreduce_flatten``: the bucket's gradients reshaped and concatenated (one tensor:
   cloned) into one buffer, over 1 and 16 tensors;
-- ``allreduce_post``: ``dist.all_reduce(buffer, async_op=True)``;
-- ``allreduce_wait``: ``wait()`` of an all-reduce that completed;
+- ``allreduce_post``: starting the sum as `exec.reduce` does (between 2 ranks, posting
+  the exchange's receive and its send);
+- ``allreduce_wait``: ``wait()`` of an all-reduce that completed (the exchange's add too);
 - ``allreduce_average``: ``div_`` by the group's size and one view per gradient.
 
 And one figure of the collective itself, `HostCosts.collective_cpu_share`: gloo on CPU
@@ -48,16 +49,18 @@ fixed costs off the link's latency and the collective's time (`HostCosts.p2p_ove
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from schedlab.errors import SchedlabError
+
+if TYPE_CHECKING:
+    from schedlab.exec.reduce import Reducer
 
 PARTS = (
     "send", "recv_post", "recv_wait", "allreduce_flatten", "allreduce_post", "allreduce_wait", "allreduce_average",
@@ -376,8 +379,11 @@ def measure_host_costs(
     import torch
     import torch.distributed as dist
 
+    from schedlab.exec.reduce import world_reducer
+
     pg: Any = dist.group.WORLD
     world = dist.get_world_size()
+    reducer = world_reducer(rank, world)
     cases = host_cases(sizes)
     rounds_us: dict[tuple[str, int, int], list[float]] = {}
     tag = HOST_TAG  # apart from other tags of the benchmark
@@ -386,7 +392,7 @@ def measure_host_costs(
             samples: dict[str, list[float]] = {}
             for _ in range(reps):
                 tag += 2
-                got = _one_rep(rank, world, pg, nbytes, k, tag, timeout_s, torch, dist)
+                got = _one_rep(rank, world, pg, reducer, nbytes, k, tag, timeout_s, torch, dist)
                 for part, us in got.items():
                     samples.setdefault(part, []).append(us)
             meds = {p: statistics.median(v) for p, v in samples.items()}
@@ -411,14 +417,15 @@ def measure_host_costs(
 
 
 def _one_rep(
-    rank: int, world: int, pg: Any, nbytes: int, k: int, tag: int, timeout_s: float, torch: Any, dist: Any
+    rank: int, world: int, pg: Any, reducer: Reducer, nbytes: int, k: int, tag: int, timeout_s: float, torch: Any,
+    dist: Any,
 ) -> dict[str, float]:
     """One repetition of every part; times in µs on this rank."""
     ns = time.perf_counter_ns
     out: dict[str, float] = {}
     n = max(1, nbytes // 4)
     if k == 1 and nbytes >= CPU_MIN_BYTES:
-        out.update(_collective_cpu(nbytes, torch, dist))
+        out.update(_collective_cpu(reducer, nbytes, torch, dist))
     if k == 1:  # send and receive: ranks 0 and 1; rank 0 times them
         out.update(_transfer_cpu(rank, pg, nbytes, P2P_CPU_TAG + (tag - HOST_TAG) * P2P_CPU_MSGS, torch, dist))
         value = torch.ones(n)
@@ -452,13 +459,12 @@ def _one_rep(
     flat_parts = [p.reshape(-1) for p in parts]
     flat = torch.cat(flat_parts) if k > 1 else flat_parts[0].clone()
     t1 = ns()
-    work = dist.all_reduce(flat, async_op=True)
+    work = reducer.start(flat, tag=0)
     t2 = ns()
-    deadline = time.monotonic() + timeout_s
-    while not work.is_completed():
-        if time.monotonic() > deadline:
-            raise SchedlabError(f"host costs: an all-reduce of {nbytes} B did not complete within {timeout_s:g} s")
-        os.sched_yield()
+    try:
+        work.settle(timeout_s)
+    except SchedlabError as e:
+        raise SchedlabError(f"host costs: {nbytes} B: {e}") from None
     t3 = ns()
     work.wait()
     t4 = ns()
@@ -474,19 +480,19 @@ def _one_rep(
     return out
 
 
-def _collective_cpu(nbytes: int, torch: Any, dist: Any) -> dict[str, float]:
+def _collective_cpu(reducer: Reducer, nbytes: int, torch: Any, dist: Any) -> dict[str, float]:
     """An all-reduce of `nbytes` alone, and what it adds to a compute loop (matrix products)
     that both ranks run while it is in flight, the loop long enough to outlast it (µs)."""
     buf = torch.zeros(max(1, nbytes // 4))
     dist.barrier()
     t0 = time.perf_counter()
-    dist.all_reduce(buf)
+    reducer.start(buf, tag=0).wait()
     alone_s = time.perf_counter() - t0
     loop = _loop_for(3.0 * alone_s + 1e-3, torch)
     dist.barrier()
     loop_alone_s = loop()
     dist.barrier()
-    work = dist.all_reduce(buf, async_op=True)
+    work = reducer.start(buf, tag=0)
     loop_with_s = loop()
     work.wait()
     return {"allreduce_alone": alone_s * 1e6, "allreduce_cpu": max(1e-3, (loop_with_s - loop_alone_s) * 1e6)}

@@ -4,7 +4,9 @@
 ranks (env:// rendezvous: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), each pinned to its
 share of this host's cores (`rank_cores`) with one intra-op thread, and returns what rank
 0 measured: per message size, the median time of a send/recv ping-pong's one way (half
-the round trip) and of an all-reduce (SUM of a float32 tensor, the slowest rank's median).
+the round trip) and of an all-reduce (SUM of a float32 tensor, the slowest rank's median),
+both made as the executor makes them: each way of the ping-pong on its own direction's
+process group, the all-reduce as `exec.reduce` starts it.
 
 Every wait has a timeout: the parent gives the whole world `timeout_s` (start-up,
 rendezvous and measuring) and gloo's collectives time out after the same; a rank that
@@ -41,6 +43,7 @@ from typing import Any
 
 from schedlab.calibrate.comm_host import measure_host_costs
 from schedlab.errors import SchedlabError
+from schedlab.exec.reduce import Reducer, direction_groups, link, world_reducer
 
 RANK_JOIN_S = 5.0  # how long a finished, terminated or killed rank is given to exit
 _POLL_S = 0.5  # how often the parent looks for a dead rank while waiting
@@ -211,8 +214,10 @@ def rank_main(rank: int, world: int, port: int, task: RankTask, results: Any) ->
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=task.collective_timeout_s))
         try:
-            p2p = _measure(rank, task, results, "p2p", _ping_pong) if task.p2p else _Series()
-            ar = _measure(rank, task, results, "all-reduce", _allreduce) if task.allreduce else _Series()
+            p2p = (_measure(rank, task, results, "p2p", _ping_pong(direction_groups([(0, 1), (1, 0)])))
+                   if task.p2p else _Series())
+            ar = (_measure(rank, task, results, "all-reduce", _allreduce(world_reducer(rank, world)))
+                  if task.allreduce else _Series())
             host = {}
             if task.host:
                 host = measure_host_costs(rank, task.sizes, task.host_reps, task.rounds, task.collective_timeout_s,
@@ -237,33 +242,44 @@ class _Series:
     rounds_s: dict[int, list[float]] = field(default_factory=dict)
 
 
-def _ping_pong(rank: int, buf: Any) -> Callable[[], float]:
-    """One way of a round trip between ranks 0 and 1 (other ranks do nothing)."""
-    import torch.distributed as dist
+def _ping_pong(directions: dict[tuple[int, int], Any]) -> Callable[[int, Any], Callable[[], float]]:
+    """One way of a round trip between ranks 0 and 1 (other ranks do nothing), each way on
+    its own direction's group as the executor sends (`exec.reduce.direction_groups`)."""
 
-    def once() -> float:
-        t0 = time.perf_counter()
-        if rank == 0:
-            dist.send(buf, dst=1)
-            dist.recv(buf, src=1)
-        elif rank == 1:
-            dist.recv(buf, src=0)
-            dist.send(buf, dst=0)
-        return (time.perf_counter() - t0) / 2.0
+    def make(rank: int, buf: Any) -> Callable[[], float]:
+        if rank > 1:
+            return lambda: 0.0
+        (out_group, out_peer), (in_group, in_peer) = (link(directions, rank, 1 - rank, rank),
+                                                      link(directions, 1 - rank, rank, rank))
 
-    return once
+        def once() -> float:
+            t0 = time.perf_counter()
+            if rank == 0:
+                out_group.send([buf], out_peer, 0).wait()
+                in_group.recv([buf], in_peer, 0).wait()
+            else:
+                in_group.recv([buf], in_peer, 0).wait()
+                out_group.send([buf], out_peer, 0).wait()
+            return (time.perf_counter() - t0) / 2.0
+
+        return once
+
+    return make
 
 
-def _allreduce(rank: int, buf: Any) -> Callable[[], float]:
-    """One all-reduce, SUM of zeros (the values stay finite however often it runs)."""
-    import torch.distributed as dist
+def _allreduce(reducer: Reducer) -> Callable[[int, Any], Callable[[], float]]:
+    """One all-reduce as the executor makes it (`exec.reduce`), a sum of zeros (the values
+    stay finite however often it runs)."""
 
-    def once() -> float:
-        t0 = time.perf_counter()
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
-        return time.perf_counter() - t0
+    def make(rank: int, buf: Any) -> Callable[[], float]:
+        def once() -> float:
+            t0 = time.perf_counter()
+            reducer.start(buf, tag=0).wait()
+            return time.perf_counter() - t0
 
-    return once
+        return once
+
+    return make
 
 
 def _measure(
@@ -283,7 +299,7 @@ def _measure(
             once()
         one_s = statistics.median([once() for _ in range(max(1, task.pilot))])
         # a ping-pong repetition is a round trip: twice the one-way time it returns
-        call_s = 2.0 * one_s if make is _ping_pong else one_s
+        call_s = 2.0 * one_s if label == "p2p" else one_s
         want = math.ceil(task.target_s / task.rounds / max(call_s, 1e-7))
         n = torch.tensor([min(task.max_reps, max(task.min_reps, want))], dtype=torch.int64)
         dist.broadcast(n, src=0)  # every rank makes the same calls
@@ -294,7 +310,7 @@ def _measure(
             dist.barrier()
             times = [once() for _ in range(out.reps[nbytes])]
             slowest = torch.tensor([statistics.median(times)], dtype=torch.float64)
-            if make is not _ping_pong:
+            if label != "p2p":
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             out.rounds_s.setdefault(nbytes, []).append(float(slowest.item()))
             _progress(rank, results, f"{label} round {r + 1}/{task.rounds} {nbytes} B")

@@ -21,9 +21,10 @@ communication ops of that device (`schedlab.distribute`):
   (both ranks sending 4 KiB-1 MiB to each other at once, receives posted before, each
   rank pinned to its core, 60 exchanges per size); with a group per direction, in 0-3%.
   Pipelines exchange that way whenever a forward's send meets a backward's.
-- ``schedlab.all_reduce``: its inputs are flattened into one buffer, all-reduced
-  (`async_op=True`) in the bucket's group, divided by the group's size and unflattened
-  into its outputs. Every rank issues its buckets in ascending order.
+- ``schedlab.all_reduce``: its inputs are flattened into one buffer, summed across the
+  bucket's group as `exec.reduce` starts it (two ranks: one exchange over the two
+  directions' groups; more: gloo's all-reduce), divided by the group's size and
+  unflattened into its outputs. Every rank issues its buckets in ascending order.
 
 One slot: the rank runs its ops in the resolved `sequence` (restricted to its device) on
 the calling thread, waiting on a receive at its place in the sequence and on an
@@ -59,6 +60,7 @@ import torch.distributed as dist
 from schedlab.distribute import ALL_REDUCE, RECV, SEND, input_homes, outputs_on
 from schedlab.errors import SchedlabError
 from schedlab.exec.program import Extern, Program, compile_graph
+from schedlab.exec.reduce import Reducer, direction_groups, link, make_reducer, pair_directions
 from schedlab.exec.runner import OpFailed
 from schedlab.exec.workers import ReadyLoop, Span, freeing
 from schedlab.graph import Graph, OpKind
@@ -231,24 +233,25 @@ class RankExecutor:
                     raise SchedlabError(f"op {i} ({op.name}) receives a value with no tensor shape: cannot preallocate it")
         self.recvs = tuple(i for i in self.ops if self.kind[i] == RECV)
         self.recv_index = {i: j for j, i in enumerate(self.recvs)}
-        # Point-to-point groups: one per direction of each pair of ranks that exchange values
-        # (module docstring), every rank creating every group in one order, as all-reduce groups.
-        direction_group = {d: dist.new_group(sorted(d)) for d in p2p_directions(graph, devices, rank_of)}
-        # op -> (its direction's group, the peer's rank in it); the group is called directly:
-        # that skips dist.isend's checks (~10-20 us a call here).
-        self._link: dict[int, tuple[Any, int]] = {}
-        for i, peer in self._peer.items():
-            group = direction_group[(self.rank, peer) if self.kind[i] == SEND else (peer, self.rank)]
-            self._link[i] = (group, dist.get_group_rank(group, peer))
         self._unsent: list[tuple[torch.Tensor, Any, int]] = []  # the last step's sends
-        # All-reduce groups: every rank creates every group, in one order (dist.new_group's rule).
-        self._groups: dict[tuple[int, ...], Any] = {}
+        # Groups: every rank creates every group, in one order (dist.new_group's rule). Each
+        # all-reduce group of more than two ranks has a gloo group; each direction that sends
+        # take, and both of every two-rank all-reduce group, have one of their own (module
+        # docstring; `exec.reduce`).
         world = dist.get_world_size()
         all_groups = sorted({
             tuple(sorted(rank_of[str(d)] for d in op.kwargs["group"])) for op in ops if op.target == ALL_REDUCE
         })
-        for g in all_groups:
-            self._groups[g] = None if len(g) == world else dist.new_group(list(g))
+        gloo_groups = {g: None if len(g) == world else dist.new_group(list(g)) for g in all_groups if len(g) != 2}
+        directions = direction_groups([*p2p_directions(graph, devices, rank_of), *pair_directions(all_groups)])
+        self._reducers: dict[tuple[int, ...], Reducer] = {
+            g: make_reducer(g, rank, directions, gloo_groups.get(g)) for g in all_groups if rank in g
+        }
+        # op -> (its direction's group, the peer's rank in it)
+        self._link: dict[int, tuple[Any, int]] = {
+            i: link(directions, rank, peer, rank) if self.kind[i] == SEND else link(directions, peer, rank, rank)
+            for i, peer in self._peer.items()
+        }
         self._group_of: dict[int, tuple[int, ...]] = {}
         buckets: list[int] = []
         for i in self.ops:
@@ -365,8 +368,8 @@ class RankExecutor:
         flat = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
         if not flat.is_floating_point():
             raise SchedlabError(f"op {i} ({op.name}) averages a {flat.dtype} bucket; only floating-point values can be averaged")
-        group = self._groups[self._group_of[i]]
-        return _Pending(flat=flat, work=dist.all_reduce(flat, group=group, async_op=True), start_ns=t0)
+        work = self._reducers[self._group_of[i]].start(flat, tag=int(op.kwargs["bucket"]))
+        return _Pending(flat=flat, work=work, start_ns=t0)
 
     def _finish_all_reduce(self, i: int, p: _Pending) -> list[torch.Tensor]:
         """The averaged values of all-reduce `i`, in its outputs' order, once it completed."""
