@@ -12,8 +12,10 @@ communication ops of that device (`schedlab.distribute`):
   the graph), completed when its data is there. gloo moves data only once the receiver
   has posted (about 50 us after it, here), and posting costs the receiver tens of
   microseconds, so with one slot a rank posts a receive at its place in the sequence at
-  the latest, and earlier while it idles waiting on an earlier receive; with several
-  slots the communication thread posts them all when the step starts.
+  the latest, and earlier while it idles waiting on an earlier receive. gloo's receive
+  works say they completed only once waited on, so "idles" is every wait: a one-slot rank
+  posts all of its step's receives at its first. With several slots the communication
+  thread posts them all when the step starts.
 - Each direction between two ranks has a process group of its own (`dist.new_group` of
   the two), so a rank's sends to a peer and its receives from it use two gloo pairs, not
   one. On one pair, a send issued while the peer's send the other way arrives stalled

@@ -73,8 +73,9 @@ The model (time unit: microseconds):
   processor-shared with the kernels there; the collective ends when both parts have. Devices issue a group's buckets in ascending order.
   Who does this depends on the device's slots, as in the executor:
   - *one slot*: its one worker walks the device's ops in the resolved `sequence` (a
-    straight-line program): at a recv it posts the receives up to it not posted yet and,
-    if the data is not there, all the others too, then waits; it issues an all-reduce
+    straight-line program): at a recv it posts the receives not posted yet, all of the
+    step's (the executor cannot tell whether a gloo receive's data is there before it
+    waits on it, so its first wait posts them all: `exec.dist`), then waits; it issues an all-reduce
     at its place, and finishes it just before the first op that reads its result (or
     after its last op);
   - *several slots*: its workers take compute ops and sends off the ready heap; one
@@ -225,7 +226,6 @@ class _SimpyRun:
         self.recvs_of: list[list[int]] = [
             [o for o in ops if role is not None and role[o] is Role.RECV] for ops in self.in_sequence
         ]
-        self.recv_index = {o: j for rs in self.recvs_of for j, o in enumerate(rs)}  # recv -> its place in recvs_of
         self.n_posted = [0] * n_dev  # per device: how many of recvs_of[d] are posted (in order)
         self.when_arrived: dict[int, simpy.Event] = {}
         self.settle_pending = False
@@ -315,14 +315,12 @@ class _SimpyRun:
             r = role[o]
             if r is Role.RECV:
                 self._begin(o, RECV_TRACK)
-                yield from self._post_through(d, self.recv_index[o], lock)
+                yield from self._post_through(d, len(self.recvs_of[d]) - 1, lock)  # all: `exec.dist`
                 waited_us = 0.0
-                if not self.arrived[o]:  # it idles: post the step's other receives meanwhile
-                    yield from self._post_through(d, len(self.recvs_of[d]) - 1, lock)
-                    if not self.arrived[o]:
-                        t0 = self.env.now
-                        yield self._arrival_event(o)
-                        waited_us = self.env.now - t0
+                if not self.arrived[o]:
+                    t0 = self.env.now
+                    yield self._arrival_event(o)
+                    waited_us = self.env.now - t0
                 if prep.done_us[o] > 0.0:  # its wait, once the data is there
                     yield from self._hold(lock, d, prep.done_us[o])
                 self._complete(o)
