@@ -27,7 +27,7 @@ So the model has two measured parts (`schedlab calibrate --cold`; off by default
   calibration graphs whose cold extra is at least `SHARE_MIN_US` and `SHARE_MIN_OF_HOT`
   of their hot time, of their excess in the step over hot divided by their own cold
   extra (`fit_share`). Divided by their class's slope instead, and with compute-bound
-  ops in, the share of four quick calibrations came out 0.31 to 0.72; so, 0.67, 0.67 and 0.81.
+  ops in, the share of four quick calibrations came out 0.31 to 0.72; as here, 0.67, 0.67 and 0.81.
   The cold probe (`coverage.COLD_PROBE`) has megabyte tensors so that a quick
   calibration has such ops.
 

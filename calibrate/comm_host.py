@@ -5,9 +5,12 @@ Python and torch.distributed calls on the rank's own thread, holding its interpr
 lock. Between 2 local gloo ranks of one core each these cost tens of microseconds each,
 and the send's and the flatten's grow with the bytes (a send whose receiver has posted
 writes the data into the socket in the caller; a bucket is copied into one buffer) —
-much more than the ~2 µs dispatch of a compute op. Each part is timed here exactly as
-`exec.dist` makes the call, between 2 ranks (`measure_host_costs`, in each rank of the
-link benchmark, `calibrate.link_ranks`), over the benchmark's message sizes, and kept as
+much more than the ~2 µs dispatch of a compute op. Each part is timed here with the
+calls `exec.dist` makes, between 2 ranks (the send and receive parts on the default
+group, one direction at a time, where the executor gives each direction a group of its
+own: the same call on a pair that carries one way only; the all-reduce parts through
+the executor's own `exec.reduce.Reducer`), in each rank of the link benchmark
+(`measure_host_costs`, `calibrate.link_ranks`), over the benchmark's message sizes, and kept as
 a table over sizes (`CostTable` says why not a line):
 
 - ``send``: ``value.contiguous()`` and ``ProcessGroup.send`` with the receive already

@@ -4,25 +4,19 @@ exchange over two directions' groups between two ranks, gloo's all-reduce among 
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from schedlab.exec.launch import free_port
 from schedlab.exec.reduce import ExchangeWork, pair_directions
 
 
 def test_pair_directions_are_both_ways_of_each_two_rank_group() -> None:
     assert pair_directions([(0, 1), (0, 1, 2), (2, 3)]) == [(0, 1), (1, 0), (2, 3), (3, 2)]
     assert pair_directions([(0, 1, 2, 3)]) == []
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _sum_rounds(rank: int, world: int, port: int, out: Any) -> None:
@@ -52,7 +46,7 @@ def _sum_rounds(rank: int, world: int, port: int, out: Any) -> None:
 def test_the_sum_is_right_and_added_once_whatever_the_group(world: int, kind: str) -> None:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_sum_rounds, args=(r, world, port, out)) for r in range(world)]
     for p in procs:
         p.start()
