@@ -56,7 +56,7 @@ step fidelity-cuda 200 $sl fidelity --cuda --slots 1,2,4 --rounds 3 --steps 3 $m
   --out "$w/fidelity-cuda.json"
 # Two built-ins beside them: the host's issue speed swings 1.1-2x from process to process,
 # and `--rescore --refit-issue` re-fits it only from built-ins measured in the same process.
-step fidelity-cuda-portable 150 $sl fidelity --cuda --slots 1 --rounds 2 --steps 3 mlp transformer $portable \
+step fidelity-cuda-portable 120 $sl fidelity --cuda --slots 1 --rounds 2 --steps 3 mlp transformer $portable \
   --profile "$w/profile-cuda.json" --out "$w/fidelity-cuda-portable.json"
 step rescore-cuda-portable 60 $sl fidelity --cuda --rescore "$w/fidelity-cuda-portable.json" --refit-issue \
   --profile "$w/profile-cuda.json" --out "$w/fidelity-cuda-portable-refit.json"
@@ -68,7 +68,7 @@ step fidelity-cuda-gpu 150 $sl fidelity --cuda --size gpu --slots 1,2 --rounds 2
 step rescore-cuda 150 $sl fidelity --cuda --rescore "$w/fidelity-cuda.json" --refit-issue --profile "$w/profile-cuda.json" \
   --out "$w/fidelity-cuda-refit.json"
 threads=$($py -c "n=$cores; print(','.join(str(t) for t in sorted({1 << k for k in range(n.bit_length()) if 1 << k <= n} | {n})))")
-step calibrate-cpu 200 $sl calibrate --quick --threads "$threads" --out "$w/profile-cpu.json" --no-progress
+step calibrate-cpu 240 $sl calibrate --quick --threads "$threads" --out "$w/profile-cpu.json" --no-progress
 step wake-threads 60 $py "$repo/scripts/wake_threads.py" "$w/wake-threads.json"
 groups=${HELDOUT_CPU:-mixer encoder-classifier gru-tagger,conv1d-two-branch depthwise-cnn grouped-resnet,dropout-encoder rnn-regressor,lstm-lm mha-regressor bilstm-classifier}
 IFS=, read -ra group_list <<< "$groups"
