@@ -9,7 +9,8 @@
 #   2. its many CPU cores: a quick CPU calibration over 1..N threads, the simulator's fidelity
 #      over the many-core spread (slots 1/2/4 x threads up to N), and a concurrency search on
 #      the simulator whose top plans are validated on the executor.
-#   3. how the wake cost of throttled OpenMP helpers grows with the team (scripts/wake_threads.py),
+#   3. how the wake cost of throttled OpenMP helpers grows with the team, and whether one-thread
+#      calls time slower right after a call at all the cores (scripts/wake_threads.py),
 #      and multi-rank plans (placed, data parallel, pipelines) on 2 ranks of half the cores each.
 # Usage: scripts/gpu_check.sh OUT_DIR BASE_PROFILE [DEADLINE_S]
 # ONLY="step step ..." runs only the steps named (default every step), in the order below;
