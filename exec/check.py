@@ -26,6 +26,7 @@ from types import MappingProxyType
 import torch
 from torch import nn
 
+from schedlab.data_parallel import uses_batch_stats
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, InputRole, OutputRole
 from schedlab.optim import OPTIMIZERS
@@ -211,6 +212,43 @@ def eager_step(
     return loss
 
 
+def eager_split_step(
+    module: nn.Module, inputs: tuple[torch.Tensor, ...], optimizer: torch.optim.Optimizer, parts: int
+) -> torch.Tensor:
+    """`eager_step` as a plan that splits the batch into `parts` (replicas x micro-batches)
+    and keeps each part's batch statistics runs it: each part's forward and backward on its
+    slice of the inputs along dim 0 (contiguous, in order), the gradients the mean of the
+    parts' (each loss scaled by 1 / parts), one optimizer step, and the loss the mean of the
+    parts'. The running statistics are the first part's, updated from the step's starting
+    values: replica 0's in a data-parallel plan, micro-batch 0's in a pipeline (every
+    micro-batch reads the shared buffers and micro-batch 0 keeps the buffers' names,
+    `schedlab.pipeline_expand`)."""
+    slices = [x.tensor_split(parts) if x.dim() else (x,) * parts for x in inputs]
+    optimizer.zero_grad(set_to_none=True)
+    losses: list[torch.Tensor] = []
+    first: dict[str, torch.Tensor] = {}
+    for p in range(parts):
+        loss = module(*(s[p] for s in slices))
+        (loss / parts).backward()
+        losses.append(loss.detach())
+        if p == 0:
+            first = {n: b.detach().clone() for n, b in module.named_buffers()}
+    with torch.no_grad():
+        for n, b in module.named_buffers():
+            b.copy_(first[n])
+    optimizer.step()
+    return torch.stack(losses).mean()
+
+
+def batch_parts(graph: Graph, run_graph: Graph | None) -> int:
+    """How many parts of the batch keep their own batch statistics when `run_graph` runs the
+    step `graph`: its replicas x micro-batches where `graph` computes batch statistics (a
+    plan may split them only with `split_batch_stats`), else 1 (the full batch's step)."""
+    if run_graph is None or not uses_batch_stats(graph):
+        return 1
+    return int(run_graph.meta.get("replicas", 1)) * int(run_graph.meta.get("micro_batches", 1))
+
+
 def eager_reference(
     module: nn.Module, graph: Graph, input_values: dict[int, torch.Tensor]
 ) -> tuple[nn.Module, tuple[torch.Tensor, ...], torch.optim.Optimizer]:
@@ -241,8 +279,12 @@ def output_diffs(
     outputs: dict[int, torch.Tensor],
     tolerances: Mapping[torch.dtype, Tolerance] = TOLERANCES,
     steps: int = 1,
+    parts: int = 1,
 ) -> list[tuple[OutputRole, TensorDiff]]:
     """Every checked output of one executor step against eager PyTorch from the same values.
+
+    `parts` > 1: the step splits the batch into that many parts, each with its own batch
+    statistics (`batch_parts`), and eager PyTorch runs it so (`eager_split_step`).
 
     `steps` > 1: `outputs` are the last of that many steps run back to back from
     `input_values` (an unrolled graph, `schedlab.steps`), compared with eager PyTorch's
@@ -259,11 +301,15 @@ def output_diffs(
     if steps < 1:
         raise SchedlabError(f"steps must be >= 1, got {steps}")
     ref, user, opt = eager_reference(module, graph, input_values)
+
+    def step() -> torch.Tensor:
+        return eager_step(ref, user, opt) if parts == 1 else eager_split_step(ref, user, opt, parts)
+
     with seeded_random(), EagerSeeded():  # random ops draw what the executor's check step drew
         for _ in range(steps - 1):
-            eager_step(ref, user, opt)
+            step()
         before_last = copy.deepcopy((ref, opt))  # one deepcopy: the optimizer keeps pointing at the copy's params
-        loss = eager_step(ref, user, opt).detach()
+        loss = step().detach()
     grads = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
     buffers = dict(ref.named_buffers())
     out: list[tuple[OutputRole, TensorDiff]] = []
@@ -303,10 +349,13 @@ def check_step(
     graph) and as many eager steps from the same values, and compare the last ones. Random
     ops draw the same numbers on both sides (`schedlab.rng`; a rank's run does that itself),
     except random ops other than dropout over a split batch: `run_graph` (what the plan
-    ran, with its replicas or micro-batches) given, a failed verdict then says so."""
+    ran, with its replicas or micro-batches) given, a failed verdict then says so. A plan
+    whose parts of the batch keep their own batch statistics is compared with eager PyTorch
+    run on the same parts (`batch_parts`, `eager_split_step`)."""
     with seeded_random():
         outputs = run_one_step({v: t.clone() for v, t in input_values.items()})
-    check = NumericCheck.of(output_diffs(module, graph, input_values, outputs, tolerances, steps))
+    parts = batch_parts(graph, run_graph)
+    check = NumericCheck.of(output_diffs(module, graph, input_values, outputs, tolerances, steps, parts))
     draws = split_batch_draws(run_graph) if run_graph is not None and not check.ok() else []
     if draws:
         return dataclasses.replace(check, note=(
