@@ -5,9 +5,9 @@ with libgomp's spinning throttled, as calibration times them at the most threads
 Then the same ops at one thread three ways: among one-thread calls only (as a one-thread
 plan's step runs them), each right after a call at all the cores (the helpers of that team
 still spinning), and as calibration times them (`calibrate.timing.time_point`, rounds over
-1..N threads in turn). On a 16-core Xeon a one-thread step's compute-bound kernels ran
-20-50% under what calibration measured for them (2026-11-27): this says whether the
-calibration's order is the cause.
+1..N threads in turn). On a 16-core Xeon the profile charged a one-thread step's
+compute-bound kernels 20-48% more than they took there (mm 1.24x, addmm 1.25x, convolution
+1.48x, its backward 1.20x; 2026-11-27): this says whether the calibration's order is why.
 
 Usage: python scripts/wake_threads.py [OUT.json]  (prints a table; writes rows as JSON)
 """
