@@ -369,6 +369,7 @@ def host_cases(sizes: Sequence[int]) -> list[tuple[int, int]]:
 
 def measure_host_costs(
     rank: int,
+    reducer: Reducer,
     sizes: Sequence[int],
     reps: int,
     rounds: int,
@@ -376,17 +377,15 @@ def measure_host_costs(
     on_progress: Callable[[str], None] | None = None,
 ) -> dict[str, list[Point]]:
     """Time every part between ranks 0 and 1 of the default gloo group, as `exec.dist` calls
-    it (module docstring); every rank of the group must call it. Returns, on rank 0, per part
+    it (module docstring), its all-reduces through `reducer` (`exec.reduce.world_reducer`);
+    every rank of the group must call it. Returns, on rank 0, per part
     (nbytes, tensors, us): the lowest round median, for an all-reduce part the slower
     rank's; the other ranks return what they measured themselves."""
     import torch
     import torch.distributed as dist
 
-    from schedlab.exec.reduce import world_reducer
-
     pg: Any = dist.group.WORLD
     world = dist.get_world_size()
-    reducer = world_reducer(rank, world)
     cases = host_cases(sizes)
     rounds_us: dict[tuple[str, int, int], list[float]] = {}
     tag = HOST_TAG  # apart from other tags of the benchmark

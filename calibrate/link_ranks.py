@@ -214,14 +214,16 @@ def rank_main(rank: int, world: int, port: int, task: RankTask, results: Any) ->
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=task.collective_timeout_s))
         try:
-            p2p = (_measure(rank, task, results, "p2p", _ping_pong(direction_groups([(0, 1), (1, 0)])))
-                   if task.p2p else _Series())
-            ar = (_measure(rank, task, results, "all-reduce", _allreduce(world_reducer(rank, world)))
-                  if task.allreduce else _Series())
+            # one group per direction between ranks 0 and 1, for the ping-pong and for a
+            # two-rank world's exchanges alike, as the executor shares them
+            directions = direction_groups([(0, 1), (1, 0)])
+            reducer = world_reducer(rank, world, directions)
+            p2p = _measure(rank, task, results, "p2p", _ping_pong(directions)) if task.p2p else _Series()
+            ar = _measure(rank, task, results, "all-reduce", _allreduce(reducer)) if task.allreduce else _Series()
             host = {}
             if task.host:
-                host = measure_host_costs(rank, task.sizes, task.host_reps, task.rounds, task.collective_timeout_s,
-                                          lambda label: _progress(rank, results, label))
+                host = measure_host_costs(rank, reducer, task.sizes, task.host_reps, task.rounds,
+                                          task.collective_timeout_s, lambda label: _progress(rank, results, label))
         finally:
             dist.destroy_process_group()
         if rank == 0:

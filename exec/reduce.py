@@ -128,8 +128,11 @@ def make_reducer(ranks: tuple[int, ...], rank: int, directions: dict[tuple[int, 
     return Reducer(ranks, rank, None, send=link(directions, rank, peer, rank), recv=link(directions, peer, rank, rank))
 
 
-def world_reducer(rank: int, world: int) -> Reducer:
-    """The reducer of every rank of the default group (what the calibrations time); every
-    rank must call it."""
+def world_reducer(rank: int, world: int, directions: dict[tuple[int, int], Any] | None = None) -> Reducer:
+    """The reducer of every rank of the default group (what the calibrations time), over
+    `directions` where the caller made them already (they must hold both of ranks 0 and 1's
+    when `world` is 2), else over groups made here; every rank must call it alike."""
     ranks = tuple(range(world))
-    return make_reducer(ranks, rank, direction_groups(pair_directions([ranks])))
+    if directions is None:
+        directions = direction_groups(pair_directions([ranks]))
+    return make_reducer(ranks, rank, directions)

@@ -315,7 +315,7 @@ class _SimpyRun:
             r = role[o]
             if r is Role.RECV:
                 self._begin(o, RECV_TRACK)
-                yield from self._post_through(d, len(self.recvs_of[d]) - 1, lock)  # all: `exec.dist`
+                yield from self._post_rest(d, lock)  # all of them: `exec.dist`
                 waited_us = 0.0
                 if not self.arrived[o]:
                     t0 = self.env.now
@@ -370,7 +370,7 @@ class _SimpyRun:
         in sequence order, one at a time."""
         assert self.role is not None
         lock = self.procs[self.prep.device_process[d]].lock
-        yield from self._post_through(d, len(self.recvs_of[d]) - 1, lock)  # all of them, as the step starts
+        yield from self._post_rest(d, lock)  # all of them, as the step starts
         for o in self.in_sequence[d]:
             r = self.role[o]
             if r is Role.RECV:
@@ -414,11 +414,11 @@ class _SimpyRun:
             return self.env.timeout(dur_us)
         return server.run(self.prep.n_ops + p, 1, dur_us)
 
-    def _post_through(self, d: int, j: int, lock: simpy.Resource | None) -> Generator[simpy.Event, Any, None]:
-        """Post device `d`'s receives recvs_of[d][..j] not posted yet, in order: each holds the
-        lock for its `dispatch_us` and allocates its buffer; its transfer may then move."""
+    def _post_rest(self, d: int, lock: simpy.Resource | None) -> Generator[simpy.Event, Any, None]:
+        """Post device `d`'s receives not posted yet, in order: each holds the lock for its
+        `dispatch_us` and allocates its buffer; its transfer may then move."""
         recvs = self.recvs_of[d]
-        while self.n_posted[d] <= j:
+        while self.n_posted[d] < len(recvs):
             r = recvs[self.n_posted[d]]
             self.n_posted[d] += 1
             yield from self._hold(lock, d, self.prep.dispatch_us[r])
