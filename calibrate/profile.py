@@ -294,8 +294,9 @@ class Profile:
         the link benchmark measured (`calibrate.comm_host`); None without them (the
         simulator then charges `dispatch_us`).
 
-        A send: its call's fixed part (what grows with the bytes is in the link's fit). A
-        recv: its post (the buffer and the call), and its wait's fixed part once the data is
+        A send: its call, the fixed part under the lock and the part that grows with the
+        bytes (gloo writes the data into the socket in the caller) on the rank's core, the
+        transfer in flight meanwhile (its end is still the link fit's). A recv: its post (the buffer and the call), and its wait's fixed part once the data is
         there. An all-reduce of a bucket of k gradients: the flatten's fixed and
         per-gradient part and the post's fixed part under the lock, the flatten's copy on
         the cores; once its collective ended, the wait's fixed part and the average's fixed
@@ -315,8 +316,9 @@ class Profile:
         after_send = cold.after_send_us if cold else 0.0
         after_wait = cold.points() if cold else ()
         if op.target == SEND:
-            return CommOpCost(t["send"].fixed_us(), transfer_cpu_us=host.transfer_cpu_us(nbytes)[0],
-                              after_us=after_send)
+            send = t["send"]
+            return CommOpCost(send.fixed_us(), post_kernel_us=max(0.0, send.us_at(nbytes) - send.fixed_us()),
+                              transfer_cpu_us=host.transfer_cpu_us(nbytes)[0], after_us=after_send)
         if op.target == RECV:
             return CommOpCost(t["recv_post"].us_at(nbytes), 0.0, t["recv_wait"].fixed_us(),
                               transfer_cpu_us=host.transfer_cpu_us(nbytes)[1], after_wait=after_wait)

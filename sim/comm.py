@@ -86,7 +86,9 @@ class CommOpCost:
     the lock" hold the rank's interpreter lock; the kernels run on its device's cores."""
 
     post_us: float  # under the lock: a send's call, a recv's post, an all-reduce's issue (flatten's Python, post)
-    post_kernel_us: float = 0.0  # an all-reduce's flatten (a copy of its bucket), after its post part
+    # after its post part, on the cores: an all-reduce's flatten (a copy of its bucket); a
+    # send's write of its data into the socket (the caller waits; the transfer is in flight)
+    post_kernel_us: float = 0.0
     done_us: float = 0.0  # under the lock once its data is there: a recv's wait; an all-reduce's wait and average
     done_kernel_us: float = 0.0  # an all-reduce's average (a pass over its bucket), after its done part
     # An all-reduce on a CPU device: the share of its collective's bandwidth part that also

@@ -53,9 +53,11 @@ The model (time unit: microseconds):
 - **Send, recv and all-reduce** (an expanded graph's COMM ops, `sim.comm`), as the
   multi-process executor runs them (`exec.dist`). A send is dispatched like any op
   (`dispatch_us` under the lock) and hands the transfer of `op.bytes_moved` bytes to the
-  link (`sim.interconnect`: latency plus bytes over bandwidth, contended by name): the
-  send ends there, as an isend does, and its input stays referenced until the transfer
-  ends. A recv is *posted* (`dispatch_us` under the lock; its buffer is allocated then),
+  link (`sim.interconnect`: latency plus bytes over bandwidth, contended by name); the
+  send ends once its caller wrote the data (a one-thread kernel on its device's cores,
+  `CommOpCost.post_kernel_us`, in flight beside the transfer: gloo writes into the socket
+  in the caller; with no measured write, at once, as an isend returns), and its input
+  stays referenced until the transfer ends. A recv is *posted* (`dispatch_us` under the lock; its buffer is allocated then),
   and its transfer starts when both the send was handed off and the recv was posted
   (gloo moves data only to a posted receive); it ends when the data is there, and its
   consumers become ready on the receiving process (after its done part under the lock, the
@@ -282,9 +284,9 @@ class _SimpyRun:
             lock.release(req)
             if role is not None and role[o] is Role.SEND:
                 self.tl.worker[o] = SEND_TRACK
-                self._send(o)
                 if not gpu:
                     server.hold(False)
+                yield from self._send(o)
             else:
                 self.mem.alloc(d, st.alloc_bytes[o])
                 if gpu:
@@ -339,7 +341,7 @@ class _SimpyRun:
                 continue
             yield from self._hold(lock, d, prep.dispatch_us[o], o, 0 if r is Role.COMPUTE else SEND_TRACK)
             if r is Role.SEND:
-                self._send(o)
+                yield from self._send(o)
                 yield from self._cold(o, 0.0, lock)
                 continue
             self.mem.alloc(d, st.alloc_bytes[o])
@@ -490,14 +492,21 @@ class _SimpyRun:
             ev.succeed()
         self._complete(o)
 
-    def _send(self, o: int) -> None:
-        """Send `o` was dispatched: its transfer starts and the send ends (handed off)."""
+    def _send(self, o: int) -> Generator[simpy.Event, Any, None]:
+        """Send `o` was dispatched: its transfer starts, and the send ends once the caller
+        wrote its data (its kernel on the device's cores, `CommOpCost.post_kernel_us`: gloo
+        writes into the socket in the caller; nothing where the cost model measured none)."""
         assert self.comm is not None
+        d = self.st.op_device[o]
+        write_us = 0.0 if self.prep.device_is_gpu[d] else self.prep.kernel_us[o]
+        written = self.servers[d].run(o, 1, write_us) if write_us > 0.0 else None
+        self.env.process(self._transfer(o, self.comm.recv_of[o], written))
+        if written is not None:
+            yield written
         self.tl.end_us[o] = self.env.now
         self.done += 1
-        self.env.process(self._transfer(o, self.comm.recv_of[o]))
 
-    def _transfer(self, o: int, r: int) -> Generator[simpy.Event, Any, None]:
+    def _transfer(self, o: int, r: int, written: simpy.Event | None) -> Generator[simpy.Event, Any, None]:
         assert self.comm is not None
         if not self.posted[r]:  # gloo moves the data once the receiver has posted
             ev = self.when_posted.get(r)
@@ -506,12 +515,15 @@ class _SimpyRun:
             yield ev
         prep, ids, dev = self.prep, self.prep.device_ids, self.st.op_device
         nbytes = self.comm.send_bytes[o]
-        cores = [  # its CPU at each end (`CommOpCost.transfer_cpu_us`), beside the link part
-            self.servers[dev[x]].run(x, 1, c.transfer_cpu_us) for x in (o, r)
+        cores = [  # its CPU at each end (`CommOpCost.transfer_cpu_us`), beside the link part; the
+            # sender's once its write (the same job key) is done
+            self._cpu_after(written if x == o else None, dev[x], x, c.transfer_cpu_us) for x in (o, r)
             if (c := self._measured(x)) is not None and c.transfer_cpu_us > 0.0 and dev[o] != dev[r]
             and not prep.device_is_gpu[dev[x]]
         ]
         rec = yield self.network.transfer(ids[dev[o]], ids[dev[r]], nbytes)
+        if written is not None:  # nor before the caller wrote it all
+            yield written
         if cores:
             yield self.env.all_of(cores)
         self.tl.sends.append((o, rec.link, nbytes, rec.start_us, rec.end_us))
@@ -519,6 +531,17 @@ class _SimpyRun:
             self._release(s)
         self._arrive(r)
         self._request_settle()
+
+    def _cpu_after(self, first: simpy.Event | None, d: int, key: int, work_us: float) -> simpy.Event:
+        """A one-thread job `key` of `work_us` on device `d`'s cores, started now or once `first` fired."""
+        if first is None or first.processed:
+            return self.servers[d].run(key, 1, work_us)
+
+        def later() -> Generator[simpy.Event, Any, None]:
+            yield first
+            yield self.servers[d].run(key, 1, work_us)
+
+        return self.env.process(later())
 
     def _issue(self, o: int) -> None:
         """All-reduce op `o` was issued; its collective starts once every member was."""

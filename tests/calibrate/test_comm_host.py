@@ -240,7 +240,8 @@ def test_profile_charges_the_measured_parts() -> None:
     recv = profile.comm_host_us(comm_op(RECV, n))
     ar = profile.comm_host_us(comm_op(ALL_REDUCE, n, inputs=16))
     assert send is not None and recv is not None and ar is not None
-    assert send.post_us == pytest.approx(10.004)  # its fixed part: the bytes are the link's
+    assert send.post_us == pytest.approx(10.004)  # its fixed part under the lock
+    assert send.post_kernel_us == pytest.approx(n / 1000.0 - 0.004)  # its write, on the cores
     assert (recv.post_us, recv.done_us) == pytest.approx((10.0 + n / 1000.0, 10.004))
     # flatten: fixed 10.004 + 15 x 2 per tensor (at 4 B no tensor count above 1 was
     # measured; the table's per-tensor cost there is the nearest measured one, 2) and the

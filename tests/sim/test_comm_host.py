@@ -116,20 +116,22 @@ def test_a_collective_shares_its_ranks_cores_with_their_kernels(share: float, w_
 @dataclasses.dataclass
 class CpuTransferCost(HostCost):
     """A send's and a recv's transfer takes `send_cpu_us` and `recv_cpu_us` of a core at its
-    end while in flight (gloo's socket thread on a CPU rank)."""
+    end while in flight (gloo's socket thread on a CPU rank); a send's caller writes its data
+    for `write_us` on its core."""
 
     send_cpu_us: float = 0.0
     recv_cpu_us: float = 0.0
+    write_us: float = 0.0
 
     def comm_host_us(self, op: Op) -> CommOpCost | None:
         if op.target == SEND:
-            return CommOpCost(7.0, transfer_cpu_us=self.send_cpu_us)
+            return CommOpCost(7.0, self.write_us, transfer_cpu_us=self.send_cpu_us)
         if op.target == RECV:
             return CommOpCost(4.0, 0.0, 6.0, transfer_cpu_us=self.recv_cpu_us)
         return None
 
 
-def transfer_beside_a_kernel(send_cpu_us: float, recv_cpu_us: float) -> dict[str, tuple[float, float]]:
+def transfer_beside_a_kernel(send_cpu_us: float, recv_cpu_us: float, write_us: float = 0.0) -> dict[str, tuple[float, float]]:
     """p (a) sends 1 MB to q (b): 1000 us on the link, 5 latency; r (a, 2000 us) reads p too
     and runs while the transfer is in flight."""
     from tests.sim.test_ranks import producer_consumers
@@ -137,7 +139,7 @@ def transfer_beside_a_kernel(send_cpu_us: float, recv_cpu_us: float) -> dict[str
     g, plan = producer_consumers({"q": "b", "r": "a"})
     m = machine((0, 1))
     cost = CpuTransferCost(default_kernel_us=10.0, kernel={"r": 2000.0}, dispatch=0.0,
-                           send_cpu_us=send_cpu_us, recv_cpu_us=recv_cpu_us)
+                           send_cpu_us=send_cpu_us, recv_cpu_us=recv_cpu_us, write_us=write_us)
     ev = by_name(simulate(g, resolve(g, plan, m), m, cost))
     return {n: (us(e.start_ns), us(e.end_ns)) for n, e in ev.items()}
 
@@ -160,6 +162,24 @@ def test_a_transfer_takes_its_share_of_the_core_at_each_end(
     assert ev["r"] == pytest.approx((17, r_end))
     assert ev["recv v1:a->b"] == pytest.approx((0, recv_end))
     assert ev["q"] == pytest.approx((recv_end, recv_end + 10))
+
+
+@pytest.mark.parametrize(("write_us", "send_cpu_us", "r_start", "r_end", "recv_end"), [
+    # The caller writes 17-317 (a's worker waits: r starts after), the link carries the
+    # data meanwhile: it is there at 17 + 1000 + 5, b's wait takes 6.
+    (300.0, 0.0, 317, 2317, 1028),
+    # A write longer than the link: the data is b's once written.
+    (1500.0, 0.0, 1517, 3517, 1523),
+    # The transfer's core share on a's side follows the write (both are the send's): r and
+    # it at half speed from 317 until its 1000 us are done at 2317, r's last 1000 us alone.
+    (300.0, 1000.0, 317, 3317, 2323),
+])
+def test_a_send_ends_once_its_caller_wrote_the_data(
+        write_us: float, send_cpu_us: float, r_start: float, r_end: float, recv_end: float) -> None:
+    ev = transfer_beside_a_kernel(send_cpu_us, 0.0, write_us)
+    assert ev["send v1:a->b"] == pytest.approx((10, 17 + write_us))
+    assert ev["r"] == pytest.approx((r_start, r_end))
+    assert ev["recv v1:a->b"] == pytest.approx((0, recv_end))
 
 
 @dataclasses.dataclass
