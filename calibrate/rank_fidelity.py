@@ -53,6 +53,7 @@ from schedlab.calibrate.links import apply_link_fit
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.trace_cal import joined_traces
 from schedlab.errors import SchedlabError
+from schedlab.exec.launch import RANK_WARMUP
 from schedlab.graph import Graph
 from schedlab.layer_split import layer_costs_us, layer_split, layers_in_order
 from schedlab.machine import Machine, host_ranks
@@ -157,12 +158,6 @@ def layers_cut_at(graph: Graph, devices: Sequence[str], share: float, op_cost_us
     return {lay: devices[0] if i < cut else devices[1] for i, lay in enumerate(order)}
 
 
-# Untimed steps before a plan's timed ones. The first steps of a multi-rank run are slow and
-# vary (measured on the 2-core VM, 2026-11-25, 12 steps from the first, `schedlab trace
-# --warmup 0`: encoder-classifier's layer split 57-60 ms in the first step, 40-55 from the
-# sixth; its data parallel 36.7 ms in the first, 23-28 from the third); with 1-2 untimed
-# steps, the median of 3-5 timed ones came out 33-60% above a later run's of 4 untimed.
-RANK_WARMUP = 4
 TRACE_WARMUP = 2  # the one-process calibration runs' (`trace_calibrated`)
 
 # The spread: adding a plan is adding one line.

@@ -37,13 +37,13 @@ def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
     from schedlab.calibrate.fidelity import BUSY_FRAC, PROFILE_ONLY, TRACE_CALIBRATED, summarise
     from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH
     from schedlab.calibrate.rank_fidelity import (
-        RANK_WARMUP,
         rank_fidelity,
         rank_plan_spread,
         rank_results_from_json,
         rank_summary,
     )
     from schedlab.cli.common import load_profile
+    from schedlab.exec.launch import RANK_WARMUP
     from schedlab.io import check_writable
     from schedlab.machine import detect_host, host_ranks
     from schedlab.workloads import load_workload

@@ -40,7 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_model_args(p)
     p.add_argument("--plan", default=None, metavar="PLAN.json", help="plan to run (default: PyTorch's own way)")
     p.add_argument("--steps", type=int, default=5, help="timed steps (default 5); in steady state, the steps of one sequence")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1); in steady state, untimed sequences")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed steps first (default 1; 4 for a plan on several ranks, whose first steps are slow); "
+                   "in steady state, untimed sequences")
     p.add_argument(
         "--steady-state", action="store_true",
         help="run the --steps steps back to back as one sequence, so that the next step's forward may overlap this "
@@ -92,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from schedlab.plan import steady_steps
     from schedlab.steps import as_step_outputs
 
-    if args.steps < 1 or args.warmup < 0:
+    if args.steps < 1 or (args.warmup is not None and args.warmup < 0):
         raise SchedlabError("--steps must be >= 1 and --warmup >= 0")
     if args.backend == "tensorflow":
         return run_tf_trace(args)
@@ -121,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
     graph = step.graph  # with replicas: the per-replica step
     resolved = resolve_plan_arg(graph, plan, machine, args.plan, profile, per_run)
     ranks = 1
+    if args.warmup is None:
+        from schedlab.exec.launch import warmup_for
+
+        args.warmup = warmup_for(resolved.multi_device, None)
     if resolved.multi_device:
         print(f"trace {args.model}: {len(machine.processes)} ranks ...", file=sys.stderr)
         run_graph = resolved.run_graph(graph)

@@ -24,6 +24,7 @@ from schedlab.errors import SchedlabError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from schedlab.exec.launch import RANK_WARMUP
     from schedlab.search.validate import DEFAULT_REPEATS, DEFAULT_STEPS, DEFAULT_TOP, DEFAULT_WARMUP
 
     p = sub.add_parser(
@@ -52,7 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--top", type=int, default=None, metavar="K", help=f"with RUN_DIR: searched plans to validate (default {DEFAULT_TOP})")
     p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, metavar="R", help=f"rounds (default {DEFAULT_REPEATS})")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="S", help=f"timed steps per round (default {DEFAULT_STEPS})")
-    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, metavar="W", help=f"untimed steps per round first (default {DEFAULT_WARMUP})")
+    p.add_argument("--warmup", type=int, default=None, metavar="W",
+                   help=f"untimed steps per round first (default {DEFAULT_WARMUP}; {RANK_WARMUP} for a plan on several "
+                   "ranks, whose first steps are slow)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--json", action="store_true", help="print the results as JSON (with RUN_DIR: results.json's content plus its path)")
     p.set_defaults(handler=run)
@@ -87,18 +90,20 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_dir(args: argparse.Namespace) -> int:
     from schedlab.search.run_dir import RunPaths, read_run
-    from schedlab.search.validate import DEFAULT_TOP, validate_run
+    from schedlab.search.validate import DEFAULT_TOP, DEFAULT_WARMUP, validate_run
 
     run_dir = Path(args.target)
     from schedlab.search.placement.validate import is_placement_run
 
     config = read_run(run_dir)
+    if is_placement_run(config) and config.backend != "tensorflow":
+        return _placement_run_dir(args, run_dir)
+    if args.warmup is None:  # one process
+        args.warmup = DEFAULT_WARMUP
     if config.backend == "tensorflow":
         from schedlab.cli.search_tf import run_tf_validate
 
         return run_tf_validate(args, run_dir, config)
-    if is_placement_run(config):
-        return _placement_run_dir(args, run_dir)
     results = validate_run(
         run_dir, top=DEFAULT_TOP if args.top is None else args.top, repeats=args.repeats, steps=args.steps,
         warmup=args.warmup, progress=not args.no_progress,

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from schedlab.exec.backend import DistBackend, ExecBackend
 from schedlab.exec.check import NumericCheck, check_step, eager_reference, eager_step
-from schedlab.exec.launch import DEFAULT_TIMEOUT_S, DistResult, run_ranks
+from schedlab.exec.launch import DEFAULT_TIMEOUT_S, RANK_WARMUP, DistResult, run_ranks, warmup_for
 from schedlab.exec.program import Program, compile_graph
 from schedlab.exec.runner import ExecResult, Executor, OpFailed, next_inputs, run_steps
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "RANK_WARMUP",
     "DistBackend",
     "DistResult",
     "ExecBackend",
@@ -30,4 +31,5 @@ __all__ = [
     "next_inputs",
     "run_ranks",
     "run_steps",
+    "warmup_for",
 ]

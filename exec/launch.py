@@ -54,6 +54,22 @@ from schedlab.plan import ResolvedPlan
 from schedlab.trace import Trace, TraceEvent, base_meta
 
 DEFAULT_TIMEOUT_S = 60.0
+# Untimed steps before a multi-rank run's timed ones, where a caller names none (`trace`,
+# `validate`, rank fidelity). The first steps of a multi-rank run are slow and vary
+# (measured on the 2-core VM, 2026-11-25, 12 steps from the first, `schedlab trace
+# --warmup 0`: encoder-classifier's layer split 57-60 ms in the first step, 40-55 from the
+# sixth; its data parallel 36.7 ms in the first, 23-28 from the third); with 1-2 untimed
+# steps, the median of 3-5 timed ones came out 33-60% above a later run's of 4 untimed.
+RANK_WARMUP = 4
+PROCESS_WARMUP = 1  # and before one process's
+
+
+def warmup_for(multi_device: bool, warmup: int | None = None) -> int:
+    """Untimed steps before a plan's timed ones: `warmup`, or where none was given
+    `RANK_WARMUP` for a plan on several ranks (`multi_device`), `PROCESS_WARMUP` in one process."""
+    if warmup is not None:
+        return warmup
+    return RANK_WARMUP if multi_device else PROCESS_WARMUP
 STEP_TIME_DEFINITION = (
     "back-to-back steps on one clock (ranks aligned to rank 0): step k lasts from the moment the last rank "
     "finished step k-1 (for the first timed step: the first rank's start, after a barrier) to the moment the "

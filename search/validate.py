@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from schedlab.errors import SchedlabError
+from schedlab.exec.launch import PROCESS_WARMUP
 from schedlab.graph import Graph
 from schedlab.io import staging_dir, swap_dir
 from schedlab.machine import Machine, detect_host
@@ -44,7 +45,7 @@ from schedlab.trace import Trace, library_versions
 DEFAULT_TOP = 3
 DEFAULT_REPEATS = 5
 DEFAULT_STEPS = 3
-DEFAULT_WARMUP = 1
+DEFAULT_WARMUP = PROCESS_WARMUP
 # The numeric check's verdict in detail, per plan in results.json: the worst tensor, how far
 # past (above 1) or within its tolerance it was, its max |diff| and the tolerances used.
 NUMERIC_KEYS = ("worst_tensor", "worst_ratio", "worst_abs_diff", "atol", "rtol")

@@ -9,7 +9,9 @@ core; TensorFlow's recommended threading), on this host:
    on several devices runs on local ranks (`exec.launch.run_ranks`) and its first step's
    outputs (for a data-parallel plan: every replica's, as the full batch's:
    `PlanStep.as_full`) are compared, as `schedlab trace` does;
-2. measurement: `repeats` rounds, each running every plan for `warmup` + `steps` steps,
+2. measurement: `repeats` rounds, each running every plan for `warmup` + `steps` steps
+   (`warmup` unless given: one untimed step in one process, `exec.launch.RANK_WARMUP` on
+   several ranks, whose first steps are slow),
    round-robin with the starting plan rotating (as `search.validate.measure`), so noise
    falls on all plans alike; a multi-rank plan starts its ranks once per round. Its step
    time is the median of every timed step, [p25, p75] its spread (`Measurement`). A
@@ -34,6 +36,7 @@ from typing import Any, Protocol
 from schedlab.backend import BackendRun
 from schedlab.data_parallel import PlanStep
 from schedlab.errors import SchedlabError
+from schedlab.exec.launch import warmup_for
 from schedlab.machine import Machine
 from schedlab.plan import Plan, ResolvedPlan
 from schedlab.search.validate import NUMERIC_KEYS, Measurement, _one_line
@@ -132,7 +135,7 @@ def measure_cases(
     *,
     repeats: int,
     steps: int,
-    warmup: int,
+    warmup: int | None,
     timeout_s: float,
     workload: str = "",
     on_progress: Callable[[], None] | None = None,
@@ -166,7 +169,7 @@ def measure_cases(
             m, runner = out[i], runners[i]
             if m.error is None and runner is not None:
                 try:
-                    run = runner.time(steps, warmup)
+                    run = runner.time(steps, warmup_for(cases[i].resolved.multi_device, warmup))
                     m.step_times_s.extend(run.step_times_s)
                     m.trace = run.trace
                 except Exception as e:
@@ -203,7 +206,7 @@ def validate_plans(
     profile: Any,
     repeats: int,
     steps: int,
-    warmup: int,
+    warmup: int | None,
     timeout_s: float,
     workload: str = "",
     progress: bool = True,
@@ -218,7 +221,7 @@ def validate_plans(
     """
     from tqdm import tqdm
 
-    if repeats < 1 or steps < 1 or warmup < 0:
+    if repeats < 1 or steps < 1 or (warmup is not None and warmup < 0):
         raise SchedlabError("--repeats and --steps must be >= 1, --warmup >= 0")
     if not any(c.baseline is None for c in cases):
         raise SchedlabError("no plan to validate: give one or more --plan PLAN.json")
@@ -251,7 +254,8 @@ def validate_plans(
         "baselines": baselines,
         "repeats": repeats,
         "steps_per_repeat": steps,
-        "warmup": warmup,
+        "warmup": warmup_for(False, warmup),  # untimed steps per round, one process
+        "warmup_ranks": warmup_for(True, warmup),  # and on several ranks
         "machine": host.to_json(),
         "versions": library_versions(),
         "created_unix_s": time.time(),

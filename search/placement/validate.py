@@ -47,7 +47,6 @@ from schedlab.search.run_dir import (
 from schedlab.trace import library_versions
 
 DEFAULT_MEASURE_STEPS = 3
-DEFAULT_MEASURE_WARMUP = 1
 
 
 def is_placement_run(config: RunConfig) -> bool:
@@ -126,7 +125,7 @@ def plan_step(config: RunConfig, micro_batches: int = 1, replicas: int = 1) -> A
 
 
 def validate_placement_run(
-    run_dir: Path, *, repeats: int, steps: int, warmup: int, timeout_s: float, progress: bool = True,
+    run_dir: Path, *, repeats: int, steps: int, warmup: int | None, timeout_s: float, progress: bool = True,
     top: int = 3,
 ) -> dict[str, Any]:
     """Run every strategy's winner (a schedule search: its `top` plans) and the baselines on
@@ -229,6 +228,7 @@ def _as_run_results(config: RunConfig, raw: dict[str, Any], winners: list[tuple[
         "repeats": raw["repeats"],
         "steps_per_repeat": raw["steps_per_repeat"],
         "warmup": raw["warmup"],
+        "warmup_ranks": raw["warmup_ranks"],
         "machine": raw["machine"],
         "rank_machine": config.machine,
         "versions": library_versions(),
@@ -240,9 +240,10 @@ def _as_run_results(config: RunConfig, raw: dict[str, Any], winners: list[tuple[
 
 def measured_reward(
     config: RunConfig, machine: Machine, profile: Any, *, steps: int = DEFAULT_MEASURE_STEPS,
-    warmup: int = DEFAULT_MEASURE_WARMUP, timeout_s: float,
+    warmup: int | None = None, timeout_s: float,
 ) -> Callable[[Plan], float]:
     """A plan's median measured step time (s) on `machine`'s local ranks (see the module docstring)."""
+    from schedlab.exec.launch import warmup_for
     from schedlab.search.validate_plans import PlanCase, _LocalRunner, _RankRunner
     from schedlab.sim.cost import op_cost_us
 
@@ -253,6 +254,6 @@ def measured_reward(
         resolved = resolve(step.graph, plan, machine, op_cost_us=weights)
         case = PlanCase(plan.name or "rl", plan, machine, step, resolved)
         runner = _RankRunner(case, config.model, timeout_s) if resolved.multi_device else _LocalRunner(case, config.model)
-        return float(statistics.median(runner.time(steps, warmup).step_times_s))
+        return float(statistics.median(runner.time(steps, warmup_for(resolved.multi_device, warmup)).step_times_s))
 
     return measure

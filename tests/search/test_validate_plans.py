@@ -41,6 +41,7 @@ def test_a_single_process_and_a_two_rank_plan(capsys, tmp_path: Path, plan_files
     d = json.loads(stdout)
     assert d == {**json.loads(out.read_text()), "paths": {"results": str(out)}}
     assert d["schema"] == "schedlab.plan_validation" and d["model"] == "mlp" and d["repeats"] == 2
+    assert (d["warmup"], d["warmup_ranks"]) == (1, 4)  # no --warmup: more untimed steps on ranks
     assert [p["name"] for p in d["plans"]] == [str(one), str(dp)]
     assert [p["ranks"] for p in d["plans"]] == [1, 2]
     assert set(d["baselines"]) == BASELINES and all(b["ranks"] == 1 for b in d["baselines"].values())
@@ -103,3 +104,36 @@ def test_bad_input_is_one_clear_error(capsys, tmp_path: Path, plan_files: tuple[
     rc, _, err = _run(capsys, "validate", *args, "--size", "tiny", *profile, "--no-progress")
     assert rc == 2, err
     assert message.format(**names) in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_plan_on_several_ranks_gets_more_untimed_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first steps of a multi-rank run are slow (`exec.launch.RANK_WARMUP`): unless the
+    # user names --warmup, a rank plan's rounds start with more untimed steps than one process's.
+    from types import SimpleNamespace
+
+    from schedlab.backend import BackendRun
+    from schedlab.exec.launch import PROCESS_WARMUP, RANK_WARMUP
+    from schedlab.search import validate_plans as vp
+
+    seen: list[tuple[str, int]] = []
+
+    class Fake:
+        def __init__(self, case, *_: object) -> None:  # type: ignore[no-untyped-def]
+            self.case = case
+
+        def check(self) -> object:
+            return SimpleNamespace(max_rel_diff=0.0, ok=lambda: True, to_json=lambda: {})
+
+        def time(self, steps: int, warmup: int) -> BackendRun:
+            seen.append((self.case.name, warmup))
+            return BackendRun((0.01,) * steps, None)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(vp, "_LocalRunner", Fake)
+    monkeypatch.setattr(vp, "_RankRunner", Fake)
+    cases = [SimpleNamespace(name=n, plan=Plan(), resolved=SimpleNamespace(multi_device=multi))
+             for n, multi in (("one", False), ("ranks", True))]
+    vp.measure_cases(cases, repeats=1, steps=1, warmup=None, timeout_s=1.0)  # type: ignore[arg-type]
+    assert seen == [("one", PROCESS_WARMUP), ("ranks", RANK_WARMUP)] and RANK_WARMUP > PROCESS_WARMUP
+    seen.clear()
+    vp.measure_cases(cases, repeats=1, steps=1, warmup=2, timeout_s=1.0)  # type: ignore[arg-type]
+    assert seen == [("one", 2), ("ranks", 2)]
