@@ -193,23 +193,47 @@ def calibrate_with_traces(
     PyTorch's default plan at 366 ms, where the profile alone said 285 and validation
     measured 277).
     `step_times_s`, if given, gets each thread count's step time (median over its runs' steps)."""
+    if rounds < 1:
+        raise SchedlabError(f"rounds must be at least 1, got {rounds}")
+    traces: OneProcessTraces = {}
+    times: dict[int, list[float]] = {}
+    for _ in range(rounds):
+        one_process_traces(graph, input_values, machine, steps, into=traces, step_times_s=times)
+    if step_times_s is not None:
+        step_times_s.update({n: statistics.median(ts) for n, ts in times.items()})
+    return with_one_process_traces(profile, graph, traces)
+
+
+OneProcessTraces = dict[int, list[Trace]]  # threads -> its runs' traces
+
+
+def one_process_traces(
+    graph: Graph,
+    input_values: dict[int, Any],
+    machine: Machine,
+    steps: int,
+    into: OneProcessTraces | None = None,
+    step_times_s: dict[int, list[float]] | None = None,
+) -> OneProcessTraces:
+    """One round of `calibrate_with_traces`: `steps` steps (after one untimed) of `graph`
+    under one slot, program order, 1 thread, then all of `machine`'s threads; each run's
+    trace added to `into`'s, its step times to `step_times_s`'s."""
     from schedlab.exec import run_steps
     from schedlab.plan import Plan
 
-    if rounds < 1:
-        raise SchedlabError(f"rounds must be at least 1, got {rounds}")
-    counts = sorted({1, machine.default_device.cores})
-    traces: dict[int, list[Trace]] = {n: [] for n in counts}
-    times: dict[int, list[float]] = {n: [] for n in counts}
-    for _ in range(rounds):
-        for threads in counts:
-            res = run_steps(graph, input_values, Plan(threads=threads), machine, steps=steps, warmup=1)
-            traces[threads].append(res.trace)
-            times[threads].extend(res.step_times_s)
-    for threads in counts:
-        profile = profile.with_trace(joined_traces(traces[threads]), graph)
+    out: OneProcessTraces = {} if into is None else into
+    for threads in sorted({1, machine.default_device.cores}):
+        res = run_steps(graph, input_values, Plan(threads=threads), machine, steps=steps, warmup=1)
+        out.setdefault(threads, []).append(res.trace)
         if step_times_s is not None:
-            step_times_s[threads] = statistics.median(times[threads])
+            step_times_s.setdefault(threads, []).extend(res.step_times_s)
+    return out
+
+
+def with_one_process_traces(profile: Profile, graph: Graph, traces: OneProcessTraces) -> Profile:
+    """`profile` plus each thread count's op times over all its runs (`joined_traces`)."""
+    for _, runs in sorted(traces.items()):
+        profile = profile.with_trace(joined_traces(runs), graph)
     return profile
 
 

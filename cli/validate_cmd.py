@@ -56,6 +56,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--warmup", type=int, default=None, metavar="W",
                    help=f"untimed steps per round first (default {DEFAULT_WARMUP}; {RANK_WARMUP} for a plan on several "
                    "ranks, whose first steps are slow)")
+    p.add_argument("--no-recalibrate", action="store_true",
+                   help="placement runs and plan files: do not run the search's calibration steps again at the start "
+                   "of each round (by default they run, and every plan is also predicted from their op times: "
+                   "recalibrated_error_pct, what the simulator misses once the host's drift since the search is "
+                   "taken out)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--json", action="store_true", help="print the results as JSON (with RUN_DIR: results.json's content plus its path)")
     p.set_defaults(handler=run)
@@ -124,7 +129,7 @@ def _placement_run_dir(args: argparse.Namespace, run_dir: Path) -> int:
 
     r = validate_placement_run(run_dir, repeats=args.repeats, steps=args.steps, warmup=args.warmup,
                                timeout_s=DEFAULT_TIMEOUT_S, progress=not args.no_progress,
-                               top=3 if args.top is None else args.top)
+                               top=3 if args.top is None else args.top, recalibrate=not args.no_recalibrate)
     r["paths"] = {"results": str(RunPaths(run_dir).results), **r["traces"]}
     if args.json:
         print_json(r)
@@ -133,18 +138,22 @@ def _placement_run_dir(args: argparse.Namespace, run_dir: Path) -> int:
         r["space"], "placement winners")
     print(f"{r['model']}/{r['size']}: {what} on {len(r['rank_machine']['devices'])} local ranks and the "
           f"one-process baselines, {r['repeats']} rounds x {r['steps_per_repeat']} steps (median [p25, p75], ms)")
-    print(f"  {'plan':34s} {'ranks':>5s} {'predicted':>9s} {'measured':>9s} {'spread':>19s} {'error':>7s}")
+    print(f"  {'plan':34s} {'ranks':>5s} {'predicted':>9s} {'measured':>9s} {'spread':>19s} {'error':>7s}"
+          f" {'recalibrated':>12s}")
     for i, c in enumerate(r["candidates"]):
         name = f"baseline {c['baseline']}" if c["baseline"] else f"trial {c['trial']} ({', '.join(c['strategies'])})"
         spread = "" if not c["spread_s"] else f"[{c['spread_s'][0] * 1e3:.2f}, {c['spread_s'][1] * 1e3:.2f}]"
-        err = "" if c["error_pct"] is None else f"{c['error_pct']:+.1f}%"
         mark = "*" if i == r["best"] else " "
         print(f"{mark} {name:34s} {c['ranks']:>5d} {_ms(c['predicted_step_time_s'])} {_ms(c['measured_step_time_s'])} "
-              f"{spread:>19s} {err:>7s}")
+              f"{spread:>19s} {_pct(c['error_pct']):>7s} {_pct(c.get('recalibrated_error_pct')):>12s}")
         if c["error"]:
             print(f"    ! {c['error']}")
     print(f"  results in {r['paths']['results']}")
     return 0
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{x:+.1f}%"
 
 
 def _ms(x: Any) -> str:

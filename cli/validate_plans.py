@@ -4,7 +4,9 @@ and predicted beside the two single-process baselines (`schedlab.search.validate
 Each plan runs where `schedlab trace` runs it: on one device in this process, or on this
 host's local ranks (as many as the plan names, or --devices N), and is simulated on those
 ranks as `schedlab simulate` does; a reverse-first-k order runs and is predicted in steady
-state, its steps back to back, as both do by default. The exit status is 3 when a plan file's numerics differ
+state, its steps back to back, as both do by default. Unless --no-recalibrate, the
+trace calibration a search runs also runs at the start of each round, and each plan is
+predicted again from the profile with its op times (`calibrate.round_cal`). The exit status is 3 when a plan file's numerics differ
 from eager PyTorch or it could not be run, as `schedlab trace` returns 3.
 """
 
@@ -60,9 +62,17 @@ def run_plans(args: argparse.Namespace) -> int:
     for name, plan in baseline_plans(host).items():
         step = step_for(1)
         cases.append(PlanCase(name, plan, host, step, resolve_plan_arg(step.graph, plan, host, None, profile), baseline=name))
+    calibration = None
+    if profile is not None and not args.no_recalibrate:
+        from schedlab.calibrate.round_cal import RoundCalibration
+
+        full = step_for(1).full
+        shapes = sorted({(p.replicas, p.micro_batches) for _, p in plans if p.pipelined} - {(1, 1)})
+        calibration = RoundCalibration(full.graph, full.input_values, host, micro_steps=step_for, shapes=shapes)
     results = validate_plans(
         cases, profile=profile, repeats=args.repeats, steps=args.steps, warmup=args.warmup,
         timeout_s=DEFAULT_TIMEOUT_S, workload=args.target, progress=not args.no_progress, notes=notes,
+        calibration=calibration,
     )
     results = {
         "model": args.target, "size": args.size, "optimizer": args.optimizer, "seed": args.seed,
@@ -84,16 +94,18 @@ def _ms(x: float | None) -> str:
 def _print(r: dict[str, Any]) -> None:
     print(f"{r['model']}/{r['size']}: {len(r['plans'])} plan file(s) and {len(r['baselines'])} baselines, "
           f"{r['repeats']} rounds x {r['steps_per_repeat']} steps (ms: median [p25, p75])")
-    print(f"  {'plan':32s} {'ranks':>5s} {'predicted':>9s} {'measured':>9s} {'spread':>17s} {'error':>7s}  speedup vs baselines")
+    print(f"  {'plan':32s} {'ranks':>5s} {'predicted':>9s} {'measured':>9s} {'spread':>17s} {'error':>7s} "
+          f"{'recalibrated':>12s}  speedup vs baselines")
     for e in [*r["plans"], *r["baselines"].values()]:
         name = f"baseline {e['name']}" if e["baseline"] else e["name"]
         if e["steps_per_run"] > 1:
             name += f" ({e['steps_per_run']} steps/run)"
         spread = "" if not e["spread_s"] else f"[{_ms(e['spread_s'][0])}, {_ms(e['spread_s'][1])}]"
         err = "" if e["error_pct"] is None else f"{e['error_pct']:+.1f}%"
+        recal = "" if e["recalibrated_error_pct"] is None else f"{e['recalibrated_error_pct']:+.1f}%"
         sp = ", ".join(f"{n} x{x:.2f}" for n, x in e["speedup"].items() if x is not None and n != e["baseline"])
         print(f"  {name:32s} {e['ranks']:>5d} {_ms(e['predicted_step_time_s']):>9s} {_ms(e['measured_step_time_s']):>9s} "
-              f"{spread:>17s} {err:>7s}  {sp}")
+              f"{spread:>17s} {err:>7s} {recal:>12s}  {sp}")
         if e["error"]:
             print(f"    ! {e['error']}")
     sources: dict[str, list[str]] = {}

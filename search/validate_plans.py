@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from schedlab.backend import BackendRun
+from schedlab.calibrate.round_cal import RoundCalibration
 from schedlab.data_parallel import PlanStep
 from schedlab.errors import SchedlabError
 from schedlab.exec.launch import warmup_for
@@ -139,9 +140,10 @@ def measure_cases(
     timeout_s: float,
     workload: str = "",
     on_progress: Callable[[], None] | None = None,
+    before_round: Callable[[], None] | None = None,
 ) -> list[Measurement]:
     """Check, then time every case round-robin (see the module docstring); one Measurement per
-    case, its trace the last timed run's."""
+    case, its trace the last timed run's. `before_round` runs at the start of each round."""
     def tick() -> None:
         if on_progress is not None:
             on_progress()
@@ -164,6 +166,8 @@ def measure_cases(
         tick()
     live = [i for i, r in enumerate(runners) if r is not None]
     for r in range(repeats):
+        if before_round is not None and live:
+            before_round()
         k = r % len(live) if live else 0
         for i in live[k:] + live[:k]:
             m, runner = out[i], runners[i]
@@ -212,12 +216,16 @@ def validate_plans(
     progress: bool = True,
     notes: list[str] | None = None,
     measured_out: list[Measurement] | None = None,
+    calibration: RoundCalibration | None = None,
 ) -> dict[str, Any]:
     """Check, measure and predict every case; the results as one JSON object.
 
     `profile`: the Profile the predictions take (None: no predictions, a note says why).
     The baselines are the cases with `baseline` set; every other case is a plan.
     `measured_out`: given, it receives each case's Measurement (its trace among them), in order.
+    `calibration`: given (and a profile), it runs at the start of each round, and every case
+    is predicted again from `profile` with its op times: ``recalibrated_predicted_step_time_s``
+    and ``recalibrated_error_pct`` (`calibrate.round_cal`).
     """
     from tqdm import tqdm
 
@@ -231,12 +239,21 @@ def validate_plans(
                disable=None if progress else True)
     try:
         measured = measure_cases(cases, repeats=repeats, steps=steps, warmup=warmup, timeout_s=timeout_s,
-                                 workload=workload, on_progress=lambda: bar.update(1))
+                                 workload=workload, on_progress=lambda: bar.update(1),
+                                 before_round=calibration.run if calibration is not None and profile is not None else None)
     finally:
         bar.close()
     if measured_out is not None:
         measured_out.extend(measured)
     entries = [_entry(c, m, profile, notes) for c, m in zip(cases, measured, strict=True)]
+    recalibrated = calibration.apply(profile) if calibration is not None and calibration.rounds else None
+    for c, e in zip(cases, entries, strict=True):
+        e["recalibrated_predicted_step_time_s"] = e["recalibrated_error_pct"] = None
+        if recalibrated is not None and e["predicted_step_time_s"] is not None:
+            pred, _, _ = predict(c, recalibrated)
+            meas = e["measured_step_time_s"]
+            e["recalibrated_predicted_step_time_s"] = pred
+            e["recalibrated_error_pct"] = (pred - meas) / meas * 100.0 if meas else None
     baselines = {e["baseline"]: e for e in entries if e["baseline"] is not None}
     plans = [e for e in entries if e["baseline"] is None]
     for e in entries:
@@ -256,6 +273,7 @@ def validate_plans(
         "steps_per_repeat": steps,
         "warmup": warmup_for(False, warmup),  # untimed steps per round, one process
         "warmup_ranks": warmup_for(True, warmup),  # and on several ranks
+        "recalibration": calibration.to_json() if recalibrated is not None and calibration is not None else None,
         "machine": host.to_json(),
         "versions": library_versions(),
         "created_unix_s": time.time(),

@@ -126,10 +126,11 @@ def plan_step(config: RunConfig, micro_batches: int = 1, replicas: int = 1) -> A
 
 def validate_placement_run(
     run_dir: Path, *, repeats: int, steps: int, warmup: int | None, timeout_s: float, progress: bool = True,
-    top: int = 3,
+    top: int = 3, recalibrate: bool = True,
 ) -> dict[str, Any]:
     """Run every strategy's winner (a schedule search: its `top` plans) and the baselines on
-    this host; writes results.json."""
+    this host; writes results.json. With `recalibrate`, the search's calibration steps run
+    again at the start of each round and predict every plan once more (`calibrate.round_cal`)."""
     from schedlab.calibrate.profile import Profile
     from schedlab.search.baselines import baseline_plans
     from schedlab.search.study import open_storage
@@ -160,9 +161,16 @@ def validate_placement_run(
     step = step_for(1)
     for name, plan in baseline_plans(host).items():
         cases.append(PlanCase(name, plan, host, step, resolve(step.graph, plan, host, op_cost_us=weights), baseline=name))
+    calibration = None
+    if recalibrate:
+        from schedlab.calibrate.round_cal import RoundCalibration
+
+        shapes = sorted({(p.replicas, p.micro_batches) for p, *_ in winners if p.pipelined} - {(1, 1)})
+        calibration = RoundCalibration(step.full.graph, step.full.input_values, host,
+                                       micro_steps=lambda r, m: step_for(m, r), shapes=shapes)
     measured: list[Any] = []
     raw = validate_plans(cases, profile=profile, repeats=repeats, steps=steps, warmup=warmup, timeout_s=timeout_s,
-                         workload=config.model, progress=progress, measured_out=measured)
+                         workload=config.model, progress=progress, measured_out=measured, calibration=calibration)
     results = _as_run_results(config, raw, winners)
     paths = RunPaths(run_dir)
     with staging_dir(paths.traces) as staged:
@@ -203,7 +211,8 @@ def _write_traces(out_dir: Path, paths: RunPaths, cases: list[Any], measured: li
 
 def _as_run_results(config: RunConfig, raw: dict[str, Any], winners: list[tuple[Plan, float, int, list[str]]]) -> dict[str, Any]:
     keys = ("plan", "ranks", "devices", "predicted_step_time_s", "measured_step_time_s", "measured_step_times_s",
-            "spread_s", "error_pct", "max_rel_diff", "numeric_ok", "error", "speedup", "cost_sources")
+            "spread_s", "error_pct", "recalibrated_predicted_step_time_s", "recalibrated_error_pct", "max_rel_diff",
+            "numeric_ok", "error", "speedup", "cost_sources")
     candidates: list[dict[str, Any]] = []
     for (_, _, trial, names), e in zip(winners, raw["plans"], strict=True):
         candidates.append({"trial": trial, "strategy": names[0], "strategies": names, "baseline": None,
@@ -229,6 +238,7 @@ def _as_run_results(config: RunConfig, raw: dict[str, Any], winners: list[tuple[
         "steps_per_repeat": raw["steps_per_repeat"],
         "warmup": raw["warmup"],
         "warmup_ranks": raw["warmup_ranks"],
+        "recalibration": raw["recalibration"],
         "machine": raw["machine"],
         "rank_machine": config.machine,
         "versions": library_versions(),

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from schedlab.cli import main
+from schedlab.machine import detect_host
 from schedlab.plan import Plan
 
 BASELINES = {"pytorch-default", "tensorflow-recommended"}
@@ -52,6 +53,13 @@ def test_a_single_process_and_a_two_rank_plan(capsys, tmp_path: Path, plan_files
         assert lo <= e["measured_step_time_s"] <= hi
         assert e["predicted_step_time_s"] > 0
         assert e["error_pct"] == pytest.approx((e["predicted_step_time_s"] / e["measured_step_time_s"] - 1) * 100)
+        # the search's calibration steps, run again in each round, predict every plan once more
+        assert e["recalibrated_predicted_step_time_s"] > 0
+        assert e["recalibrated_error_pct"] == pytest.approx(
+            (e["recalibrated_predicted_step_time_s"] / e["measured_step_time_s"] - 1) * 100)
+    cores = detect_host().default_device.cores
+    assert d["recalibration"] == {"rounds": 2, "steps_per_run": 2, "pinned_steps_per_run": 3,
+                                  "threads": sorted({1, cores}), "pinned_shapes": []}
     for p in d["plans"]:
         assert set(p["speedup"]) == BASELINES
         for name, x in p["speedup"].items():
@@ -76,6 +84,15 @@ def test_the_text_form_of_plan_files_without_a_profile(  # type: ignore[no-untyp
     row = next(line for line in lines if line.strip().startswith(str(one)))
     assert " n/a " in row and "pytorch-default x" in row  # measured, not predicted
     assert any("note: no predictions: no profile at" in line for line in lines)
+
+
+def test_no_recalibrate(capsys, tmp_path: Path, plan_files: tuple[Path, Path], profile_path: Path) -> None:  # type: ignore[no-untyped-def]
+    one, _ = plan_files
+    rc, stdout, _ = _run(capsys, "validate", "mlp", "--size", "tiny", "--plan", str(one), "--repeats", "1",
+                         "--steps", "1", "--profile", str(profile_path), "--no-recalibrate", "--no-progress", "--json")
+    d = json.loads(stdout)
+    assert rc == 0 and d["recalibration"] is None
+    assert d["plans"][0]["predicted_step_time_s"] > 0 and d["plans"][0]["recalibrated_predicted_step_time_s"] is None
 
 
 @pytest.mark.parametrize(
