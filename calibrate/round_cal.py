@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from schedlab.calibrate.rank_fidelity import CalibrationTraces
     from schedlab.graph import Graph
     from schedlab.machine import Machine
+    from schedlab.order import OpCostUs
 
 STEPS = 2  # timed steps per one-process calibration run, as a search's (`cli.search_cmd`)
 PINNED_STEPS = 3  # and per micro-batch step's
@@ -51,6 +52,8 @@ class RoundCalibration:
     shapes: Sequence[tuple[int, int]] = ()
     steps: int = STEPS
     pinned_steps: int = PINNED_STEPS
+    one_thread_order: str = "topo"  # as the search's (`search.placement.space.calibration_order`)
+    weights: OpCostUs | None = None  # what a critical-path order ranks by, as the validated plans were
     rounds: int = 0
     one_process: OneProcessTraces = field(default_factory=dict)
     pinned: CalibrationTraces = field(default_factory=dict)
@@ -59,7 +62,8 @@ class RoundCalibration:
         """One round of calibration steps; their traces are kept."""
         from schedlab.calibrate.rank_fidelity import calibration_traces
 
-        one_process_traces(self.graph, self.input_values, self.host, self.steps, into=self.one_process)
+        one_process_traces(self.graph, self.input_values, self.host, self.steps, into=self.one_process,
+                           one_thread_order=self.one_thread_order, weights=self.weights)
         if self.shapes and self.micro_steps is not None:
             calibration_traces(self.micro_steps, self.shapes, self.pinned_steps, into=self.pinned)
         self.rounds += 1
@@ -77,5 +81,6 @@ class RoundCalibration:
             "steps_per_run": self.steps,
             "pinned_steps_per_run": self.pinned_steps,
             "threads": sorted(self.one_process),
+            "one_thread_order": self.one_thread_order,
             "pinned_shapes": [list(s) for s in sorted(set(self.shapes))],
         }

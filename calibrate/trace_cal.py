@@ -37,6 +37,7 @@ from schedlab.trace import Trace, TraceEvent
 if TYPE_CHECKING:
     from schedlab.calibrate.profile import Profile
     from schedlab.machine import Machine
+    from schedlab.order import OpCostUs
 
 _NOT_KERNELS = ("OVERHEAD", "COMM")
 
@@ -184,21 +185,26 @@ def calibrate_with_traces(
     steps: int,
     step_times_s: dict[int, float] | None = None,
     rounds: int = 1,
+    one_thread_order: str = "topo",
 ) -> Profile:
     """The Profile plus the op times of `graph` measured in a few real steps under one
-    slot, program order, 1 thread and all threads: the trace-driven calibration. With
+    slot, program order, 1 thread and all threads (the one-thread steps in
+    `one_thread_order`): the trace-driven calibration. With
     `rounds`, the thread counts alternate that many times and each count's runs are joined
     (`joined_traces`), so that a slow spell of a shared host lands on both counts' medians
     alike instead of deciding one of them (one search's calibration of mlp predicted
     PyTorch's default plan at 366 ms, where the profile alone said 285 and validation
     measured 277).
     `step_times_s`, if given, gets each thread count's step time (median over its runs' steps)."""
+    from schedlab.sim.cost import op_cost_us
+
     if rounds < 1:
         raise SchedlabError(f"rounds must be at least 1, got {rounds}")
     traces: OneProcessTraces = {}
     times: dict[int, list[float]] = {}
     for _ in range(rounds):
-        one_process_traces(graph, input_values, machine, steps, into=traces, step_times_s=times)
+        one_process_traces(graph, input_values, machine, steps, into=traces, step_times_s=times,
+                           one_thread_order=one_thread_order, weights=op_cost_us(profile))
     if step_times_s is not None:
         step_times_s.update({n: statistics.median(ts) for n, ts in times.items()})
     return with_one_process_traces(profile, graph, traces)
@@ -214,16 +220,26 @@ def one_process_traces(
     steps: int,
     into: OneProcessTraces | None = None,
     step_times_s: dict[int, list[float]] | None = None,
+    one_thread_order: str = "topo",
+    weights: OpCostUs | None = None,
 ) -> OneProcessTraces:
     """One round of `calibrate_with_traces`: `steps` steps (after one untimed) of `graph`
-    under one slot, program order, 1 thread, then all of `machine`'s threads; each run's
-    trace added to `into`'s, its step times to `step_times_s`'s."""
-    from schedlab.exec import run_steps
-    from schedlab.plan import Plan
+    under one slot, 1 thread in `one_thread_order`, then all of `machine`'s threads in
+    program order; each run's trace added to `into`'s, its step times to `step_times_s`'s.
+    `weights`: the cost model's op times a critical-path order ranks by (`resolve`), as the
+    search's plans are ranked."""
+    from schedlab.exec import Executor, run_steps
+    from schedlab.plan import Plan, resolve
 
     out: OneProcessTraces = {} if into is None else into
     for threads in sorted({1, machine.default_device.cores}):
-        res = run_steps(graph, input_values, Plan(threads=threads), machine, steps=steps, warmup=1)
+        order = one_thread_order if threads == 1 else "topo"
+        plan = Plan(threads=threads, order=order)
+        executor = None
+        if order != "topo" and weights is not None:  # ranked as the search ranks its plans
+            resolved = resolve(graph, plan, machine, op_cost_us=weights)
+            executor = Executor(resolved.run_graph(graph), resolved)
+        res = run_steps(graph, input_values, plan, machine, steps=steps, warmup=1, executor=executor)
         out.setdefault(threads, []).append(res.trace)
         if step_times_s is not None:
             step_times_s.setdefault(threads, []).extend(res.step_times_s)

@@ -184,7 +184,10 @@ def run(args: argparse.Namespace) -> int:
             from schedlab.calibrate.trace_cal import calibrate_with_traces
 
             print(f"schedlab search: timing a few steps of {args.model} to calibrate the simulator", file=sys.stderr)
-            profile = calibrate_with_traces(profile, graph, captured.input_values, host, steps=2, rounds=2)
+            from schedlab.search.placement.space import calibration_order
+
+            profile = calibrate_with_traces(profile, graph, captured.input_values, host, steps=2, rounds=2,
+                                            one_thread_order=calibration_order(args.space, len(machine.devices)))
             profile = _calibrate_micro_batches(args, profile, graph, machine)
             profile_path = profile.save(run_profile)
     storage = args.storage or (storage_url(run_dir, old) if old else default_storage(run_dir))

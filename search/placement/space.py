@@ -31,6 +31,17 @@ PLACEMENT_ORDER = "critical-path"  # the order of a placement-only plan
 PLACEMENT_SPACES = ("placement", "all")
 
 
+def calibration_order(space: str, devices: int) -> str:
+    """The order of a search's one-thread calibration steps (`calibrate.trace_cal`): a
+    placement-only search on several devices scores plans that all run `PLACEMENT_ORDER`
+    with one thread per one-core rank, and the order decides which data an op still finds
+    in the caches (gru-tagger on the 2-core VM, 2026-11-27: one thread in critical-path
+    order 33.5 ms, in program order 30.6, the weight-gradient ops 1.1-2.1x slower, run long
+    after the gradients they read; the cost table has one time per op signature), so its
+    one-thread steps run that order; any other search's run program order (``topo``)."""
+    return PLACEMENT_ORDER if space == "placement" and devices > 1 else "topo"
+
+
 def base_plan() -> Plan:
     """The rest of a placement-only plan: one slot, every core, critical path first."""
     return Plan(slots=1, threads=None, order=PLACEMENT_ORDER)

@@ -166,8 +166,12 @@ def validate_placement_run(
         from schedlab.calibrate.round_cal import RoundCalibration
 
         shapes = sorted({(p.replicas, p.micro_batches) for p, *_ in winners if p.pipelined} - {(1, 1)})
+        from schedlab.search.placement.space import calibration_order
+
         calibration = RoundCalibration(step.full.graph, step.full.input_values, host,
-                                       micro_steps=lambda r, m: step_for(m, r), shapes=shapes)
+                                       micro_steps=lambda r, m: step_for(m, r), shapes=shapes,
+                                       one_thread_order=calibration_order(config.space, len(machine.devices)),
+                                       weights=weights)
     measured: list[Any] = []
     raw = validate_plans(cases, profile=profile, repeats=repeats, steps=steps, warmup=warmup, timeout_s=timeout_s,
                          workload=config.model, progress=progress, measured_out=measured, calibration=calibration)

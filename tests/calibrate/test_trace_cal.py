@@ -135,7 +135,7 @@ def test_calibration_rounds_alternate_the_thread_counts_and_pool_their_steps(mon
     mm = graph.ops[0]
     asked: list[int] = []
 
-    def fake_run_steps(g, inputs, plan, machine, steps, warmup):  # type: ignore[no-untyped-def]
+    def fake_run_steps(g, inputs, plan, machine, steps, warmup, executor=None):  # type: ignore[no-untyped-def]
         slow = 1.5 if len(asked) == 1 else 1.0  # the first round's all-threads run hit a slow spell
         asked.append(plan.threads)
         events = []
@@ -164,3 +164,36 @@ def test_calibration_rounds_alternate_the_thread_counts_and_pool_their_steps(mon
     assert pooled[2] == pytest.approx(statistics.median([0.01 * s * (1 + k / 100) for s in (1.5, 1.0) for k in range(3)]))
     with pytest.raises(SchedlabError, match="rounds must be at least 1"):
         calibrate_with_traces(make_profile(), graph, {}, machine, steps=3, rounds=0)
+
+
+def test_a_placement_search_calibrates_one_thread_in_its_plans_order(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A placement-only search on several devices scores critical-path plans of one thread
+    per rank: its one-thread calibration steps run that order, ranked by the profile's op
+    times; all threads, and every other search, in program order."""
+    from types import SimpleNamespace
+
+    import schedlab.exec
+    from schedlab.calibrate.trace_cal import one_process_traces
+    from schedlab.search.placement.space import PLACEMENT_ORDER, calibration_order
+    from schedlab.sim.testing import cpu_machine
+
+    assert calibration_order("placement", 2) == PLACEMENT_ORDER == "critical-path"
+    assert [calibration_order(s, n) for s, n in (("placement", 1), ("concurrency", 2), ("all", 2))] == ["topo"] * 3
+    ran: list[tuple[int | None, str, object]] = []
+
+    def fake_run_steps(g, inputs, plan, machine, steps, warmup, executor=None):  # type: ignore[no-untyped-def]
+        ran.append((plan.threads, plan.order, None if executor is None else executor.resolved.priority))
+        return SimpleNamespace(trace=Trace((), {"source": "exec"}), step_times_s=(0.01,))
+
+    class FakeExecutor:
+        def __init__(self, graph, resolved) -> None:  # type: ignore[no-untyped-def]
+            self.resolved = resolved
+
+    monkeypatch.setattr(schedlab.exec, "run_steps", fake_run_steps)
+    monkeypatch.setattr(schedlab.exec, "Executor", FakeExecutor)
+    graph = make_graph()
+    weights = {op.id: 10.0 * (1 + op.id) for op in graph.ops}
+    traces = one_process_traces(graph, {}, cpu_machine(cores=2), 2, one_thread_order="critical-path",
+                                weights=lambda op, threads: weights[op.id])
+    assert sorted(traces) == [1, 2] and [(t, o) for t, o, _ in ran] == [(1, "critical-path"), (2, "topo")]
+    assert ran[0][2] is not None and ran[1][2] is None  # the one-thread order ranked with the given op times

@@ -59,7 +59,7 @@ def test_a_single_process_and_a_two_rank_plan(capsys, tmp_path: Path, plan_files
             (e["recalibrated_predicted_step_time_s"] / e["measured_step_time_s"] - 1) * 100)
     cores = detect_host().default_device.cores
     assert d["recalibration"] == {"rounds": 2, "steps_per_run": 2, "pinned_steps_per_run": 3,
-                                  "threads": sorted({1, cores}), "pinned_shapes": []}
+                                  "threads": sorted({1, cores}), "one_thread_order": "topo", "pinned_shapes": []}
     for p in d["plans"]:
         assert set(p["speedup"]) == BASELINES
         for name, x in p["speedup"].items():

@@ -186,6 +186,7 @@ def test_validate_runs_each_strategy_winner_on_real_ranks(capsys, rank_run: Path
         assert c["error_pct"] == pytest.approx((c["predicted_step_time_s"] / c["measured_step_time_s"] - 1) * 100)
         assert c["recalibrated_predicted_step_time_s"] > 0  # the search's calibration, run again in the round
     assert d["recalibration"]["rounds"] == 1 and (d["warmup"], d["warmup_ranks"]) == (1, 4)
+    assert d["recalibration"]["one_thread_order"] == "critical-path"  # as the searched plans run
     placed = [c for c in searched if len(c["devices"]) == 2]
     assert placed and all(c["ranks"] == 2 for c in placed)  # a plan over both ranks ran on two processes
     measured = [c["measured_step_time_s"] for c in d["candidates"]]
