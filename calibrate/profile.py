@@ -296,8 +296,8 @@ class Profile:
 
         A send: its call, the fixed part under the lock and the part that grows with the
         bytes (gloo writes the data into the socket in the caller) on the rank's core, the
-        transfer in flight meanwhile (its end is still the link fit's). A recv: its post (the buffer and the call), and its wait's fixed part once the data is
-        there. An all-reduce of a bucket of k gradients: the flatten's fixed and
+        transfer in flight meanwhile (its end is still the link fit's). A recv: its post
+        (the buffer and the call), and its wait's fixed part once the data is there. An all-reduce of a bucket of k gradients: the flatten's fixed and
         per-gradient part and the post's fixed part under the lock, the flatten's copy on
         the cores; once its collective ended, the wait's fixed part and the average's fixed
         and per-gradient part under the lock, the average's pass on the cores; and the share

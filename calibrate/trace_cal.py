@@ -202,9 +202,10 @@ def calibrate_with_traces(
         raise SchedlabError(f"rounds must be at least 1, got {rounds}")
     traces: OneProcessTraces = {}
     times: dict[int, list[float]] = {}
+    weights = op_cost_us(profile)
     for _ in range(rounds):
         one_process_traces(graph, input_values, machine, steps, into=traces, step_times_s=times,
-                           one_thread_order=one_thread_order, weights=op_cost_us(profile))
+                           one_thread_order=one_thread_order, weights=weights)
     if step_times_s is not None:
         step_times_s.update({n: statistics.median(ts) for n, ts in times.items()})
     return with_one_process_traces(profile, graph, traces)

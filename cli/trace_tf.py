@@ -62,6 +62,7 @@ def tf_plan_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def run_tf_trace(args: argparse.Namespace) -> int:
+    from schedlab.exec.launch import warmup_for
     from schedlab.exec.tf_job import TFRequest
     from schedlab.exec.tf_launch import DEFAULT_TF_TIMEOUT_S, run_tf_worker
     from schedlab.tf.runtime import tensorflow_available
@@ -78,7 +79,8 @@ def run_tf_trace(args: argparse.Namespace) -> int:
         raise SchedlabError(f"--devices {args.devices}: on the TensorFlow backend the plan's placement sets the logical "
                             f"CPU devices ({threads.cpu_devices} here); drop --devices")
     timeout_s = DEFAULT_TF_TIMEOUT_S if args.timeout_s is None else args.timeout_s
-    request = TFRequest(workload=args.model, size=args.size, threads=threads, steps=args.steps, warmup=1 if args.warmup is None else args.warmup,
+    request = TFRequest(workload=args.model, size=args.size, threads=threads, steps=args.steps,
+                        warmup=warmup_for(False, args.warmup),
                         optimizer=args.optimizer, seed=args.seed, plan=tf_plan_from_args(args))
     print(f"trace {args.model} on TensorFlow ({threads.describe()}) ...", file=sys.stderr)
     result = run_tf_worker(request, timeout_s=timeout_s)

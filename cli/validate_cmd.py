@@ -94,8 +94,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_dir(args: argparse.Namespace) -> int:
+    from schedlab.exec.launch import warmup_for
     from schedlab.search.run_dir import RunPaths, read_run
-    from schedlab.search.validate import DEFAULT_TOP, DEFAULT_WARMUP, validate_run
+    from schedlab.search.validate import DEFAULT_TOP, validate_run
 
     run_dir = Path(args.target)
     from schedlab.search.placement.validate import is_placement_run
@@ -103,8 +104,7 @@ def _run_dir(args: argparse.Namespace) -> int:
     config = read_run(run_dir)
     if is_placement_run(config) and config.backend != "tensorflow":
         return _placement_run_dir(args, run_dir)
-    if args.warmup is None:  # one process
-        args.warmup = DEFAULT_WARMUP
+    args.warmup = warmup_for(False, args.warmup)  # one process
     if config.backend == "tensorflow":
         from schedlab.cli.search_tf import run_tf_validate
 

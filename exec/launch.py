@@ -70,6 +70,8 @@ def warmup_for(multi_device: bool, warmup: int | None = None) -> int:
     if warmup is not None:
         return warmup
     return RANK_WARMUP if multi_device else PROCESS_WARMUP
+
+
 STEP_TIME_DEFINITION = (
     "back-to-back steps on one clock (ranks aligned to rank 0): step k lasts from the moment the last rank "
     "finished step k-1 (for the first timed step: the first rank's start, after a barrier) to the moment the "

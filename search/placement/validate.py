@@ -164,10 +164,9 @@ def validate_placement_run(
     calibration = None
     if recalibrate:
         from schedlab.calibrate.round_cal import RoundCalibration
-
-        shapes = sorted({(p.replicas, p.micro_batches) for p, *_ in winners if p.pipelined} - {(1, 1)})
         from schedlab.search.placement.space import calibration_order
 
+        shapes = sorted({(p.replicas, p.micro_batches) for p, *_ in winners if p.pipelined} - {(1, 1)})
         calibration = RoundCalibration(step.full.graph, step.full.input_values, host,
                                        micro_steps=lambda r, m: step_for(m, r), shapes=shapes,
                                        one_thread_order=calibration_order(config.space, len(machine.devices)),
