@@ -44,13 +44,17 @@ Each is the lowest of its round medians (interference only adds time); an all-re
 is the slower rank's. The link and collective fits (`calibrate.links`) time the same
 calls end to end; the simulator charges a receive's wait and an all-reduce's post and
 wait on the ranks at their fixed cost only (the part that grows with the bytes is the
-transfer itself, which the fits already time), and takes those fixed costs off the link's
+transfer itself, which the fits already time; but see the send and the exchange below), and takes those fixed costs off the link's
 latency and the collective's time (`HostCosts.p2p_overlap_s`, `allreduce_overlap_s`;
 `calibrate.links.apply_link_fit`, `Profile.allreduce_us`). A send's call is charged
 whole: its fixed part under the lock, and the part that grows with the bytes as a kernel
 on the sender's core while the transfer is in flight (gloo writes the data into the socket
 in the caller: a conv1d-two-branch split's 2 MiB sends took 444-854 us of the sender's
-step in its rank trace, 2026-11-27, where a fixed part alone is 17 us).
+step in its rank trace, 2026-11-27, where a fixed part alone is 17 us). So is an
+all-reduce's post between two ranks, the exchange's send: its part that grows with the
+bytes is the caller's write, beside the collective (lstm-lm's `dp-b1` rank trace,
+2026-11-28: issuing a 1-2 MiB bucket held the rank's one worker 0.2-5.3 ms, where the
+post's fixed part is 79 us).
 """
 
 from __future__ import annotations

@@ -299,7 +299,9 @@ class Profile:
         transfer in flight meanwhile (its end is still the link fit's). A recv: its post
         (the buffer and the call), and its wait's fixed part once the data is there. An all-reduce of a bucket of k gradients: the flatten's fixed and
         per-gradient part and the post's fixed part under the lock, the flatten's copy on
-        the cores; once its collective ended, the wait's fixed part and the average's fixed
+        the cores; between two ranks, where the executor's post is a send and a receive
+        (`exec.reduce`), the post's part that grows with the bytes too, as the caller's
+        write of the bucket beside the collective (as a send's); once its collective ended, the wait's fixed part and the average's fixed
         and per-gradient part under the lock, the average's pass on the cores; and the share
         of its collective that keeps a core of its rank busy (`HostCosts.collective_cpu_share`).
         A send's or a recv's transfer keeps a core at its end busy for a while too
@@ -327,12 +329,15 @@ class Profile:
         k = max(1, len(op.inputs))
         flatten, average = t["allreduce_flatten"], t["allreduce_average"]
         flat_fixed, avg_fixed = flatten.fixed_us(k), average.fixed_us(k)
+        post = t["allreduce_post"]
+        exchange = len(op.kwargs.get("group", ())) == 2  # `exec.reduce`: a send and a receive, not gloo's all_reduce
         return CommOpCost(
-            post_us=flat_fixed + t["allreduce_post"].fixed_us(),
+            post_us=flat_fixed + post.fixed_us(),
             post_kernel_us=max(0.0, flatten.us_at(nbytes, k) - flat_fixed),
             done_us=t["allreduce_wait"].fixed_us() + avg_fixed,
             done_kernel_us=max(0.0, average.us_at(nbytes, k) - avg_fixed),
             collective_cpu_share=host.collective_cpu_share or 0.0,
+            write_us=max(0.0, post.us_at(nbytes) - post.fixed_us()) if exchange else 0.0,
             after_wait=after_wait,
         )
 

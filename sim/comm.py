@@ -94,6 +94,11 @@ class CommOpCost:
     # An all-reduce on a CPU device: the share of its collective's bandwidth part that also
     # keeps one core of its device busy (processor-shared with the kernels there; 0: none).
     collective_cpu_share: float = 0.0
+    # An all-reduce between two CPU ranks (the executor's exchange, `exec.reduce`): the part
+    # of its issue that grows with the bytes, gloo writing the bucket into the socket in the
+    # caller, after its flatten. The caller waits for it; the collective is in flight
+    # meanwhile and ends no earlier than every member's write.
+    write_us: float = 0.0
     # A send or a recv on a CPU device: what its transfer, while in flight, takes of one core
     # of its device (gloo's socket thread; µs of that core), processor-shared the same way.
     transfer_cpu_us: float = 0.0

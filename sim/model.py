@@ -72,7 +72,12 @@ The model (time unit: microseconds):
   on the ring's wires and, where the cost model says the collective needs a core of each
   CPU member (`sim.comm.CommOpCost.collective_cpu_share`: gloo copies and reduces on the
   ranks' own cores), that share of it run as a one-thread job on each member's cores too,
-  processor-shared with the kernels there; the collective ends when both parts have. Devices issue a group's buckets in ascending order.
+  processor-shared with the kernels there; the collective ends when both parts have.
+  Between two CPU ranks the executor's all-reduce is a send and a receive (`exec.reduce`),
+  and its issue ends with the caller writing the bucket into the socket, as a send's
+  (`CommOpCost.write_us`: a one-thread job on its cores that the caller waits for, beside
+  the collective, whose CPU part on that member follows it); the collective ends no
+  earlier than every member's write. Devices issue a group's buckets in ascending order.
   Who does this depends on the device's slots, as in the executor:
   - *one slot*: its one worker walks the device's ops in the resolved `sequence` (a
     straight-line program): at a recv it posts the receives not posted yet, all of the
@@ -223,6 +228,7 @@ class _SimpyRun:
         self.issued = [0] * (len(st.comm.collectives) if st.comm is not None else 0)
         self.when_ready: dict[int, simpy.Event] = {}  # op -> fires when its last token arrives
         self.arrived = [False] * n  # recv: its transfer arrived; all-reduce: its collective ended
+        self.writes: dict[int, simpy.Event] = {}  # all-reduce -> its exchange's write in flight (`CommOpCost.write_us`)
         self.posted = [False] * n  # recv: posted (its buffer allocated; its transfer may move)
         self.when_posted: dict[int, simpy.Event] = {}
         self.recvs_of: list[list[int]] = [
@@ -440,7 +446,14 @@ class _SimpyRun:
             yield self.servers[d].run(a, prep.demand[a], prep.kernel_us[a])
         for s in st.issue_release.get(a, ()):
             self._release(s)
-        self._issue(a)
+        cost = self._measured(a)
+        write_us = cost.write_us if cost is not None and not prep.device_is_gpu[d] else 0.0
+        if write_us > 0.0:  # the exchange's send, written in the caller beside the collective
+            written = self.writes[a] = self.servers[d].run(a, 1, write_us)
+            self._issue(a)
+            yield written
+        else:
+            self._issue(a)
 
     def _finish_reduce(self, a: int, lock: simpy.Resource | None) -> Generator[simpy.Event, Any, float]:
         """Wait for all-reduce `a`'s collective, then average (under the lock, then a kernel) and
@@ -559,14 +572,18 @@ class _SimpyRun:
         assert self.comm is not None
         prep, timing = self.prep, self.prep.collective_time[c]
         link = self.network.collective(timing.links, timing.bw_us, timing.latency_us)
-        cores = [  # its CPU on each CPU member (`CommOpCost.collective_cpu_share`), beside the link part
-            self.servers[d].run(m, 1, cost.collective_cpu_share * timing.bw_us)
-            for m in self.comm.collectives[c].members
+        members = self.comm.collectives[c].members
+        writes = {m: w for m in members if (w := self.writes.pop(m, None)) is not None}  # the exchange's sends
+        cores = [  # its CPU on each CPU member (`CommOpCost.collective_cpu_share`), beside the link
+            # part; on a member still writing its bucket, once that is done (the same job key)
+            self._cpu_after(writes.get(m), d, m, cost.collective_cpu_share * timing.bw_us)
+            for m in members
             if (cost := self._measured(m)) is not None and cost.collective_cpu_share > 0.0 and timing.bw_us > 0.0
             and not prep.device_is_gpu[d := self.st.op_device[m]]
         ]
+        cores += writes.values()
         start, end = yield link
-        if cores:
+        if cores:  # nor before its CPU part and every member's write are done
             yield self.env.all_of(cores)
             end = self.env.now
         self.tl.collectives.append((c, start, end))

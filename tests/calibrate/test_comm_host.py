@@ -195,8 +195,9 @@ def fits_with_host_costs() -> LinkFits:
     return dataclasses.replace(synthetic_fits(), host_costs=host_costs_of(_points()))
 
 
-def comm_op(target: str, nbytes: int, inputs: int = 1) -> Op:
-    return Op(id=0, name=target, target=target, kind=OpKind.COMM, args=(), kwargs={}, inputs=tuple(range(inputs)),
+def comm_op(target: str, nbytes: int, inputs: int = 1, group: tuple[str, ...] = ()) -> Op:
+    kwargs = {"bucket": 0, "group": list(group), "reduce": "avg"} if group else {}
+    return Op(id=0, name=target, target=target, kind=OpKind.COMM, args=(), kwargs=kwargs, inputs=tuple(range(inputs)),
               outputs=(99,), flops=0.0, bytes_moved=nbytes, layer=None)
 
 
@@ -249,6 +250,15 @@ def test_profile_charges_the_measured_parts() -> None:
     assert ar.post_us == pytest.approx(10.004 + 15 * 2.0 + 10.004)
     assert ar.post_kernel_us == pytest.approx(n / 1000.0 - 0.004)
     assert ar.done_kernel_us == pytest.approx(n / 1000.0 - 0.004)
+    assert ar.write_us == 0.0  # no group of two: gloo's all_reduce, whose post does not write
+    # Between two ranks the post is the exchange's send and receive: its part that grows
+    # with the bytes is the caller's write of the bucket; among three, none.
+    pair = profile.comm_host_us(comm_op(ALL_REDUCE, n, inputs=16, group=("cpu0", "cpu1")))
+    three = profile.comm_host_us(comm_op(ALL_REDUCE, n, inputs=16, group=("cpu0", "cpu1", "cpu2")))
+    assert pair is not None and three is not None
+    assert pair.write_us == pytest.approx(n / 1000.0 - 0.004)
+    assert three.write_us == 0.0
+    assert pair.post_us == pytest.approx(ar.post_us)  # the fixed parts under the lock, as before
     assert profile.comm_host_us(comm_op("aten.mm.default", n)) is None
     assert dataclasses.replace(make_profile(), links=synthetic_fits()).comm_host_us(comm_op(SEND, n)) is None
     assert make_profile().comm_host_us(comm_op(SEND, n)) is None

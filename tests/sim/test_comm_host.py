@@ -4,6 +4,7 @@ the simulator charges those parts instead of the ops' dispatch (times in µs).""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -78,19 +79,17 @@ class CpuCollectiveCost(HostCost):
     of each CPU member busy for `share` of its bandwidth part."""
 
     share: float = 1.0
+    write: float = 0.0
 
     def comm_host_us(self, op: Op) -> CommOpCost | None:
-        return CommOpCost(0.0, collective_cpu_share=self.share) if op.target == ALL_REDUCE else None
+        if op.target != ALL_REDUCE:
+            return None
+        return CommOpCost(0.0, collective_cpu_share=self.share, write_us=self.write)
 
 
-@pytest.mark.parametrize(("share", "w_end", "reduced"), [(1.0, 3010, 2010), (0.5, 2510, 1050), (0.0, 2010, 1050)])
-def test_a_collective_shares_its_ranks_cores_with_their_kernels(share: float, w_end: float, reduced: float) -> None:
-    # Per rank a, b: a gradient g (10), its all-reduce (1 MB: 40 + 1000 us on the link), a
-    # reader u (10); a also has w (2000), run while the collective is in flight. With share
-    # 1 the collective needs a's one core for 1000 us: w and it take turns (half each)
-    # until it is done at 2010; w ends at 3010. b's core is free: its part ends at 1010, the
-    # link part at 1050, so the collective ends at 2010. With share 0.5: 500 us of core,
-    # done at 1010 on a; the link's 1050 is then the end; w ends at 10 + 2000 + 500.
+def collective_beside_a_kernel(share: float, write: float = 0.0) -> dict[str, Any]:
+    """Per rank a, b: a gradient g (10), its all-reduce (1 MB: 40 + 1000 us on the link), a
+    reader u (10); a also has w (2000), after its all-reduce's issue in a's sequence."""
     b = GraphBuilder("collective-cpu")
     xa, xb, y = b.input("xa", 64), b.input("xb", 64), b.input("y", 64)
     ga, gb = b.op("ga", [xa], nbytes=10**6), b.op("gb", [xb], nbytes=10**6)
@@ -105,8 +104,19 @@ def test_a_collective_shares_its_ranks_cores_with_their_kernels(share: float, w_
     g = dataclasses.replace(g, ops=ops)
     devices = ["a", "b", "a", "b", "a", "a", "b"]
     cost = CpuCollectiveCost(kernel={"ga": 10.0, "gb": 10.0, "w": 2000.0, "ua": 10.0, "ub": 10.0, "ara": 0.0,
-                                     "arb": 0.0}, dispatch=0.0, share=share)
-    ev = by_name(simulate(g, hand_resolved(g, devices), machine((0, 1)), cost))
+                                     "arb": 0.0}, dispatch=0.0, share=share, write=write)
+    return by_name(simulate(g, hand_resolved(g, devices), machine((0, 1)), cost))
+
+
+@pytest.mark.parametrize(("share", "w_end", "reduced"), [(1.0, 3010, 2010), (0.5, 2510, 1050), (0.0, 2010, 1050)])
+def test_a_collective_shares_its_ranks_cores_with_their_kernels(share: float, w_end: float, reduced: float) -> None:
+    # Per rank a, b: a gradient g (10), its all-reduce (1 MB: 40 + 1000 us on the link), a
+    # reader u (10); a also has w (2000), run while the collective is in flight. With share
+    # 1 the collective needs a's one core for 1000 us: w and it take turns (half each)
+    # until it is done at 2010; w ends at 3010. b's core is free: its part ends at 1010, the
+    # link part at 1050, so the collective ends at 2010. With share 0.5: 500 us of core,
+    # done at 1010 on a; the link's 1050 is then the end; w ends at 10 + 2000 + 500.
+    ev = collective_beside_a_kernel(share)
     assert (us(ev["w"].start_ns), us(ev["w"].end_ns)) == pytest.approx((10, w_end))
     assert us(ev["arb"].end_ns) == pytest.approx(reduced)
     assert us(ev["ub"].start_ns) == pytest.approx(reduced)
@@ -240,3 +250,21 @@ def test_what_local_cpu_ranks_measured_does_not_price_gpus_on_other_links() -> N
     assert us(by_name(simulate(g, hand_resolved(g, devices), gpus, cost))["ar0a"].end_ns) == us(
         by_name(simulate(g, hand_resolved(g, devices), gpus, unmeasured))["ar0a"].end_ns)
     assert LOOPBACK_LINK in {lk.name for lk in cpus.links}
+
+
+@pytest.mark.parametrize(("write", "share", "w_start", "reduced"), [
+    (600.0, 0.0, 610, 1050), (1500.0, 0.0, 1510, 1510), (600.0, 0.5, 610, 1610),
+])
+def test_an_exchange_issue_waits_while_its_caller_writes_the_bucket(
+        write: float, share: float, w_start: float, reduced: float) -> None:
+    # Between two ranks the executor's all-reduce is a send and a receive, and gloo writes
+    # the bucket into the socket in the caller (`CommOpCost.write_us`): a's one worker
+    # issues ara at 10 and waits for the write (to 10 + write) before w. The collective is
+    # in flight from 10 (both issued), on the link until 1050, and ends no earlier than
+    # both writes (1510 when they take 1500). With share 0.5, each member's 500 us of core
+    # run after its write: on b alone (610-1110), on a beside w from 610, at half speed
+    # (to 1610), which ends the collective.
+    ev = collective_beside_a_kernel(share, write)
+    assert us(ev["w"].start_ns) == pytest.approx(w_start)
+    assert us(ev["arb"].end_ns) == pytest.approx(reduced)
+    assert us(ev["ub"].start_ns) == pytest.approx(reduced)
