@@ -159,7 +159,7 @@ def _run(job_dir: Path, env: RankEnv, state: dict[str, int | None], progress: Pr
                 raise CommFailed(f"rank {env.rank}: barrier before the timed steps failed: {e}") from e
         # the numerics check's step: random ops draw what eager PyTorch's do (`schedlab.rng`)
         with seeded_random() if s == 0 and job.want_outputs else contextlib.nullcontext():
-            out, rec = ex.run_step(inputs)
+            out, rec = ex.run_step(inputs, prepost_next=s + 1 < job.warmup + job.steps)
         if s == 0 and job.want_outputs:
             outputs = {v: t.clone() for v, t in out.items()}
         inputs = next_inputs(job.graph, inputs, out)

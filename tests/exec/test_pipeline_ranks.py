@@ -3,11 +3,15 @@ running its row of the schedule, match eager PyTorch's full-batch step."""
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import pytest
+import torch.multiprocessing as mp
 
 from schedlab.capture import capture
 from schedlab.exec.check import check_step
-from schedlab.exec.launch import run_ranks
+from schedlab.exec.launch import free_port, run_ranks
 from schedlab.graph import OpKind
 from schedlab.machine import Device, Machine, host_ranks
 from schedlab.microbatch import pipeline_step
@@ -94,3 +98,58 @@ def test_a_pipeline_with_replicas_on_four_ranks_matches_eager_on_the_full_batch(
     assert res.ranks == 4
     reduces = {e.rank for e in res.trace.events if e.name.startswith("all_reduce")}
     assert reduces == {0, 1, 2, 3}  # every rank averages its stage's gradients with its replica's peer
+
+
+def _three_steps(rank: int, port: int, prepost: bool, out: Any) -> None:
+    """Rank `rank` of mlp's 1F1B over 2 micro-batches: three steps, the first two posting the
+    next step's receives if `prepost`; reports, after each step, whether the next step's
+    receives were all posted and how many the rank has, and the last step's outputs."""
+    import torch.distributed as dist
+
+    from schedlab.exec.dist import RankExecutor
+    from schedlab.exec.runner import next_inputs
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        w = load_workload("mlp", "tiny")
+        step = pipeline_step(w, 2, lambda part: capture(part, "sgd"))
+        plan = Plan(threads=1, micro_batches=2, stages=2, schedule="1f1b", pipeline_devices=("cpu0", "cpu1"))
+        r = resolve(step.graph, plan, HOST2)
+        run_graph = r.run_graph(step.graph)
+        ex = RankExecutor(run_graph, r, HOST2, rank)
+        inputs = {v: t for v, t in step.inputs_for(run_graph).items() if v in ex.input_ids}
+        posted = []
+        for s in range(3):
+            outs, _ = ex.run_step(inputs, prepost_next=prepost and s < 2)
+            nxt = ex._next
+            posted.append((nxt is not None and nxt.posted == len(ex.recvs), len(ex.recvs)))
+            inputs = {**inputs, **next_inputs(run_graph, inputs, outs)}
+        ex.finish()
+        out.put((rank, posted, {v: t.tolist() for v, t in outs.items()}))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_two(prepost: bool) -> dict[int, tuple[list[tuple[bool, int]], dict[int, Any]]]:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_three_steps, args=(r, port, prepost, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = {rank: (posted, outs) for rank, posted, outs in (out.get(timeout=120) for _ in range(2))}
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    return got
+
+
+def test_a_rank_posts_the_next_steps_receives_once_its_last_receive_is_in() -> None:
+    early, late = _run_two(True), _run_two(False)
+    for rank in (0, 1):
+        posted, outs = early[rank]
+        assert posted[0][1] > 0  # both stages receive (activations one way, gradients the other)
+        assert [p for p, _ in posted] == [True, True, False]  # not after the last step: nothing would match
+        assert [p for p, _ in late[rank][0]] == [False, False, False]
+        assert outs == late[rank][1]  # the same numbers, step after step
