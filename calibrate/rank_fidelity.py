@@ -22,7 +22,8 @@ what each communication op costs its rank (`Profile.comm_host_us`). Every row ca
 
 Two ways to predict, as on one device (`calibrate.fidelity`): trace-calibrated (the
 Profile plus the op times of one-process, one-thread runs of the model's full step, of
-its per-replica step and of its micro-batch step, none of them a scored plan), and profile-only (the Profile alone:
+its per-replica step and of its micro-batch step, none of them a scored plan, each pinned
+to a core beside its twin on another: `calibrate.twin`), and profile-only (the Profile alone:
 what the held-out protocol reports for models calibration never saw). The measured runs
 are shared by both. Measured in several rounds (`measure_ranks`), the calibration runs
 too: one per shape at the start of each round, their steps pooled (`with_calibration`),
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +54,7 @@ from schedlab.calibrate.host_load import CpuSnapshot, snapshot
 from schedlab.calibrate.links import apply_link_fit
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.trace_cal import joined_traces
+from schedlab.calibrate.twin import Twin
 from schedlab.errors import SchedlabError
 from schedlab.exec.launch import RANK_WARMUP
 from schedlab.graph import Graph
@@ -298,7 +301,8 @@ def trace_calibrated(profile: Profile, step_of: StepOf, shapes: Sequence[tuple[i
     """`profile` plus the op times of one-process, one-slot, one-thread, program-order runs
     of the model's step for each (replicas, micro-batches) shape (the full step; the
     per-replica one; one micro-batch's), this
-    process pinned to one core as a rank of one core runs (`calibrate.trace_cal`). None of
+    process pinned to one core as a rank of one core runs (`calibrate.trace_cal`), beside the
+    same step on another core (`calibrate.twin`). None of
     them is a scored plan."""
     return with_calibration(profile, calibration_traces(step_of, shapes, steps, warmup))
 
@@ -307,8 +311,9 @@ CalibrationTraces = dict[tuple[int, int], tuple[Graph, list[Trace]]]  # shape ->
 
 
 def calibration_traces(step_of: StepOf, shapes: Sequence[tuple[int, int]], steps: int, warmup: int = TRACE_WARMUP,
-                       into: CalibrationTraces | None = None) -> CalibrationTraces:
-    """One calibration run per shape (`trace_calibrated`), its trace added to `into`'s."""
+                       into: CalibrationTraces | None = None, twin: bool = True) -> CalibrationTraces:
+    """One calibration run per shape (`trace_calibrated`), its trace added to `into`'s;
+    with `twin` (and a second core), beside the same step on another core (`calibrate.twin`)."""
     from schedlab.exec import run_steps
     from schedlab.machine import detect_host
 
@@ -316,13 +321,17 @@ def calibration_traces(step_of: StepOf, shapes: Sequence[tuple[int, int]], steps
     host = detect_host()
     pin = hasattr(os, "sched_setaffinity")
     before = os.sched_getaffinity(0) if pin else set()
+    others = sorted(before - {min(before)}) if pin else []
     try:
         if pin:  # on one core, as a rank of `host_ranks` runs (its share of the cores: one here)
             os.sched_setaffinity(0, {min(before)})
         for r, m in sorted(set(shapes)):
             step = step_of(r, m)
             captured = step.parts[0] if step.parts else step.full
-            res = run_steps(captured.graph, captured.input_values, Plan(threads=1), host, steps=steps, warmup=warmup)
+            # beside its twin on another core, as a rank computes beside its neighbours (`calibrate.twin`)
+            with Twin(captured.graph, captured.input_values, others[0]) if twin and others else nullcontext():
+                res = run_steps(captured.graph, captured.input_values, Plan(threads=1), host, steps=steps,
+                                warmup=warmup)
             out.setdefault((r, m), (captured.graph, []))[1].append(res.trace)
     finally:
         if pin:
