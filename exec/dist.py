@@ -347,8 +347,8 @@ class RankExecutor:
         for v in self.input_ids:
             V[v] = inputs[v]
         start_ns = time.perf_counter_ns()
-        tr, self._next = self._next or _Transfers(self), None
-        self._prepost = prepost_next
+        tr = self._next if self._next is not None else _Transfers(self)  # receives posted early, if any
+        self._next, self._prepost = None, prepost_next
         line_ns: list[int] = []
         issued: dict[int, int] = {}
         spans = None

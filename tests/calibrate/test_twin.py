@@ -36,9 +36,8 @@ def test_a_twin_that_cannot_start_is_one_clear_error_and_leaves_nothing(monkeypa
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     bad = dict(c.input_values)  # type: ignore[attr-defined]
     bad.pop(next(iter(bad)))  # a graph input without its tensor: the twin's first step fails
-    with pytest.raises(SchedlabError, match="twin step failed"):
-        with Twin(c.graph, bad, max(os.sched_getaffinity(0))):  # type: ignore[attr-defined]
-            pass
+    with pytest.raises(SchedlabError, match="twin step failed"), Twin(c.graph, bad, max(os.sched_getaffinity(0))):  # type: ignore[attr-defined]
+        pass
     assert list(tmp_path.iterdir()) == []
 
 
@@ -50,5 +49,5 @@ def test_the_rank_calibration_runs_beside_a_twin_or_alone() -> None:
     step_of = plan_steps_of("mlp", "tiny", "sgd")
     for twin in (True, False):
         traces = calibration_traces(step_of, [(2, 1)], steps=2, warmup=1, twin=twin)
-        graph, runs = traces[(2, 1)]
+        _, runs = traces[(2, 1)]
         assert len(runs) == 1 and runs[0].events
