@@ -99,6 +99,7 @@ from schedlab.calibrate.signature import fit_class, graph_signatures, signature
 from schedlab.calibrate.trace_cal import trace_figures, trace_slots
 from schedlab.calibrate.views import NO_VIEW_COSTS, ViewCosts
 from schedlab.calibrate.wake import POOLED, WakeFit, region_share, wake_share
+from schedlab.collectives import sums_by_exchange
 from schedlab.distribute import ALL_REDUCE, RECV, SEND
 from schedlab.errors import SchedlabError
 from schedlab.graph import Graph, Op, OpKind
@@ -330,7 +331,7 @@ class Profile:
         flatten, average = t["allreduce_flatten"], t["allreduce_average"]
         flat_fixed, avg_fixed = flatten.fixed_us(k), average.fixed_us(k)
         post = t["allreduce_post"]
-        exchange = len(op.kwargs.get("group", ())) == 2  # `exec.reduce`: a send and a receive, not gloo's all_reduce
+        exchange = sums_by_exchange(len(op.kwargs.get("group", ())))  # a send and a receive: its post writes
         return CommOpCost(
             post_us=flat_fixed + post.fixed_us(),
             post_kernel_us=max(0.0, flatten.us_at(nbytes, k) - flat_fixed),

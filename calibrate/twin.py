@@ -6,7 +6,7 @@ kernel runs slower while the other cores are busy (shared caches and memory band
 Measured on the 2-core development VM (2026-11-28, quiet; a scratch script: the per-replica
 step of each held-out model pinned to core 0, alone and with the same step pinned to core 1,
 two alternations each): lstm-lm +7%, mha-regressor +4 to +7%, dropout-encoder +4 to +7%,
-encoder-classifier 0 to +2%, gru-tagger +1%, bilstm-classifier 0%, conv1d-two-branch and
+encoder-classifier -1 to +2%, gru-tagger +1%, bilstm-classifier 0%, conv1d-two-branch and
 depthwise-cnn none. The co-run rule calibrated inside one process (two kernels of one
 process on two cores) says +4 to +11% for the same steps, and most for the two that showed
 none, so it does not carry over to processes; the twin measures it per model instead. The
@@ -17,7 +17,7 @@ beside a twin, so the op times it keeps are those of a rank whose neighbours com
 `Twin` is a context manager: it writes the graph and inputs to a temporary folder, starts
 `python -m schedlab.calibrate.twin DIR CORE`, and waits (at most `timeout_s`) until the twin
 has run its first step; leaving it stops the twin (a stop file, then a signal) and removes
-the folder. The twin also stops by itself when its parent is gone.
+the folder. The twin dies with its parent, as a rank does (`exec.rankenv.die_with_parent`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from types import TracebackType
 from typing import Any
 
 from schedlab.errors import SchedlabError
+from schedlab.exec.rankenv import PARENT_ENV, die_with_parent, pin_process
 from schedlab.graph import Graph
 
 READY = "ready"
@@ -60,7 +61,7 @@ class Twin:
             with open(self._dir / "stderr.txt", "w") as err:  # a file: a pipe nobody reads could fill
                 self._proc = subprocess.Popen(
                     [sys.executable, "-m", "schedlab.calibrate.twin", str(self._dir), str(self.core)],
-                    stdout=subprocess.PIPE, stderr=err, text=True,
+                    stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, PARENT_ENV: str(os.getpid())},
                 )
             self._wait_ready()
         except BaseException:
@@ -110,8 +111,9 @@ class Twin:
 def main(argv: list[str]) -> int:
     """The twin process: `DIR CORE`."""
     folder, core = Path(argv[0]), int(argv[1])
+    die_with_parent()
     if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {core})  # before torch starts its thread pools, as a rank
+        pin_process([core])  # before torch starts its thread pools, as a rank
     import torch
 
     from schedlab.allocator import tune_malloc
@@ -122,14 +124,13 @@ def main(argv: list[str]) -> int:
     tune_malloc()
     torch.set_num_threads(1)
     graph = Graph.load(folder / "graph.json")
-    inputs = torch.load(folder / "inputs.pt")
+    inputs = torch.load(folder / "inputs.pt", weights_only=True)
     host, plan = detect_host(), Plan(threads=1)
     resolved = resolve(graph, plan, host)
     ex = Executor(resolved.run_graph(graph), resolved)
-    parent = os.getppid()
     run_steps(graph, inputs, plan, host, steps=1, warmup=1, executor=ex)
     print(READY, flush=True)
-    while not (folder / STOP_FILE).exists() and os.getppid() == parent:
+    while not (folder / STOP_FILE).exists():
         run_steps(graph, inputs, plan, host, steps=STEPS_PER_CHECK, warmup=0, executor=ex)
     return 0
 

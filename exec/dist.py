@@ -62,6 +62,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from schedlab.collectives import sums_by_exchange
 from schedlab.distribute import ALL_REDUCE, RECV, SEND, input_homes, outputs_on
 from schedlab.errors import SchedlabError
 from schedlab.exec.program import Extern, Program, compile_graph
@@ -251,7 +252,8 @@ class RankExecutor:
         all_groups = sorted({
             tuple(sorted(rank_of[str(d)] for d in op.kwargs["group"])) for op in ops if op.target == ALL_REDUCE
         })
-        gloo_groups = {g: None if len(g) == world else dist.new_group(list(g)) for g in all_groups if len(g) != 2}
+        gloo_groups = {g: None if len(g) == world else dist.new_group(list(g))
+                       for g in all_groups if not sums_by_exchange(len(g))}
         directions = direction_groups([*p2p_directions(graph, devices, rank_of), *pair_directions(all_groups)])
         self._reducers: dict[tuple[int, ...], Reducer] = {
             g: make_reducer(g, rank, directions, gloo_groups.get(g)) for g in all_groups if rank in g

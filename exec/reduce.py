@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from schedlab.collectives import sums_by_exchange
 from schedlab.errors import SchedlabError
 
 # Tags of the exchanges: apart from the transfers' (counting up from 0) and the clocks' (1 << 30).
@@ -42,7 +43,7 @@ def pair_directions(groups: Iterable[tuple[int, ...]]) -> list[tuple[int, int]]:
     """Both directions of every two-rank group among `groups` (the ones `Reducer` exchanges over)."""
     out: set[tuple[int, int]] = set()
     for g in groups:
-        if len(g) == 2:
+        if sums_by_exchange(len(g)):
             a, b = g
             out |= {(a, b), (b, a)}
     return sorted(out)
@@ -121,7 +122,7 @@ def make_reducer(ranks: tuple[int, ...], rank: int, directions: dict[tuple[int, 
                  group: Any = None) -> Reducer:
     """The reducer of `ranks` on rank `rank`: an exchange over `directions` (from
     `direction_groups`, holding both of the pair's) for two ranks; else gloo on `group`."""
-    if len(ranks) != 2:
+    if not sums_by_exchange(len(ranks)):
         return Reducer(ranks, rank, group)
     a, b = ranks
     peer = b if rank == a else a

@@ -14,7 +14,14 @@ alpha_s, and 2(n-1)/n of the buffer through each rank's link. One rank: no time.
 
 from __future__ import annotations
 
-__all__ = ["p2p_s", "ring_allreduce_s"]
+__all__ = ["p2p_s", "ring_allreduce_s", "sums_by_exchange"]
+
+
+def sums_by_exchange(n_ranks: int) -> bool:
+    """Whether the executor sums a buffer across `n_ranks` ranks by one exchange (each rank
+    sends its buffer to the other and adds the other's in: two ranks, `exec.reduce`) rather
+    than by gloo's all-reduce (more ranks)."""
+    return n_ranks == 2
 
 
 def p2p_s(nbytes: float, latency_s: float, bw_bytes_per_s: float) -> float:

@@ -7,17 +7,17 @@ import os
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
 
 from schedlab.capture import capture
 from schedlab.exec.check import check_step
-from schedlab.exec.launch import free_port, run_ranks
+from schedlab.exec.launch import run_ranks
 from schedlab.graph import OpKind
 from schedlab.machine import Device, Machine, host_ranks
 from schedlab.microbatch import pipeline_step
 from schedlab.pipeline.generators import default_shape, generate, parse_name
 from schedlab.plan import Plan, resolve
 from schedlab.workloads import load_workload
+from tests.exec.spawned import run_spawned
 from tests.exec.test_dist import four_core_ranks
 
 HOST2 = host_ranks(2, Machine("h", (Device("cpu0", "cpu", 2, 8 * 2**30),)))
@@ -126,27 +126,13 @@ def _three_steps(rank: int, port: int, prepost: bool, out: Any) -> None:
             posted.append((nxt is not None and nxt.posted == len(ex.recvs), len(ex.recvs)))
             inputs = {**inputs, **next_inputs(run_graph, inputs, outs)}
         ex.finish()
-        out.put((rank, posted, {v: t.tolist() for v, t in outs.items()}))
+        out.put((rank, (posted, {v: t.tolist() for v, t in outs.items()})))
     finally:
         dist.destroy_process_group()
 
 
-def _run_two(prepost: bool) -> dict[int, tuple[list[tuple[bool, int]], dict[int, Any]]]:
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_three_steps, args=(r, port, prepost, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = {rank: (posted, outs) for rank, posted, outs in (out.get(timeout=120) for _ in range(2))}
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
-    return got
-
-
 def test_a_rank_posts_the_next_steps_receives_once_its_last_receive_is_in() -> None:
-    early, late = _run_two(True), _run_two(False)
+    early, late = run_spawned(_three_steps, 2, True), run_spawned(_three_steps, 2, False)
     for rank in (0, 1):
         posted, outs = early[rank]
         assert posted[0][1] > 0  # both stages receive (activations one way, gradients the other)

@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from schedlab.exec.launch import free_port
 from schedlab.exec.reduce import ExchangeWork, pair_directions
+from tests.exec.spawned import run_spawned
 
 
 def test_pair_directions_are_both_ways_of_each_two_rank_group() -> None:
@@ -19,7 +18,7 @@ def test_pair_directions_are_both_ways_of_each_two_rank_group() -> None:
     assert pair_directions([(0, 1, 2, 3)]) == []
 
 
-def _sum_rounds(rank: int, world: int, port: int, out: Any) -> None:
+def _sum_rounds(rank: int, port: int, world: int, out: Any) -> None:
     import torch.distributed as dist
 
     from schedlab.exec.reduce import world_reducer
@@ -44,16 +43,7 @@ def _sum_rounds(rank: int, world: int, port: int, out: Any) -> None:
 
 @pytest.mark.parametrize("world, kind", [(2, ExchangeWork.__name__), (3, "CollectiveWork")])
 def test_the_sum_is_right_and_added_once_whatever_the_group(world: int, kind: str) -> None:
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_sum_rounds, args=(r, world, port, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = dict(out.get(timeout=60) for _ in range(world))
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
+    results = run_spawned(_sum_rounds, world, world, timeout_s=60)
     assert len(results[0]) == 3
     for k in range(3):
         base = 2 * k
