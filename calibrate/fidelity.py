@@ -147,6 +147,8 @@ class WorkloadSummary:
     sim_ops_per_s: float  # reused Simulator (as in search)
     exec_over_sim: float  # measured step seconds / simulation seconds (median over plans)
     exec_over_sim_cold: float  # the same against a `simulate()` call from scratch
+    kendall_tau_resolved: float | None = None  # over the pairs the measurement tells apart (`resolved_tau`)
+    resolved_pairs: int = 0  # pairs told apart, of n(n-1)/2
 
 
 @dataclass(frozen=True)
@@ -170,12 +172,50 @@ class Prediction:
     sim_cold_s: float  # one `simulate()` call from scratch
 
 
+def measured_range_s(row: FidelityRow) -> tuple[float, float]:
+    """The lowest and highest of a plan's round medians (its median alone when it was
+    measured in one round): how far apart measuring it again put it."""
+    xs = row.round_medians_s or (row.measured_s,)
+    return min(xs), max(xs)
+
+
+def resolved_tau(rows: Sequence[FidelityRow]) -> tuple[float | None, int, int]:
+    """Kendall's tau over the pairs of plans the measurement tells apart, the number of
+    such pairs, and of all pairs.
+
+    A pair is told apart when the two plans' round medians do not overlap (every round
+    measured one faster than every round of the other). Two plans whose rounds interleave
+    are a tie of the machine, not an order the simulator could get right or wrong: over
+    plans within a few percent of each other (data-parallel bucket sizes, op orders at
+    one thread) plain tau scores the machine's noise. Each told-apart pair counts +1
+    when the prediction orders it as measured, -1 when reversed, 0 when the prediction
+    ties (tau-a over those pairs); None where no pair is told apart. With one round per
+    plan every pair of distinct medians counts."""
+    told, score = 0, 0
+    for i, a in enumerate(rows):
+        lo_a, hi_a = measured_range_s(a)
+        for b in rows[i + 1:]:
+            lo_b, hi_b = measured_range_s(b)
+            if hi_a < lo_b:
+                sign = 1.0
+            elif hi_b < lo_a:
+                sign = -1.0
+            else:
+                continue
+            told += 1
+            d = b.predicted_s - a.predicted_s
+            score += 0 if d == 0 else (1 if d * sign > 0 else -1)
+    pairs = len(rows) * (len(rows) - 1) // 2
+    return (score / told if told else None), told, pairs
+
+
 def summarise(rows: Sequence[FidelityRow]) -> list[WorkloadSummary]:
     out: list[WorkloadSummary] = []
     for w in dict.fromkeys(r.workload for r in rows):
         rs = [r for r in rows if r.workload == w]
         errs = [r.error for r in rs]
         tau = kendalltau([r.predicted_s for r in rs], [r.measured_s for r in rs]).statistic if len(rs) > 1 else 1.0
+        tau_r, told, _ = resolved_tau(rs)
         out.append(
             WorkloadSummary(
                 workload=w,
@@ -185,6 +225,8 @@ def summarise(rows: Sequence[FidelityRow]) -> list[WorkloadSummary]:
                 sim_ops_per_s=statistics.median(r.ops / r.sim_wall_s for r in rs),
                 exec_over_sim=statistics.median(r.measured_s / r.sim_wall_s for r in rs),
                 exec_over_sim_cold=statistics.median(r.measured_s / r.sim_cold_s for r in rs),
+                kendall_tau_resolved=tau_r,
+                resolved_pairs=told,
             )
         )
     return out
@@ -441,22 +483,30 @@ def _finite(x: float) -> float | None:
 
 
 def error_summary(rows: Sequence[FidelityRow]) -> dict[str, Any]:
-    """MAPE, worst error and Kendall tau of some rows of one model (fractions, not percent)."""
+    """MAPE, worst error and Kendall tau of some rows of one model (fractions, not percent),
+    and tau over the pairs the measurement tells apart (`resolved_tau`)."""
     if not rows:
-        return {"n_plans": 0, "mape": None, "worst_error": None, "kendall_tau": None}
+        return {"n_plans": 0, "mape": None, "worst_error": None, "kendall_tau": None,
+                "kendall_tau_resolved": None, "resolved_pairs": 0, "pairs": 0}
     (s,) = summarise(rows)
-    return {"n_plans": len(rows), "mape": s.mape, "worst_error": s.worst_error, "kendall_tau": _finite(s.kendall_tau)}
+    return {"n_plans": len(rows), "mape": s.mape, "worst_error": s.worst_error, "kendall_tau": _finite(s.kendall_tau),
+            "kendall_tau_resolved": s.kendall_tau_resolved, "resolved_pairs": s.resolved_pairs,
+            "pairs": len(rows) * (len(rows) - 1) // 2}
 
 
-def overall_summary(errors: Sequence[float], taus: Sequence[float | None]) -> dict[str, Any]:
-    """MAPE and worst of signed `errors` over all models' plans, and the median of the
-    models' Kendall taus (those defined)."""
-    defined = [t for t in taus if t is not None]
+def overall_summary(errors: Sequence[float], per_model: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """MAPE and worst of signed `errors` over all models' plans, and the medians of the
+    models' Kendall taus, plain and over told-apart pairs (`error_summary`; those defined)."""
+    def median_of(key: str) -> float | None:
+        defined = [m[key] for m in per_model if m.get(key) is not None]
+        return statistics.median(defined) if defined else None
+
     return {
         "n_plans": len(errors),
         "mape": statistics.fmean(abs(e) for e in errors) if errors else None,
         "worst_error": max(errors, key=abs) if errors else None,
-        "median_kendall_tau": statistics.median(defined) if defined else None,
+        "median_kendall_tau": median_of("kendall_tau"),
+        "median_kendall_tau_resolved": median_of("kendall_tau_resolved"),
     }
 
 
@@ -479,7 +529,7 @@ def held_out_summary(results: Sequence[HeldOutResult]) -> dict[str, Any]:
     overall: dict[str, Any] = {}
     for method, key in ((PROFILE_ONLY, "profile_only"), (TRACE_CALIBRATED, "trace_calibrated")):
         overall[key] = overall_summary([r.error for res in results for r in res.scored(method)],
-                                       [m[key]["kendall_tau"] for m in models])
+                                       [m[key] for m in models])
     plans = [
         {**r.__dict__, "error": r.error, "scored": r in scored}
         for res in results

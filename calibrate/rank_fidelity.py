@@ -442,4 +442,4 @@ def _key(method: str) -> str:
 
 
 def _pooled(rows: Sequence[FidelityRow], per_workload: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    return overall_summary([r.error for r in rows], [w.get("kendall_tau") for w in per_workload])
+    return overall_summary([r.error for r in rows], per_workload)

@@ -59,6 +59,8 @@ class SavedRuns:
     optimizer: str
     cores: int
     times_s: dict[tuple[str, str], tuple[float, ...]]  # in file order; plans every file measured
+    # the same plans' round medians, every round of every file (a file of one round: its median)
+    rounds_s: dict[tuple[str, str], tuple[float, ...]] = field(default_factory=dict)
     conditions: dict[str, Any] = field(default_factory=dict)  # the first file's machine, versions, steps per plan
     devices: int = 1  # local ranks the plans ran on (1: the one-device spread)
     set_name: str = "held-out"  # "held-out" or "built-in" models
@@ -75,6 +77,7 @@ def load_runs(paths: Sequence[str | Path]) -> SavedRuns:
     if not paths:
         raise SchedlabError("give at least one fidelity results file to re-score")
     per_file: list[dict[tuple[str, str], float]] = []
+    rounds: dict[tuple[str, str], list[float]] = {}
     conds: set[tuple[str, str, str, int, int]] = set()
     first: dict[str, Any] = {}
     traces: dict[str, tuple[Path, str]] = {}
@@ -93,7 +96,9 @@ def load_runs(paths: Sequence[str | Path]) -> SavedRuns:
                 raise SchedlabError(f"{path}: a plan row lacks workload, plan or measured_s ({e})") from e
             if not t > 0:
                 raise SchedlabError(f"{path}: plan {key[0]}/{key[1]} has measured_s {t}; it must be > 0")
-            times.setdefault(key, t)  # a plan's one measurement is in every method's row
+            if key not in times:  # a plan's one measurement is in every method's row
+                times[key] = t
+                rounds.setdefault(key, []).extend(_round_medians(row, t))
         if not times:
             raise SchedlabError(f"{path}: no plan rows; is it a `schedlab fidelity` results file?")
         per_file.append(times)
@@ -109,8 +114,17 @@ def load_runs(paths: Sequence[str | Path]) -> SavedRuns:
     return SavedRuns(
         paths=tuple(str(p) for p in paths), size=size, optimizer=optimizer, cores=cores,
         times_s={k: tuple(f[k] for f in per_file) for k in common}, conditions=first,
+        rounds_s={k: tuple(rounds[k]) for k in common},
         devices=devices, set_name=set_name, traces=traces if devices == 1 and set_name == "held-out" else {},
     )
+
+
+def _round_medians(row: dict[str, Any], measured_s: float) -> list[float]:
+    """A saved plan row's round medians, or its one median (a file of one round, or older)."""
+    xs = row.get("round_medians_s")
+    if isinstance(xs, list) and xs and all(isinstance(x, (int, float)) and x > 0 for x in xs):
+        return [float(x) for x in xs]
+    return [measured_s]
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -204,7 +218,7 @@ def rescore(runs: SavedRuns, profile: Profile, machine: Machine, plans_of: Plans
                     workload=workload, plan=plan.name, measured_s=med, measured_spread_s=(min(times), max(times)),
                     predicted_s=pred.step_time_s, sim_wall_s=pred.sim_wall_s, sim_cold_s=pred.sim_cold_s,
                     ops=plan.ops, in_calibration=method == TRACE_CALIBRATED and plan.name == CALIBRATION_PLAN.name,
-                    method=method, plan_kind=plan.kind,
+                    method=method, plan_kind=plan.kind, round_medians_s=runs.rounds_s.get((workload, plan.name), ()),
                 ))
             for i, t in enumerate(times):
                 own[i].append(abs(med / t - 1.0))
@@ -220,12 +234,11 @@ def rescore(runs: SavedRuns, profile: Profile, machine: Machine, plans_of: Plans
         })
     profile_rows = [r for r in rows if r.method == PROFILE_ONLY]
     overall: dict[str, Any] = {
-        "profile_only": overall_summary([r.error for r in profile_rows],
-                                        [m["profile_only"]["kendall_tau"] for m in models]),
+        "profile_only": overall_summary([r.error for r in profile_rows], [m["profile_only"] for m in models]),
     }
     if learnt_rows:
         overall["trace_calibrated"] = overall_summary(
-            [r.error for r in learnt_rows], [m["trace_calibrated"]["kendall_tau"] for m in models if "trace_calibrated" in m])
+            [r.error for r in learnt_rows], [m["trace_calibrated"] for m in models if "trace_calibrated" in m])
     return {
         "set": runs.set_name,
         "rescored": True,

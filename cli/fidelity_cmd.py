@@ -366,16 +366,18 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
         mark = "*" if r.in_calibration else " "
         print(f"{r.workload:<12}{r.plan:<24}{r.measured_s * 1e3:>12.2f}{r.predicted_s * 1e3:>13.2f}{r.error * 100:>7.1f}%{mark}")
     print()
-    print(f"{'workload':<12}{'MAPE':>8}{'worst':>8}{'tau':>7}{'sim ops/s':>12}{'exec/sim':>10}{'(cold)':>9}")
+    print(f"{'workload':<12}{'MAPE':>8}{'worst':>8}{'tau':>7}{'tau*':>7}{'sim ops/s':>12}{'exec/sim':>10}{'(cold)':>9}")
     for s in summary:
         print(
             f"{s.workload:<12}{s.mape * 100:>7.1f}%{s.worst_error * 100:>7.1f}%{s.kendall_tau:>7.2f}"
+            f"{tau(s.kendall_tau_resolved, 7)}"
             f"{s.sim_ops_per_s:>12.0f}{s.exec_over_sim:>9.1f}x{s.exec_over_sim_cold:>8.1f}x"
         )
     print(f"overall MAPE {result['mape'] * 100:.1f}% (unseen plans {float(result['mape_unseen_plans'] or 0) * 100:.1f}%), "
           f"worst {float(result['worst_error']) * 100:.1f}%   (* = plan shape used in trace calibration)")
     print("exec/sim: measured step time over simulation time, with the Simulator a search reuses; "
           "(cold): a simulate() call with a new cost model object")
+    print(TAU_RESOLVED_NOTE)
     print_plan_shapes(result["plan_shapes"])
     print_host_scaling(result["host_scaling"])
     for d in drifts:
@@ -559,13 +561,13 @@ def run_rescore(args: argparse.Namespace) -> int:
     methods = ("profile_only", "trace_calibrated") if learnt else ("profile_only",)
     if learnt:
         print(f"{'':30}{'--- profile-only ---':>23}{'-- trace-calibrated --':>23}")
-    print(f"{'workload':<24}{'ops':>6}" + f"{'MAPE':>8}{'worst':>8}{'tau':>7}" * len(methods)
+    print(f"{'workload':<24}{'ops':>6}" + f"{'MAPE':>8}{'worst':>8}{'tau':>7}{'tau*':>7}" * len(methods)
           + "   run spread (MAPE of the median against each run)")
 
     def cells(a: dict[str, Any] | None, tau_key: str = "kendall_tau") -> str:
         if a is None:
-            return f"{'-':>8}{'-':>8}{'-':>7}"
-        return f"{pct(a['mape'], 8)}{pct(a['worst_error'], 8)}{tau(a[tau_key], 7)}"
+            return f"{'-':>8}{'-':>8}{'-':>7}{'-':>7}"
+        return f"{pct(a['mape'], 8)}{pct(a['worst_error'], 8)}{tau(a[tau_key], 7)}{tau(a.get(tau_key + '_resolved'), 7)}"
 
     for m in result["models"]:
         print(f"{m['workload'].removeprefix(PREFIX):<24}{m['ops']:>6}" + "".join(cells(m.get(k)) for k in methods)
@@ -574,6 +576,7 @@ def run_rescore(args: argparse.Namespace) -> int:
           + f"   {' '.join(pct(x, 7) for x in result['overall']['run_spread'])}")
     for workload, why in result.get("trace_calibration_skipped", {}).items():
         print(f"{workload}: profile-only (its calibration trace left out: {why})")
+    print(TAU_RESOLVED_NOTE)
     print_plan_shapes(result.get("plan_shapes", []))
     print(f"results: {out}")
     return 0
@@ -623,6 +626,10 @@ def tau(x: float | None, width: int) -> str:
     return f"{'-':>{width}}" if x is None else f"{x:>{width}.2f}"
 
 
+TAU_RESOLVED_NOTE = ("tau*: Kendall tau over the pairs of plans the measurement tells apart (their rounds' medians "
+                     "do not overlap); '-' where it tells none apart")
+
+
 OP_CLASS_ROWS = 8  # classes printed; the JSON holds them all
 
 
@@ -657,20 +664,23 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
               f"{pct(alone.get('foreign_cpu_frac'), 7)}")
     print()
     print(f"{'':<30}{'--- profile-only ---':>24}   {'--- trace-calibrated ---':>36}")
-    print(f"{'workload':<24}{'ops':>6}{'MAPE':>8}{'worst':>8}{'tau':>7}   {'MAPE':>8}{'worst':>8}{'tau':>7}"
-          f"{'other shapes':>13}{'seen ops':>10}")
+    print(f"{'workload':<24}{'ops':>6}{'MAPE':>8}{'worst':>8}{'tau':>7}{'tau*':>7}   {'MAPE':>8}{'worst':>8}{'tau':>7}"
+          f"{'tau*':>7}{'other shapes':>13}{'seen ops':>10}")
     for m in result["models"]:
         a, t = m["profile_only"], m["trace_calibrated"]
         print(f"{m['workload'].removeprefix(PREFIX):<24}{m['ops']:>6}{pct(a['mape'], 8)}{pct(a['worst_error'], 8)}"
-              f"{tau(a['kendall_tau'], 7)}   {pct(t['mape'], 8)}{pct(t['worst_error'], 8)}{tau(t['kendall_tau'], 7)}"
+              f"{tau(a['kendall_tau'], 7)}{tau(a.get('kendall_tau_resolved'), 7)}   {pct(t['mape'], 8)}"
+              f"{pct(t['worst_error'], 8)}{tau(t['kendall_tau'], 7)}{tau(t.get('kendall_tau_resolved'), 7)}"
               f"{pct(t['other_shapes']['mape'], 13)}{pct(m['profile_seen_ops'], 10)}")
     a, t = result["overall"]["profile_only"], result["overall"]["trace_calibrated"]
     print(f"{'all (tau: median)':<30}{pct(a['mape'], 8)}{pct(a['worst_error'], 8)}{tau(a['median_kendall_tau'], 7)}"
-          f"   {pct(t['mape'], 8)}{pct(t['worst_error'], 8)}{tau(t['median_kendall_tau'], 7)}")
+          f"{tau(a.get('median_kendall_tau_resolved'), 7)}   {pct(t['mape'], 8)}{pct(t['worst_error'], 8)}"
+          f"{tau(t['median_kendall_tau'], 7)}{tau(t.get('median_kendall_tau_resolved'), 7)}")
     print(f"profile-only: the stored profile alone, over all {result['plans_per_model']} plans of each model. "
           f"trace-calibrated: calibrated on the measured run of {cal} (*) of the same model, errors over the "
           f"other {result['plans_per_model'] - 1} plans; other shapes: only plans with 2 slots or 2 threads.")
     print("seen ops: share of the model's kernel ops whose exact signature the profile measured in calibration")
+    print(TAU_RESOLVED_NOTE)
     print("others: share of the CPU other processes used while the plan was measured")
     print_op_classes(result.get("op_classes", []), cal)
     print_plan_shapes(result.get("plan_shapes", []))

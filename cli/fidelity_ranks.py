@@ -20,6 +20,7 @@ from schedlab.cli.fidelity_cmd import (
     DEFAULT_HELDOUT_RANKS_OUT,
     DEFAULT_RANKS_OUT,
     RESUMED_KEYS,
+    TAU_RESOLVED_NOTE,
     checkpointed,
     conditions,
     pct,
@@ -170,21 +171,23 @@ def print_ranks(result: dict[str, Any], cpu: Any, out: Path) -> None:
         print(f"{workload.removeprefix(PREFIX):<26}{plan:<22}{first['plan_kind']:<17}{first['measured_s'] * 1e3:>12.2f}"
               f"{cells}{pct(first.get('foreign_cpu_frac'), 8)}")
     print()
-    print(f"{'workload':<26}{'kind':<17}" + "".join(f"{m + ': MAPE':>24}{'worst':>8}{'tau':>7}" for m in methods))
+    print(f"{'workload':<26}{'kind':<17}" + "".join(f"{m + ': MAPE':>24}{'worst':>8}{'tau':>7}{'tau*':>7}" for m in methods))
     for m in result["models"]:
         kinds = ["all", *m[keys[0]]["kinds"]]
         for k in kinds:
             cells = ""
             for key in keys:
                 e = m[key] if k == "all" else m[key]["kinds"][k]
-                cells += f"{pct(e['mape'], 24)}{pct(e['worst_error'], 8)}{tau(e['kendall_tau'], 7)}"
+                cells += (f"{pct(e['mape'], 24)}{pct(e['worst_error'], 8)}{tau(e['kendall_tau'], 7)}"
+                          f"{tau(e.get('kendall_tau_resolved'), 7)}")
             print(f"{m['workload'].removeprefix(PREFIX) if k == 'all' else '':<26}{k:<17}{cells}")
     for key, method in zip(keys, methods, strict=True):
         o = result["overall"][key]
         per_kind = ", ".join(f"{k} {pct(v['mape'], 6).strip()} (tau {tau(v['median_kendall_tau'], 4).strip()})"
                              for k, v in o["kinds"].items())
-        print(f"{method}: all plans MAPE {pct(o['mape'], 6).strip()}, median tau {tau(o['median_kendall_tau'], 4).strip()}; "
-              f"{per_kind}")
+        print(f"{method}: all plans MAPE {pct(o['mape'], 6).strip()}, median tau {tau(o['median_kendall_tau'], 4).strip()} "
+              f"(tau* {tau(o.get('median_kendall_tau_resolved'), 4).strip()}); {per_kind}")
+    print(TAU_RESOLVED_NOTE)
     print("others: share of the CPU other processes used while the plan was measured")
     busy = result["busy_plans"]
     if busy:

@@ -16,11 +16,13 @@ from schedlab.calibrate.fidelity import (
     TRACE_CALIBRATED,
     FidelityRow,
     HeldOutResult,
+    error_summary,
     held_out_fidelity,
     measure_and_predict,
     plan_shape,
     plan_spread,
     resolve_all,
+    resolved_tau,
     shape_errors,
 )
 from schedlab.cli import main
@@ -403,3 +405,36 @@ def test_errors_by_plan_shape_show_a_bias_that_the_overall_mape_hides() -> None:
         (PROFILE_ONLY, "s2-t2", 2, -0.2, 0.2),  # a bias: every plan predicted fast
         (TRACE_CALIBRATED, "s1-t1", 1, 0.05, 0.05),
     ]
+
+
+def _ranked(plan: str, predicted_s: float, *rounds_s: float) -> FidelityRow:
+    med = sorted(rounds_s)[len(rounds_s) // 2]
+    return FidelityRow(workload="m", plan=plan, measured_s=med, measured_spread_s=(min(rounds_s), max(rounds_s)),
+                       predicted_s=predicted_s, sim_wall_s=1e-3, sim_cold_s=1e-3, ops=1, in_calibration=False,
+                       round_medians_s=tuple(rounds_s) if len(rounds_s) > 1 else ())
+
+
+def test_tau_over_told_apart_pairs_leaves_out_plans_whose_rounds_interleave() -> None:
+    """Two data-parallel bucket sizes within each other's rounds are a tie of the machine:
+    plain tau scores the simulator on the noise, the told-apart tau leaves the pair out."""
+    layers = _ranked("layers", 0.47, 0.47, 0.48)
+    b25 = _ranked("dp-b25", 0.292, 0.290, 0.300)
+    b1 = _ranked("dp-b1", 0.287, 0.296, 0.301)  # measured slower than b25, predicted faster; rounds overlap
+    rows = [layers, b25, b1]
+    tau_r, told, pairs = resolved_tau(rows)
+    assert (told, pairs) == (2, 3) and tau_r == 1.0  # layers against each dp plan, both right
+    summary = error_summary(rows)
+    assert summary["kendall_tau"] < 0.5 < summary["kendall_tau_resolved"] == 1.0
+    assert (summary["resolved_pairs"], summary["pairs"]) == (2, 3)
+    # a reversed told-apart pair counts -1, a tied prediction 0
+    assert resolved_tau([_ranked("a", 0.2, 0.10, 0.11), _ranked("b", 0.1, 0.20, 0.21)])[0] == -1.0
+    assert resolved_tau([_ranked("a", 0.1, 0.10, 0.11), _ranked("b", 0.1, 0.20, 0.21)])[0] == 0.0
+    # nothing told apart: undefined, not 0 or 1
+    assert resolved_tau([b25, b1]) == (None, 0, 1)
+
+
+def test_with_one_round_every_pair_of_distinct_medians_counts() -> None:
+    rows = [_ranked("a", 1.0, 1.0), _ranked("b", 2.5, 2.0), _ranked("c", 2.0, 3.0), _ranked("d", 4.0, 3.0)]
+    tau_r, told, pairs = resolved_tau(rows)
+    assert (told, pairs) == (5, 6)  # c and d measured alike
+    assert tau_r == (4 - 1) / 5  # b-c reversed
