@@ -23,6 +23,7 @@ from schedlab.calibrate.comm_host import (
     cpu_share_of,
     host_costs_of,
     isotonic,
+    over_rounds,
     table_of,
 )
 from schedlab.calibrate.link_ranks import RankTask, rank_cores, run_world
@@ -110,6 +111,13 @@ def test_collective_cpu_share_is_the_median_clipped_ratio() -> None:
     profile = dataclasses.replace(make_profile(), links=dataclasses.replace(synthetic_fits(), host_costs=costs))
     ar = profile.comm_host_us(comm_op(ALL_REDUCE, 1 << 20))
     assert ar is not None and ar.collective_cpu_share == pytest.approx(0.75)
+
+
+def test_rounds_give_a_part_its_fastest_time_and_the_collective_its_middle_share() -> None:
+    assert over_rounds("allreduce_post", [300.0, 120.0, 900.0]) == 120.0
+    assert over_rounds("allreduce_alone", [300.0, 120.0, 900.0]) == 120.0
+    assert over_rounds("allreduce_cpu", [300.0, 120.0, 900.0]) == 300.0  # not the luckiest round
+    assert over_rounds("allreduce_cpu", [0.0]) == 1e-3
 
 
 def test_transfer_cpu_per_end_over_sizes_and_into_the_send_and_recv_costs() -> None:
