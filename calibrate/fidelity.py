@@ -148,7 +148,8 @@ class WorkloadSummary:
     exec_over_sim: float  # measured step seconds / simulation seconds (median over plans)
     exec_over_sim_cold: float  # the same against a `simulate()` call from scratch
     kendall_tau_resolved: float | None = None  # over the pairs the measurement tells apart (`resolved_tau`)
-    resolved_pairs: int = 0  # pairs told apart, of n(n-1)/2
+    resolved_pairs: int = 0  # pairs told apart, of `pairs`
+    pairs: int = 0  # n(n-1)/2 of its n plans
 
 
 @dataclass(frozen=True)
@@ -197,9 +198,9 @@ def resolved_tau(rows: Sequence[FidelityRow]) -> tuple[float | None, int, int]:
         for b in rows[i + 1:]:
             lo_b, hi_b = measured_range_s(b)
             if hi_a < lo_b:
-                sign = 1.0
+                sign = 1
             elif hi_b < lo_a:
-                sign = -1.0
+                sign = -1
             else:
                 continue
             told += 1
@@ -215,7 +216,7 @@ def summarise(rows: Sequence[FidelityRow]) -> list[WorkloadSummary]:
         rs = [r for r in rows if r.workload == w]
         errs = [r.error for r in rs]
         tau = kendalltau([r.predicted_s for r in rs], [r.measured_s for r in rs]).statistic if len(rs) > 1 else 1.0
-        tau_r, told, _ = resolved_tau(rs)
+        tau_r, told, pairs = resolved_tau(rs)
         out.append(
             WorkloadSummary(
                 workload=w,
@@ -227,6 +228,7 @@ def summarise(rows: Sequence[FidelityRow]) -> list[WorkloadSummary]:
                 exec_over_sim_cold=statistics.median(r.measured_s / r.sim_cold_s for r in rs),
                 kendall_tau_resolved=tau_r,
                 resolved_pairs=told,
+                pairs=pairs,
             )
         )
     return out
@@ -490,8 +492,7 @@ def error_summary(rows: Sequence[FidelityRow]) -> dict[str, Any]:
                 "kendall_tau_resolved": None, "resolved_pairs": 0, "pairs": 0}
     (s,) = summarise(rows)
     return {"n_plans": len(rows), "mape": s.mape, "worst_error": s.worst_error, "kendall_tau": _finite(s.kendall_tau),
-            "kendall_tau_resolved": s.kendall_tau_resolved, "resolved_pairs": s.resolved_pairs,
-            "pairs": len(rows) * (len(rows) - 1) // 2}
+            "kendall_tau_resolved": s.kendall_tau_resolved, "resolved_pairs": s.resolved_pairs, "pairs": s.pairs}
 
 
 def overall_summary(errors: Sequence[float], per_model: Sequence[dict[str, Any]]) -> dict[str, Any]:
