@@ -430,8 +430,7 @@ def measure_host_costs(
 def over_rounds(part: str, per_round: Sequence[float]) -> float:
     """One figure of a part from its rounds (µs, at least 1e-3): a time, its fastest round
     (a stall of the host only adds); what the collective takes from a loop beside it, its
-    middle round (the fastest is the luckiest: over three rounds the share came out
-    0.16-0.60 from the fastest, 0.57-0.62 from the middle, 2026-11-28)."""
+    middle round (the smallest is the luckiest round, not the typical one)."""
     return max(statistics.median(per_round) if part == "allreduce_cpu" else min(per_round), 1e-3)
 
 

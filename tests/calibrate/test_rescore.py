@@ -59,6 +59,29 @@ def test_each_plan_is_predicted_against_the_median_of_the_runs(tmp_path: Path) -
         sum(abs(p["error"]) for p in out["plans"]) / len(out["plans"]))
 
 
+def test_a_rescore_tells_plans_apart_on_every_round_of_every_file(tmp_path: Path) -> None:
+    """Rounds kept by the files are pooled per plan (a file without them gives its median):
+    two runs whose plans sit 1 ms apart tell all 120 pairs apart; rounds spread over
+    +-60% of each plan's time leave the neighbours within each other's rounds."""
+    def with_rounds(path: Path, spread: float) -> Path:
+        d = json.loads(path.read_text())
+        for r in d["plans"]:
+            r["round_medians_s"] = [r["measured_s"] * (1 - spread), r["measured_s"] * (1 + spread)]
+        path.write_text(json.dumps(d))
+        return path
+
+    plain = load_runs([results_file(tmp_path / "a.json", 1.0), results_file(tmp_path / "b.json", 1.0)])
+    key = (MODEL, plan_spread(2)[3].name)
+    assert plain.rounds_s[key] == pytest.approx((4e-3, 4e-3))
+    wide = load_runs([with_rounds(results_file(tmp_path / "c.json", 1.0), 0.6), results_file(tmp_path / "d.json", 1.0)])
+    assert wide.rounds_s[key] == pytest.approx((1.6e-3, 6.4e-3, 4e-3))
+    machine, profile = cpu_machine(2), make_profile()
+    told = [rescore(r, profile, machine, one_device_plans(graph_of, machine), 2)["models"][0]["profile_only"]
+            for r in (plain, wide)]
+    assert told[0]["resolved_pairs"] == told[0]["pairs"] == 120
+    assert told[1]["resolved_pairs"] < 120
+
+
 def test_bad_results_files_get_one_clear_error(tmp_path: Path) -> None:
     good = results_file(tmp_path / "good.json", 1.0)
     with pytest.raises(SchedlabError, match="no results file"):
