@@ -509,9 +509,10 @@ def _collective_cpu(reducer: Reducer, nbytes: int, torch: Any, dist: Any) -> dic
     2026-11-28) most of the reads happen inside each rank's own write, before the loop: a
     scratch comparison on the 2-core AMD EPYC VM (1-16 MiB, 9 repetitions) had the loop
     lose 0.01-0.65 of the all-reduce's fastest time that way and 0.65-1.13 started first;
-    `calibrate --links` gave shares of 0.16-0.60 the old way (four runs over two days) and
-    0.57-0.62 this way (three runs). Rank 0 alone measures the loop; the others report a
-    floor."""
+    `calibrate --links` gave shares of 0.16-0.60 the old way (four runs over two days), 0.44
+    this way read from the fastest round (one run), and 0.57-0.62 this way from the middle
+    round (`over_rounds`; three runs), 0.77 in the full calibration after them. Rank 0 alone
+    measures the loop; the others report a floor."""
     buf = torch.zeros(max(1, nbytes // 4))
     dist.barrier()
     t0 = time.perf_counter()

@@ -3,7 +3,8 @@
 For each workload and each plan of a spread (co-run slots 1 and 2, intra-op threads 1
 and 2, every order policy), the executor measures the step time and the simulator
 predicts it. Reported: per plan the two times and the error, per workload the MAPE, the
-worst error and the Kendall rank correlation between predicted and measured, and the
+worst error and the Kendall rank correlation between predicted and measured (plain, and
+over the pairs of plans the measurement tells apart: `resolved_tau`), and the
 simulator's speed (simulated ops per second; measured step seconds per simulation
 second).
 
