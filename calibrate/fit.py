@@ -16,8 +16,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import least_squares, minimize_scalar
@@ -25,9 +24,6 @@ from scipy.optimize import least_squares, minimize_scalar
 from schedlab.calibrate.model import PARAM_NAMES, Array, WorkThreadsModel, predict_array
 from schedlab.calibrate.signature import base_class
 from schedlab.graph import COMPUTE_CLASSES  # the fallback model is fitted on the other classes
-
-if TYPE_CHECKING:
-    from schedlab.calibrate.roofline import Roofline
 
 MIN_SIGNATURES_FULL_FIT = 8  # fewer: the fallback's shape, scaled to the class
 # A class whose shapes span less than this factor of work (bytes and FLOPs alike) gets the
@@ -63,9 +59,7 @@ UNTRUSTED_UNSEEN_MAPE = 200.0
 class ClassFit:
     """A fitted model for one op class, and how well it predicts unseen shapes."""
 
-    # "work_threads" (own fit), "work_threads_roofline" (own fixed cost, the machine's roofline
-    # for its work) or "work_threads_scaled" (the fallback's shape scaled: no roofline measured)
-    model_name: str
+    model_name: str  # "work_threads" (own fit) or "work_threads_scaled" (fallback shape)
     model: WorkThreadsModel
     heldout_mape: float | None  # percent, on the call time of held-out signatures
     heldout_wape: float | None  # percent, sum|error| / sum(time): weighted by time
@@ -184,32 +178,6 @@ def fit_scale(points: Sequence[Point], floor_us: float, shape: WorkThreadsModel)
     return shape.scaled(math.exp(float(res.x)))
 
 
-def roofline_shape(roofline: Roofline, fallback: WorkThreadsModel) -> WorkThreadsModel:
-    """The machine's roofline as the work of a class model, with no fixed cost: FLOPs at the
-    one-thread peak rate, bytes at the one-thread bandwidth beyond the caches (additive: one
-    of the two dominates), and the thread scaling of the fallback fitted on every
-    memory-bound point (`p_max`, `h_us`, `c_us`)."""
-    one = min(roofline.gflops)
-    return WorkThreadsModel(
-        a_us=0.0, us_per_gflop=1e6 / roofline.gflops[one], us_per_mb=1e3 / roofline.gbps[min(roofline.gbps)],
-        us_per_mb_dram=0.0, cache_mb=fallback.cache_mb, p_max=fallback.p_max, h_us=fallback.h_us, c_us=fallback.c_us,
-    )
-
-
-def fit_fixed_cost(points: Sequence[Point], floor_us: float, shape: WorkThreadsModel) -> WorkThreadsModel:
-    """`shape` (its work as it is) with the fixed cost `a_us` minimising the log error of
-    floor + a + shape's work over `points`."""
-    flops, nbytes, threads, call = _arrays(points)
-    work = predict_array(np.array([getattr(replace(shape, a_us=0.0), k) for k in PARAM_NAMES]), flops, nbytes, threads)
-    log_call = np.log(call)
-
-    def loss(log_a: float) -> float:
-        return float(np.sum((np.log(floor_us + math.exp(log_a) + work) - log_call) ** 2))
-
-    res = minimize_scalar(loss, bounds=(math.log(1e-4), math.log(1e5)), method="bounded")
-    return replace(shape, a_us=math.exp(float(res.x)))
-
-
 def _predict_call(model: WorkThreadsModel, points: Sequence[Point], floor_us: float) -> Array:
     flops, nbytes, threads, _ = _arrays(points)
     theta = np.array([getattr(model, k) for k in PARAM_NAMES])
@@ -230,30 +198,15 @@ def fit_class(
     floor_us: float,
     seed: int,
     fallback: WorkThreadsModel | None = None,
-    roofline: WorkThreadsModel | None = None,
 ) -> ClassFit:
-    """Fit one class (or the fallback pool when `fallback` is None), with held-out error.
-
-    A memory-bound class with too few signatures, or shapes too alike, to pin its own work
-    down (`MIN_SIGNATURES_FULL_FIT`, `MIN_WORK_SPAN_FULL_FIT`) keeps its measured fixed cost
-    and moves its bytes at the machine's bandwidth (`roofline`, `roofline_shape`,
-    `fit_fixed_cost`); scaling the fallback's shape to points that are mostly fixed cost
-    scales the work too: fitted on a quick calibration's small shapes, `select_backward`
-    came out at 5.9x what the full calibration measured at larger ones (1.2x with its fixed
-    cost on the roofline's work), and the 42 such classes at 169% weighted error (70%). A
-    compute class, or any class without a roofline, takes the fallback's shape scaled to its
-    points: CPU flash attention runs far below the `mm` peak the roofline measures (10x at
-    a held-out model's shapes)."""
+    """Fit one class (or the fallback pool when `fallback` is None), with held-out error."""
     sigs = [p.signature for p in points]
     n_sigs = len(set(sigs))
     held = split_signatures(sigs, seed)
     train = [p for p in points if p.signature not in held] or list(points)
     test = [p for p in points if p.signature in held]
     if fallback is not None and (n_sigs < MIN_SIGNATURES_FULL_FIT or work_span(points) < MIN_WORK_SPAN_FULL_FIT):
-        if roofline is not None and base_class(points[0].op_class) not in COMPUTE_CLASSES:
-            name, model = "work_threads_roofline", fit_fixed_cost(train, floor_us, roofline)
-        else:
-            name, model = "work_threads_scaled", fit_scale(train, floor_us, fallback)
+        name, model = "work_threads_scaled", fit_scale(train, floor_us, fallback)
     else:
         name, model = "work_threads", fit_work_threads(train, floor_us)
     _, _, _, train_call = _arrays(train)
@@ -274,20 +227,14 @@ def fit_class(
     )
 
 
-def fit_all(
-    points: Sequence[Point], floor_us: float, seed: int, roofline: Roofline | None = None
-) -> tuple[ClassFit, dict[str, ClassFit]]:
-    """The fallback (fitted on every memory-bound class) and one fit per op class; classes
-    too narrowly measured for a fit of their own take their work from `roofline` where given
-    (`fit_class`)."""
+def fit_all(points: Sequence[Point], floor_us: float, seed: int) -> tuple[ClassFit, dict[str, ClassFit]]:
+    """The fallback (fitted on every memory-bound class) and one fit per op class."""
     pool = [p for p in points if base_class(p.op_class) not in COMPUTE_CLASSES] or list(points)
     fallback = fit_class(pool, floor_us, seed)
     by_class: dict[str, list[Point]] = {}
     for p in points:
         by_class.setdefault(p.op_class, []).append(p)
-    shape = roofline_shape(roofline, fallback.model) if roofline is not None else None
     classes = {
-        cls: fit_class(pts, floor_us, seed, fallback=fallback.model, roofline=shape)
-        for cls, pts in sorted(by_class.items())
+        cls: fit_class(pts, floor_us, seed, fallback=fallback.model) for cls, pts in sorted(by_class.items())
     }
     return fallback, classes

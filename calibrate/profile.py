@@ -113,7 +113,7 @@ CPU_COST_SOURCE = "calibrated cpu profile"  # what the simulator says costed a c
 PROFILE_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1: no view costs, no roofline (the fitted fallback stands in)
 DEFAULT_PROFILE_PATH = default_profile_path()
-_MODEL_NAMES = ("work_threads", "work_threads_scaled", "work_threads_roofline")
+_MODEL_NAMES = ("work_threads", "work_threads_scaled")
 
 
 class ProfileMachineWarning(UserWarning):

@@ -369,7 +369,7 @@ def run_calibration(
     ops = [(c, k, t) for c, k, t in in_step if not c.is_view]
     points = [Point(c.signature, c.op_class, c.flops, c.nbytes, k, max(t, 1e-3)) for c, k, t in ops]
     with bars.bar(1, "fit", "step") as bar:
-        fallback, classes = fit_all(points, floor, cfg.seed, roofline)
+        fallback, classes = fit_all(points, floor, cfg.seed)
         def model_of(cls: str) -> WorkThreadsModel | None:
             return classes[cls].model if cls in classes else None
 

@@ -6,18 +6,8 @@ import random
 
 import pytest
 
-from schedlab.calibrate.fit import (
-    Point,
-    fit_all,
-    fit_class,
-    fit_fixed_cost,
-    fit_scale,
-    fit_work_threads,
-    roofline_shape,
-    split_signatures,
-)
+from schedlab.calibrate.fit import Point, fit_all, fit_class, fit_scale, fit_work_threads, split_signatures
 from schedlab.calibrate.model import WorkThreadsModel
-from schedlab.calibrate.roofline import Roofline
 
 FLOOR_US = 1.5
 
@@ -77,53 +67,6 @@ def test_small_classes_take_the_fallback_shape_and_report_no_heldout_error() -> 
     assert classes["rare"].model_name == "work_threads_scaled"
     assert classes["rare"].heldout_mape is None and classes["rare"].n_heldout == 0
     assert classes["rare"].model.us_per_gflop == pytest.approx(2 * fallback.model.us_per_gflop, rel=0.05)
-
-
-ROOF = Roofline(gflops={1: 50.0, 2: 90.0}, gbps={1: 20.0, 2: 30.0}, a_us=3.0)
-
-
-def _tiny(op_class: str, fixed_us: float, n: int) -> list[Point]:
-    """`n` shapes of a class measured only where its fixed cost dominates (a quick
-    calibration's small shapes): a few KB, the time all fixed cost plus a little work."""
-    return [Point(f"{op_class}#{i}", op_class, 500.0 * (i + 1), 4000 * (i + 1), threads,
-                  FLOOR_US + fixed_us + 0.01 * (i + 1)) for i in range(n) for threads in (1, 2)]
-
-
-def test_a_narrowly_measured_memory_bound_class_keeps_its_fixed_cost_and_moves_bytes_at_the_roofline() -> None:
-    """Scaled to points that are all fixed cost, the fallback's shape scales the work by the
-    same factor; the roofline's work is the machine's measured bandwidth whatever the points."""
-    pool = synthetic(TRUE, "add", 40, seed=4)
-    small = _tiny("select_backward", fixed_us=40.0, n=3)
-    _, scaled = fit_all(pool + small, FLOOR_US, seed=0)
-    _, roofed = fit_all(pool + small, FLOOR_US, seed=0, roofline=ROOF)
-    fit = roofed["select_backward"]
-    assert scaled["select_backward"].model_name == "work_threads_scaled"
-    assert fit.model_name == "work_threads_roofline"
-    assert fit.model.a_us == pytest.approx(40.0, rel=0.05)  # less the little work of the points
-    mb = 10.0  # far beyond the points: 10 MB at 20 GB/s is 500 us of work
-    assert fit.model.kernel_us(0.0, int(mb * 1e6), 1) == pytest.approx(40.0 + 500.0, rel=0.02)
-    assert scaled["select_backward"].model.kernel_us(0.0, int(mb * 1e6), 1) > 2 * fit.model.kernel_us(0.0, int(mb * 1e6), 1)
-    assert roofed["add"].model_name == "work_threads"  # a class measured widely keeps its own fit
-
-
-def test_a_narrowly_measured_compute_class_takes_the_fallback_shape_even_with_a_roofline() -> None:
-    """CPU flash attention runs far below the mm peak the roofline measures."""
-    pool = synthetic(TRUE, "add", 40, seed=4)
-    small = _tiny("_scaled_dot_product_flash_attention_for_cpu", fixed_us=20.0, n=2)
-    _, classes = fit_all(pool + small, FLOOR_US, seed=0, roofline=ROOF)
-    assert classes["_scaled_dot_product_flash_attention_for_cpu"].model_name == "work_threads_scaled"
-
-
-def test_fit_fixed_cost_recovers_the_fixed_cost_under_a_given_work() -> None:
-    fallback = WorkThreadsModel(a_us=1.0, us_per_gflop=0.0, us_per_mb=5.0, us_per_mb_dram=0.0, cache_mb=1.0,
-                                p_max=0.8, h_us=10.0, c_us=0.5)
-    shape = roofline_shape(ROOF, fallback)
-    assert shape.us_per_gflop == pytest.approx(1e6 / 50.0) and shape.us_per_mb == pytest.approx(1e3 / 20.0)
-    assert (shape.p_max, shape.h_us, shape.c_us) == (0.8, 10.0, 0.5) and shape.a_us == 0.0
-    true = WorkThreadsModel(**{**shape.to_params(), "a_us": 7.0})
-    points = [Point(f"x#{i}", "x", 1e4 * i, 10_000 * i, n, FLOOR_US + true.kernel_us(1e4 * i, 10_000 * i, n))
-              for i in range(1, 6) for n in (1, 2)]
-    assert fit_fixed_cost(points, FLOOR_US, shape).a_us == pytest.approx(7.0, rel=1e-3)
 
 
 def test_holdout_split_is_seeded_and_about_a_fifth() -> None:
