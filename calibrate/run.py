@@ -81,7 +81,10 @@ class CalibrationConfig:
     # views: microseconds each, one thread; many reps fit in a short budget
     view_timing: TimingConfig = field(default_factory=lambda: TimingConfig(budget_s=0.002, min_reps=20, max_reps=500, rounds=2))
     replay_rounds: int = 3  # timed executor steps of each graph (calibrate.context)
-    corun_steps: int = 3  # timed two-slot executor steps of each small graph (calibrate.corun_fit); 0: none
+    # Timed two-slot executor steps of each small graph (calibrate.corun_fit); 0: none. Their
+    # fastest is what the fit reads: over 4 repeats of 1-13 ms graphs (tiny cnn, nmt,
+    # transformer), the fastest of 3 steps varied up to 1.73x, of 15 steps up to 1.32x.
+    corun_steps: int = 15
     wake_reps: int = WAKE_REPS  # timed calls per round of each op's wake cost (calibrate.wake); 0: none
     wake_scale_every: int = 4  # every Nth case's wake is timed at the smaller thread counts too; 0: none
     cold_per_class: int = 0  # sweep calls per op class timed cold (calibrate.cold, `with_cold`); 0: no cold costs
@@ -120,7 +123,6 @@ def full_config() -> CalibrationConfig:
         timing=TimingConfig(budget_s=0.03, min_reps=5, max_reps=100, warmup=2, retry_budget_s=60.0),
         dispatch_ops=2000,
         replay_rounds=5,
-        corun_steps=5,
         corun_s=0.5,
         corun_rounds=5,
         links=LinkConfig(),
