@@ -211,6 +211,17 @@ def resolved_tau(rows: Sequence[FidelityRow]) -> tuple[float | None, int, int]:
     return (score / told if told else None), told, pairs
 
 
+def round_spread(rows: Sequence[FidelityRow]) -> float | None:
+    """The machine's own noise over plans measured in several rounds: the mean, over the
+    plans, of each round median's |deviation| from the plan's pooled median, which is the
+    MAPE an exact prediction of the pooled medians scores against one round. A fidelity
+    error near it is as close as this machine's measurements can tell. None where no plan
+    has two rounds."""
+    devs = [statistics.fmean(abs(m / r.measured_s - 1.0) for m in r.round_medians_s)
+            for r in rows if len(r.round_medians_s) >= 2]
+    return statistics.fmean(devs) if devs else None
+
+
 def summarise(rows: Sequence[FidelityRow]) -> list[WorkloadSummary]:
     out: list[WorkloadSummary] = []
     for w in dict.fromkeys(r.workload for r in rows):
@@ -487,21 +498,27 @@ def _finite(x: float) -> float | None:
 
 def error_summary(rows: Sequence[FidelityRow]) -> dict[str, Any]:
     """MAPE, worst error and Kendall tau of some rows of one model (fractions, not percent),
-    and tau over the pairs the measurement tells apart (`resolved_tau`)."""
+    tau over the pairs the measurement tells apart (`resolved_tau`), and the rounds' own
+    spread (`round_spread`)."""
     if not rows:
         return {"n_plans": 0, "mape": None, "worst_error": None, "kendall_tau": None,
-                "kendall_tau_resolved": None, "resolved_pairs": 0, "pairs": 0}
+                "kendall_tau_resolved": None, "resolved_pairs": 0, "pairs": 0, "round_spread": None}
     (s,) = summarise(rows)
     return {"n_plans": len(rows), "mape": s.mape, "worst_error": s.worst_error, "kendall_tau": _finite(s.kendall_tau),
-            "kendall_tau_resolved": s.kendall_tau_resolved, "resolved_pairs": s.resolved_pairs, "pairs": s.pairs}
+            "kendall_tau_resolved": s.kendall_tau_resolved, "resolved_pairs": s.resolved_pairs, "pairs": s.pairs,
+            "round_spread": round_spread(rows)}
 
 
 def overall_summary(errors: Sequence[float], per_model: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """MAPE and worst of signed `errors` over all models' plans, and the medians of the
-    models' Kendall taus, plain and over told-apart pairs (`error_summary`; those defined)."""
+    """MAPE and worst of signed `errors` over all models' plans, the medians of the models'
+    Kendall taus, plain and over told-apart pairs, and the mean of their rounds' spreads
+    (`error_summary`; those defined)."""
+    def defined(key: str) -> list[float]:
+        return [m[key] for m in per_model if m.get(key) is not None]
+
     def median_of(key: str) -> float | None:
-        defined = [m[key] for m in per_model if m.get(key) is not None]
-        return statistics.median(defined) if defined else None
+        xs = defined(key)
+        return statistics.median(xs) if xs else None
 
     return {
         "n_plans": len(errors),
@@ -509,6 +526,7 @@ def overall_summary(errors: Sequence[float], per_model: Sequence[dict[str, Any]]
         "worst_error": max(errors, key=abs) if errors else None,
         "median_kendall_tau": median_of("kendall_tau"),
         "median_kendall_tau_resolved": median_of("kendall_tau_resolved"),
+        "round_spread": statistics.fmean(defined("round_spread")) if defined("round_spread") else None,
     }
 
 

@@ -628,6 +628,8 @@ def tau(x: float | None, width: int) -> str:
 
 TAU_RESOLVED_NOTE = ("tau*: Kendall tau over the pairs of plans the measurement tells apart (their rounds' medians "
                      "do not overlap); '-' where it tells none apart")
+ROUNDS_NOTE = ("rounds: the machine's own noise, the mean |deviation| of each plan's round medians from its median "
+               "(the MAPE an exact prediction scores against one round); '-' with one round")
 
 
 OP_CLASS_ROWS = 8  # classes printed; the JSON holds them all
@@ -665,22 +667,24 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
     print()
     print(f"{'':<30}{'--- profile-only ---':>24}   {'--- trace-calibrated ---':>36}")
     print(f"{'workload':<24}{'ops':>6}{'MAPE':>8}{'worst':>8}{'tau':>7}{'tau*':>7}   {'MAPE':>8}{'worst':>8}{'tau':>7}"
-          f"{'tau*':>7}{'other shapes':>13}{'seen ops':>10}")
+          f"{'tau*':>7}{'other shapes':>13}{'seen ops':>10}{'rounds':>8}")
     for m in result["models"]:
         a, t = m["profile_only"], m["trace_calibrated"]
         print(f"{m['workload'].removeprefix(PREFIX):<24}{m['ops']:>6}{pct(a['mape'], 8)}{pct(a['worst_error'], 8)}"
               f"{tau(a['kendall_tau'], 7)}{tau(a.get('kendall_tau_resolved'), 7)}   {pct(t['mape'], 8)}"
               f"{pct(t['worst_error'], 8)}{tau(t['kendall_tau'], 7)}{tau(t.get('kendall_tau_resolved'), 7)}"
-              f"{pct(t['other_shapes']['mape'], 13)}{pct(m['profile_seen_ops'], 10)}")
+              f"{pct(t['other_shapes']['mape'], 13)}{pct(m['profile_seen_ops'], 10)}{pct(a.get('round_spread'), 8)}")
     a, t = result["overall"]["profile_only"], result["overall"]["trace_calibrated"]
     print(f"{'all (tau: median)':<30}{pct(a['mape'], 8)}{pct(a['worst_error'], 8)}{tau(a['median_kendall_tau'], 7)}"
           f"{tau(a.get('median_kendall_tau_resolved'), 7)}   {pct(t['mape'], 8)}{pct(t['worst_error'], 8)}"
-          f"{tau(t['median_kendall_tau'], 7)}{tau(t.get('median_kendall_tau_resolved'), 7)}")
+          f"{tau(t['median_kendall_tau'], 7)}{tau(t.get('median_kendall_tau_resolved'), 7)}{'':>23}"
+          f"{pct(a.get('round_spread'), 8)}")
     print(f"profile-only: the stored profile alone, over all {result['plans_per_model']} plans of each model. "
           f"trace-calibrated: calibrated on the measured run of {cal} (*) of the same model, errors over the "
           f"other {result['plans_per_model'] - 1} plans; other shapes: only plans with 2 slots or 2 threads.")
     print("seen ops: share of the model's kernel ops whose exact signature the profile measured in calibration")
     print(TAU_RESOLVED_NOTE)
+    print(ROUNDS_NOTE)
     print("others: share of the CPU other processes used while the plan was measured")
     print_op_classes(result.get("op_classes", []), cal)
     print_plan_shapes(result.get("plan_shapes", []))

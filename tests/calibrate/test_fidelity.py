@@ -19,10 +19,12 @@ from schedlab.calibrate.fidelity import (
     error_summary,
     held_out_fidelity,
     measure_and_predict,
+    overall_summary,
     plan_shape,
     plan_spread,
     resolve_all,
     resolved_tau,
+    round_spread,
     shape_errors,
 )
 from schedlab.cli import main
@@ -438,3 +440,16 @@ def test_with_one_round_every_pair_of_distinct_medians_counts() -> None:
     tau_r, told, pairs = resolved_tau(rows)
     assert (told, pairs) == (5, 6)  # c and d measured alike
     assert tau_r == (4 - 1) / 5  # b-c reversed
+
+
+def test_the_rounds_spread_is_the_error_an_exact_prediction_scores_against_one_round() -> None:
+    """A plan whose rounds measured 90 and 110 ms against its 100 ms median: 10%, whatever
+    the prediction; plans of one round say nothing of the noise."""
+    rows = [_ranked("a", 0.5, 0.09, 0.10, 0.11), _ranked("b", 0.2, 0.20, 0.20, 0.20)]
+    assert round_spread(rows) == pytest.approx((0.2 / 3 + 0.0) / 2)
+    assert round_spread([_ranked("c", 0.1, 0.1)]) is None
+    summary = error_summary(rows)
+    assert summary["round_spread"] == pytest.approx(round_spread(rows))
+    other = {**summary, "round_spread": 0.05}
+    assert overall_summary([0.1], [summary, other, error_summary([])])["round_spread"] == pytest.approx(
+        (round_spread(rows) + 0.05) / 2)
