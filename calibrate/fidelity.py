@@ -151,6 +151,7 @@ class WorkloadSummary:
     kendall_tau_resolved: float | None = None  # over the pairs the measurement tells apart (`resolved_tau`)
     resolved_pairs: int = 0  # pairs told apart, of `pairs`
     pairs: int = 0  # n(n-1)/2 of its n plans
+    round_spread: float | None = None  # the rounds' own spread (`round_spread`); None with one round
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,7 @@ def summarise(rows: Sequence[FidelityRow]) -> list[WorkloadSummary]:
                 kendall_tau_resolved=tau_r,
                 resolved_pairs=told,
                 pairs=pairs,
+                round_spread=round_spread(rs),
             )
         )
     return out
@@ -506,7 +508,7 @@ def error_summary(rows: Sequence[FidelityRow]) -> dict[str, Any]:
     (s,) = summarise(rows)
     return {"n_plans": len(rows), "mape": s.mape, "worst_error": s.worst_error, "kendall_tau": _finite(s.kendall_tau),
             "kendall_tau_resolved": s.kendall_tau_resolved, "resolved_pairs": s.resolved_pairs, "pairs": s.pairs,
-            "round_spread": round_spread(rows)}
+            "round_spread": s.round_spread}
 
 
 def overall_summary(errors: Sequence[float], per_model: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -366,11 +366,12 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
         mark = "*" if r.in_calibration else " "
         print(f"{r.workload:<12}{r.plan:<24}{r.measured_s * 1e3:>12.2f}{r.predicted_s * 1e3:>13.2f}{r.error * 100:>7.1f}%{mark}")
     print()
-    print(f"{'workload':<12}{'MAPE':>8}{'worst':>8}{'tau':>7}{'tau*':>7}{'sim ops/s':>12}{'exec/sim':>10}{'(cold)':>9}")
+    print(f"{'workload':<12}{'MAPE':>8}{'worst':>8}{'tau':>7}{'tau*':>7}{'rounds':>8}{'sim ops/s':>12}{'exec/sim':>10}"
+          f"{'(cold)':>9}")
     for s in summary:
         print(
             f"{s.workload:<12}{s.mape * 100:>7.1f}%{s.worst_error * 100:>7.1f}%{s.kendall_tau:>7.2f}"
-            f"{tau(s.kendall_tau_resolved, 7)}"
+            f"{tau(s.kendall_tau_resolved, 7)}{pct(s.round_spread, 8)}"
             f"{s.sim_ops_per_s:>12.0f}{s.exec_over_sim:>9.1f}x{s.exec_over_sim_cold:>8.1f}x"
         )
     print(f"overall MAPE {result['mape'] * 100:.1f}% (unseen plans {float(result['mape_unseen_plans'] or 0) * 100:.1f}%), "
@@ -378,6 +379,7 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     print("exec/sim: measured step time over simulation time, with the Simulator a search reuses; "
           "(cold): a simulate() call with a new cost model object")
     print(TAU_RESOLVED_NOTE)
+    print(ROUNDS_NOTE)
     print_plan_shapes(result["plan_shapes"])
     print_host_scaling(result["host_scaling"])
     for d in drifts:
