@@ -16,12 +16,15 @@ from schedlab.calibrate.fidelity import (
     TRACE_CALIBRATED,
     FidelityRow,
     HeldOutResult,
+    Measurement,
+    calibration_trace,
     error_summary,
     held_out_fidelity,
     measure_and_predict,
     overall_summary,
     plan_shape,
     plan_spread,
+    pooled_rounds,
     resolve_all,
     resolved_tau,
     round_spread,
@@ -32,6 +35,7 @@ from schedlab.cli.fidelity_cmd import chosen_models, print_held_out
 from schedlab.errors import SchedlabError
 from schedlab.exec import ExecBackend
 from schedlab.machine import detect_host
+from schedlab.trace import Trace, TraceEvent
 from schedlab.workloads import BUILTIN_WORKLOADS
 from schedlab.workloads.heldout import HELDOUT_WORKLOADS
 from tests.calibrate.factories import make_profile
@@ -453,3 +457,17 @@ def test_the_rounds_spread_is_the_error_an_exact_prediction_scores_against_one_r
     other = {**summary, "round_spread": 0.05}
     assert overall_summary([0.1], [summary, other, error_summary([])])["round_spread"] == pytest.approx(
         (round_spread(rows) + 0.05) / 2)
+
+
+def test_trace_calibration_learns_from_every_round_of_the_calibration_plan() -> None:
+    """A round of 10 ns kernels and one of 30 ns: the trace learnt from holds both rounds'
+    steps, numbered in turn, not only the round nearest the median."""
+    def taken(dur_ns: int, tag: str) -> Measurement:
+        events = tuple(TraceEvent(0, "mm", "F", "cpu0", 0, 1, 0, dur_ns, k) for k in range(2))
+        return Measurement(BackendRun((dur_ns * 1e-9,) * 2, Trace(events, {"tag": tag})), None)
+
+    pooled = pooled_rounds([taken(10, "a"), taken(30, "b")])
+    joined = calibration_trace(pooled)
+    assert sorted({e.step for e in joined.events}) == [0, 1, 2, 3] and joined.meta["joined_runs"] == 2
+    assert sorted(e.dur_ns for e in joined.events) == [10, 10, 30, 30]
+    assert calibration_trace(taken(10, "one")).meta["tag"] == "one"  # one round: its own trace

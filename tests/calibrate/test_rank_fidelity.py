@@ -181,6 +181,7 @@ def test_rounds_pool_every_step_and_keep_the_typical_rounds_trace() -> None:
     assert pooled.run.step_time_s == pytest.approx(1.4)  # one slow round moves the plan's time little
     assert pooled.round_medians_s == (1.1, 2.2, 1.4)
     assert pooled.run.trace.meta["tag"] == "typical" and pooled.foreign_cpu_frac == 0.3
+    assert [t.meta["tag"] for t in pooled.round_traces] == ["fast", "slow", "typical"]
 
 
 def test_calibration_runs_join_as_one_trace_with_their_steps_in_turn() -> None:
