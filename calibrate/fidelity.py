@@ -21,8 +21,8 @@ apart, from one set of measurements of the spread:
 - profile-only (`PROFILE_ONLY`): the stored Profile alone, on every plan;
 - trace-calibrated (`TRACE_CALIBRATED`): the Profile plus the op times of ONE plan of the
   model as measured (`CALIBRATION_PLAN`: one slot, one thread, program order; every round
-  of it), on every other plan. The calibration plan itself is left out of this error (`HeldOutResult.scored`):
-  its prediction would be its own measurement played back.
+  of it), on every other plan. The calibration plan itself is left out of this error
+  (`HeldOutResult.scored`): its prediction would be its own measurement played back.
 """
 
 from __future__ import annotations
@@ -314,9 +314,9 @@ def calibration_trace(m: Measurement) -> Trace:
     """What trace calibration learns from of a measured plan: every round's trace joined
     (`trace_cal.joined_traces`), not the typical round's alone. One round of five steps
     carries the minute it ran in into every prediction made from it: in a held-out run of
-    2026-11-28 the one-slot one-thread round learnt from ran 5.6% faster, on average, than
-    the same kernels in the plan's three other orders, and gru-tagger's one-thread plans
-    measured 58-66 ms in one round and 40-44 in the other."""
+    2026-11-28 the predictions learnt from one round put the plan's three other orders
+    (the same kernels, one at a time) 5.6% fast on average, and gru-tagger's one-thread
+    plans measured 48-66 ms in one round and 40-44 in the other."""
     from schedlab.calibrate.trace_cal import joined_traces
 
     return joined_traces(m.round_traces) if m.round_traces else m.run.trace
@@ -539,13 +539,15 @@ def overall_summary(errors: Sequence[float], per_model: Sequence[dict[str, Any]]
         xs = defined(key)
         return statistics.median(xs) if xs else None
 
+    spreads = defined("round_spread")
+
     return {
         "n_plans": len(errors),
         "mape": statistics.fmean(abs(e) for e in errors) if errors else None,
         "worst_error": max(errors, key=abs) if errors else None,
         "median_kendall_tau": median_of("kendall_tau"),
         "median_kendall_tau_resolved": median_of("kendall_tau_resolved"),
-        "round_spread": statistics.fmean(defined("round_spread")) if defined("round_spread") else None,
+        "round_spread": statistics.fmean(spreads) if spreads else None,
     }
 
 
