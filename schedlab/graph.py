@@ -21,7 +21,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,7 @@ COMPUTE_CLASSES = frozenset(
 )
 
 
+@cache  # a step has a few dozen targets; cost models ask an op's class many times per op
 def op_class_of(target: str) -> str:
     """"aten.addmm.default" -> "addmm"; a TensorFlow kernel ("tf.MatMul") -> the aten class it
     computes ("mm", `schedlab.tf.opcost`); other namespaces: the whole target."""
