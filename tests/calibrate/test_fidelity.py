@@ -21,6 +21,7 @@ from schedlab.calibrate.fidelity import (
     error_summary,
     held_out_fidelity,
     measure_and_predict,
+    one_round_mape,
     overall_summary,
     plan_shape,
     plan_spread,
@@ -457,6 +458,23 @@ def test_the_rounds_spread_is_the_error_an_exact_prediction_scores_against_one_r
     other = {**summary, "round_spread": 0.05}
     assert overall_summary([0.1], [summary, other, error_summary([])])["round_spread"] == pytest.approx(
         (round_spread(rows) + 0.05) / 2)
+
+
+def test_the_one_round_mape_scores_the_same_predictions_against_each_round_alone() -> None:
+    """A prediction of exactly the 100 ms median scores 0 against it and (11.1 + 0 + 9.1)/3 %
+    against the rounds of 90, 100 and 110 ms one at a time; one of 110 ms scores 10% against
+    the median and (22.2 + 10 + 0)/3 % against the rounds. Overall: weighted by each model's
+    plans, and only where every model was measured in rounds."""
+    exact, off = _ranked("a", 0.10, 0.09, 0.10, 0.11), _ranked("b", 0.11, 0.09, 0.10, 0.11)
+    assert one_round_mape([exact]) == pytest.approx((0.10 / 0.09 - 1 + 0.0 + 1 - 0.10 / 0.11) / 3)
+    assert one_round_mape([off]) == pytest.approx((0.11 / 0.09 - 1 + 0.1 + 0.0) / 3)
+    assert one_round_mape([exact, off]) == pytest.approx((one_round_mape([exact]) + one_round_mape([off])) / 2)
+    assert one_round_mape([exact, _ranked("c", 0.1, 0.1)]) is None  # a plan of one round: no such figure
+    assert error_summary([exact, off])["one_round_mape"] == pytest.approx(one_round_mape([exact, off]))
+    one, two = error_summary([exact]), error_summary([exact, off])
+    assert overall_summary([0.0, 0.0, 0.1], [one, two])["one_round_mape"] == pytest.approx(
+        (one_round_mape([exact]) + 2 * one_round_mape([exact, off])) / 3)
+    assert overall_summary([0.0], [one, error_summary([_ranked("c", 0.1, 0.1)])])["one_round_mape"] is None
 
 
 def test_trace_calibration_learns_from_every_round_of_the_calibration_plan() -> None:
