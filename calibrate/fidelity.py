@@ -153,6 +153,7 @@ class WorkloadSummary:
     pairs: int = 0  # n(n-1)/2 of its n plans
     round_spread: float | None = None  # the rounds' own spread (`round_spread`); None with one round
     one_round_mape: float | None = None  # the same predictions against one round (`one_round_mape`)
+    round_to_round_mape: float | None = None  # one round against another (`round_to_round_mape`)
 
 
 @dataclass(frozen=True)
@@ -238,6 +239,19 @@ def one_round_mape(rows: Sequence[FidelityRow]) -> float | None:
     return statistics.fmean(statistics.fmean(abs(r.predicted_s / m - 1.0) for m in r.round_medians_s) for r in rows)
 
 
+def round_to_round_mape(rows: Sequence[FidelityRow]) -> float | None:
+    """The MAPE one round's median scores as a prediction of another round's, over every
+    ordered pair of rounds of each plan: how well the machine predicts itself, the yardstick
+    of `one_round_mape` (in the same run of 2026-11-28: 11.7%, where the simulator scored
+    13.4% against one round). None where some plan was measured in fewer than two rounds."""
+    if not rows or any(len(r.round_medians_s) < 2 for r in rows):
+        return None
+    return statistics.fmean(
+        statistics.fmean(abs(a / b - 1.0) for i, a in enumerate(r.round_medians_s)
+                         for j, b in enumerate(r.round_medians_s) if i != j)
+        for r in rows)
+
+
 def summarise(rows: Sequence[FidelityRow]) -> list[WorkloadSummary]:
     out: list[WorkloadSummary] = []
     for w in dict.fromkeys(r.workload for r in rows):
@@ -259,6 +273,7 @@ def summarise(rows: Sequence[FidelityRow]) -> list[WorkloadSummary]:
                 pairs=pairs,
                 round_spread=round_spread(rs),
                 one_round_mape=one_round_mape(rs),
+                round_to_round_mape=round_to_round_mape(rs),
             )
         )
     return out
@@ -532,22 +547,24 @@ def _finite(x: float) -> float | None:
 def error_summary(rows: Sequence[FidelityRow]) -> dict[str, Any]:
     """MAPE, worst error and Kendall tau of some rows of one model (fractions, not percent),
     tau over the pairs the measurement tells apart (`resolved_tau`), and the rounds' own
-    spread (`round_spread`) beside the MAPE against one round (`one_round_mape`)."""
+    spread (`round_spread`), the MAPE against one round (`one_round_mape`) and one round's
+    against another (`round_to_round_mape`)."""
     if not rows:
         return {"n_plans": 0, "mape": None, "worst_error": None, "kendall_tau": None,
                 "kendall_tau_resolved": None, "resolved_pairs": 0, "pairs": 0, "round_spread": None,
-                "one_round_mape": None}
+                "one_round_mape": None, "round_to_round_mape": None}
     (s,) = summarise(rows)
     return {"n_plans": len(rows), "mape": s.mape, "worst_error": s.worst_error, "kendall_tau": _finite(s.kendall_tau),
             "kendall_tau_resolved": s.kendall_tau_resolved, "resolved_pairs": s.resolved_pairs, "pairs": s.pairs,
-            "round_spread": s.round_spread, "one_round_mape": s.one_round_mape}
+            "round_spread": s.round_spread, "one_round_mape": s.one_round_mape,
+            "round_to_round_mape": s.round_to_round_mape}
 
 
 def overall_summary(errors: Sequence[float], per_model: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """MAPE and worst of signed `errors` over all models' plans, the medians of the models'
     Kendall taus, plain and over told-apart pairs, the mean of their rounds' spreads, and
-    the MAPE against one round over all their plans (`error_summary`; those defined; the
-    last only where every model has it)."""
+    the MAPE against one round and one round's against another over all their plans
+    (`error_summary`; those defined; the last two only where every model has them)."""
     def defined(key: str) -> list[float]:
         return [m[key] for m in per_model if m.get(key) is not None]
 
@@ -556,8 +573,11 @@ def overall_summary(errors: Sequence[float], per_model: Sequence[dict[str, Any]]
         return statistics.median(xs) if xs else None
 
     spreads = defined("round_spread")
-    one_round = [(m["one_round_mape"], m["n_plans"]) for m in per_model if m.get("one_round_mape") is not None]
-    weight = sum(n for _, n in one_round)
+
+    def over_plans(key: str) -> float | None:  # a per-model mean, weighted back to one over every plan
+        xs = [(m[key], m["n_plans"]) for m in per_model if m.get(key) is not None]
+        weight = sum(n for _, n in xs)
+        return sum(v * n for v, n in xs) / weight if xs and len(xs) == len(per_model) and weight else None
 
     return {
         "n_plans": len(errors),
@@ -566,8 +586,8 @@ def overall_summary(errors: Sequence[float], per_model: Sequence[dict[str, Any]]
         "median_kendall_tau": median_of("kendall_tau"),
         "median_kendall_tau_resolved": median_of("kendall_tau_resolved"),
         "round_spread": statistics.fmean(spreads) if spreads else None,
-        "one_round_mape": (sum(v * n for v, n in one_round) / weight
-                           if one_round and len(one_round) == len(per_model) and weight else None),
+        "one_round_mape": over_plans("one_round_mape"),
+        "round_to_round_mape": over_plans("round_to_round_mape"),
     }
 
 

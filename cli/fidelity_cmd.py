@@ -289,7 +289,7 @@ def conditions(set_name: str, args: argparse.Namespace, machine: Any) -> dict[st
 def scores(rows: list[Any]) -> dict[str, Any]:
     """What a fidelity results file says of its `FidelityRow`s: MAPE over all plans and over
     those calibration never ran, the worst error, per-workload summaries, and every row."""
-    from schedlab.calibrate.fidelity import one_round_mape, shape_errors, summarise
+    from schedlab.calibrate.fidelity import one_round_mape, round_to_round_mape, shape_errors, summarise
 
     errs = [abs(r.error) for r in rows]
     unseen = [abs(r.error) for r in rows if not r.in_calibration]
@@ -297,6 +297,7 @@ def scores(rows: list[Any]) -> dict[str, Any]:
         "mape": sum(errs) / len(errs),
         "mape_unseen_plans": sum(unseen) / len(unseen) if unseen else None,
         "one_round_mape": one_round_mape(rows),
+        "round_to_round_mape": round_to_round_mape(rows),
         "worst_error": max((r.error for r in rows), key=abs),
         "workloads": [s.__dict__ for s in summarise(rows)],
         "plan_shapes": shape_errors(rows),
@@ -378,7 +379,8 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     print(f"overall MAPE {result['mape'] * 100:.1f}% (unseen plans {float(result['mape_unseen_plans'] or 0) * 100:.1f}%), "
           f"worst {float(result['worst_error']) * 100:.1f}%   (* = plan shape used in trace calibration)")
     if result.get("one_round_mape") is not None:
-        print(f"{ONE_ROUND_NOTE}: {result['one_round_mape'] * 100:.1f}%")
+        print(f"{ONE_ROUND_NOTE}: {result['one_round_mape'] * 100:.1f}%; {ROUND_TO_ROUND_NOTE}: "
+              f"{result['round_to_round_mape'] * 100:.1f}%")
     print("exec/sim: measured step time over simulation time, with the Simulator a search reuses; "
           "(cold): a simulate() call with a new cost model object")
     print(TAU_RESOLVED_NOTE)
@@ -581,7 +583,8 @@ def run_rescore(args: argparse.Namespace) -> int:
           + f"   {' '.join(pct(x, 7) for x in result['overall']['run_spread'])}")
     one_round = [(k, result["overall"][k].get("one_round_mape")) for k in methods]
     if all(v is not None for _, v in one_round):
-        print(f"{ONE_ROUND_NOTE}: " + ", ".join(f"{k.replace('_', '-')} {v * 100:.1f}%" for k, v in one_round))
+        print(f"{ONE_ROUND_NOTE}: " + ", ".join(f"{k.replace('_', '-')} {v * 100:.1f}%" for k, v in one_round)
+              + f"; {ROUND_TO_ROUND_NOTE}: {result['overall']['profile_only']['round_to_round_mape'] * 100:.1f}%")
     for workload, why in result.get("trace_calibration_skipped", {}).items():
         print(f"{workload}: profile-only (its calibration trace left out: {why})")
     print(TAU_RESOLVED_NOTE)
@@ -638,6 +641,7 @@ TAU_RESOLVED_NOTE = ("tau*: Kendall tau over the pairs of plans the measurement 
                      "do not overlap); '-' where it tells none apart")
 ONE_ROUND_NOTE = ("MAPE of the same predictions against a single round's medians, mean over the rounds "
                   "(what a run of one round would report; the gap to the MAPE above is the machine's noise)")
+ROUND_TO_ROUND_NOTE = "one round's medians as a prediction of another's, the machine against itself"
 ROUNDS_NOTE = ("rounds: the machine's own noise, the mean |deviation| of each plan's round medians from its median "
                "(the MAPE an exact prediction scores against one round); '-' with one round")
 
@@ -691,7 +695,7 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
           f"{pct(a.get('round_spread'), 8)}")
     if a.get("one_round_mape") is not None and t.get("one_round_mape") is not None:
         print(f"{ONE_ROUND_NOTE}: profile-only {a['one_round_mape'] * 100:.1f}%, trace-calibrated "
-              f"{t['one_round_mape'] * 100:.1f}%")
+              f"{t['one_round_mape'] * 100:.1f}%; {ROUND_TO_ROUND_NOTE}: {a['round_to_round_mape'] * 100:.1f}%")
     print(f"profile-only: the stored profile alone, over all {result['plans_per_model']} plans of each model. "
           f"trace-calibrated: calibrated on the measured run of {cal} (*) of the same model, errors over the "
           f"other {result['plans_per_model'] - 1} plans; other shapes: only plans with 2 slots or 2 threads.")

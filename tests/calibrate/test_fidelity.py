@@ -29,6 +29,7 @@ from schedlab.calibrate.fidelity import (
     resolve_all,
     resolved_tau,
     round_spread,
+    round_to_round_mape,
     shape_errors,
 )
 from schedlab.cli import main
@@ -475,6 +476,19 @@ def test_the_one_round_mape_scores_the_same_predictions_against_each_round_alone
     assert overall_summary([0.0, 0.0, 0.1], [one, two])["one_round_mape"] == pytest.approx(
         (one_round_mape([exact]) + 2 * one_round_mape([exact, off])) / 3)
     assert overall_summary([0.0], [one, error_summary([_ranked("c", 0.1, 0.1)])])["one_round_mape"] is None
+
+
+def test_round_to_round_mape_is_each_round_predicting_every_other_round() -> None:
+    """Rounds of 90, 100 and 110 ms: each predicting the other two, six ratios; the
+    prediction plays no part. Overall over every plan, as the one-round MAPE."""
+    rounds = (0.09, 0.10, 0.11)
+    expected = sum(abs(a / b - 1) for a in rounds for b in rounds if a != b) / 6
+    rows = [_ranked("a", 0.5, *rounds), _ranked("b", 0.01, *rounds)]
+    assert round_to_round_mape(rows) == pytest.approx(expected)
+    assert round_to_round_mape([_ranked("c", 0.1, 0.1)]) is None
+    summary = error_summary(rows)
+    assert summary["round_to_round_mape"] == pytest.approx(expected)
+    assert overall_summary([0.0] * 2, [summary])["round_to_round_mape"] == pytest.approx(expected)
 
 
 def test_trace_calibration_learns_from_every_round_of_the_calibration_plan() -> None:
