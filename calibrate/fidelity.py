@@ -227,6 +227,11 @@ def round_spread(rows: Sequence[FidelityRow]) -> float | None:
     return statistics.fmean(devs) if devs else None
 
 
+def _all_in_rounds(rows: Sequence[FidelityRow]) -> bool:
+    """Whether there are rows and every one was measured in two rounds or more."""
+    return bool(rows) and all(len(r.round_medians_s) >= 2 for r in rows)
+
+
 def one_round_mape(rows: Sequence[FidelityRow]) -> float | None:
     """The MAPE the same predictions score against a single round's medians, averaged over
     the rounds: what a run of one round would have reported. Beside the MAPE against the
@@ -234,7 +239,7 @@ def one_round_mape(rows: Sequence[FidelityRow]) -> float | None:
     simulator's error (in the held-out run of 2026-11-28, 10:42, four rounds: profile-only
     13.4% against one round, 11.7% against the median of two, 11.2% against all four).
     None where some plan was measured in fewer than two rounds."""
-    if not rows or any(len(r.round_medians_s) < 2 for r in rows):
+    if not _all_in_rounds(rows):
         return None
     return statistics.fmean(statistics.fmean(abs(r.predicted_s / m - 1.0) for m in r.round_medians_s) for r in rows)
 
@@ -244,7 +249,7 @@ def round_to_round_mape(rows: Sequence[FidelityRow]) -> float | None:
     ordered pair of rounds of each plan: how well the machine predicts itself, the yardstick
     of `one_round_mape` (in the same run of 2026-11-28: 11.7%, where the simulator scored
     13.4% against one round). None where some plan was measured in fewer than two rounds."""
-    if not rows or any(len(r.round_medians_s) < 2 for r in rows):
+    if not _all_in_rounds(rows):
         return None
     return statistics.fmean(
         statistics.fmean(abs(a / b - 1.0) for i, a in enumerate(r.round_medians_s)
