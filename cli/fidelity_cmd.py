@@ -381,6 +381,8 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     if result.get("one_round_mape") is not None:
         print(f"{ONE_ROUND_NOTE}: {result['one_round_mape'] * 100:.1f}%; {ROUND_TO_ROUND_NOTE}: "
               f"{result['round_to_round_mape'] * 100:.1f}%")
+    elif args.rounds == 1:
+        print(ONE_ROUND_HINT)
     print("exec/sim: measured step time over simulation time, with the Simulator a search reuses; "
           "(cold): a simulate() call with a new cost model object")
     print(TAU_RESOLVED_NOTE)
@@ -642,6 +644,8 @@ TAU_RESOLVED_NOTE = ("tau*: Kendall tau over the pairs of plans the measurement 
 ONE_ROUND_NOTE = ("MAPE of the same predictions against a single round's medians, mean over the rounds "
                   "(what a run of one round would report; the gap to the MAPE above is the machine's noise)")
 ROUND_TO_ROUND_NOTE = "one round's medians as a prediction of another's, the machine against itself"
+ONE_ROUND_HINT = ("one round per plan: this run cannot tell the machine's noise from the simulator's error; "
+                  "--rounds 3 measures it (rounds, and the MAPE against one round beside one round's against another)")
 ROUNDS_NOTE = ("rounds: the machine's own noise, the mean |deviation| of each plan's round medians from its median "
                "(the MAPE an exact prediction scores against one round); '-' with one round")
 
@@ -696,6 +700,8 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
     if a.get("one_round_mape") is not None and t.get("one_round_mape") is not None:
         print(f"{ONE_ROUND_NOTE}: profile-only {a['one_round_mape'] * 100:.1f}%, trace-calibrated "
               f"{t['one_round_mape'] * 100:.1f}%; {ROUND_TO_ROUND_NOTE}: {a['round_to_round_mape'] * 100:.1f}%")
+    elif result.get("rounds") == 1:
+        print(ONE_ROUND_HINT)
     print(f"profile-only: the stored profile alone, over all {result['plans_per_model']} plans of each model. "
           f"trace-calibrated: calibrated on the measured run of {cal} (*) of the same model, errors over the "
           f"other {result['plans_per_model'] - 1} plans; other shapes: only plans with 2 slots or 2 threads.")

@@ -196,6 +196,7 @@ def test_held_out_command_json_and_table(capsys, tmp_path: Path, profile_file: P
     assert "profile-only" in text and "trace-calibrated" in text and "mixer" in text
     assert "ops whose signature it never measured" in text and stored["op_classes"][0]["op_class"] in text
     assert text.count("*") >= 1 and f"other {n - 1} plans" in text and "others" in text and "seen ops" in text
+    assert "one round per plan" in text and "--rounds 3" in text  # its noise unknown: the table says how to know it
 
     print_held_out({**stored, "busy_plans": [f"{MODEL}/p{i}" for i in range(7)]}, "Test CPU", out)
     text = capsys.readouterr().out
@@ -256,7 +257,9 @@ def test_a_held_out_run_cut_short_keeps_its_models_and_resume_measures_only_the_
     assert json.loads(out.read_text()) == done
 
 
-def test_one_device_fidelity_in_rounds_scores_each_plan_on_every_rounds_steps(tmp_path: Path, profile_file: Path) -> None:
+def test_one_device_fidelity_in_rounds_scores_each_plan_on_every_rounds_steps(  # type: ignore[no-untyped-def]
+    capsys, tmp_path: Path, profile_file: Path
+) -> None:
     out = tmp_path / "f.json"
     argv = ["fidelity", "--held-out", "--models", "mixer", "--size", "tiny", "--steps", "2", "--rounds", "2",
             "--profile", str(profile_file), "--out", str(out), "--json"]
@@ -268,6 +271,11 @@ def test_one_device_fidelity_in_rounds_scores_each_plan_on_every_rounds_steps(tm
     for row in stored["plans"]:
         lo, hi = min(row["round_medians_s"]), max(row["round_medians_s"])
         assert len(row["round_medians_s"]) == 2 and lo <= row["measured_s"] <= hi
+    overall = stored["overall"]["profile_only"]
+    assert overall["one_round_mape"] >= 0 and overall["round_to_round_mape"] >= 0
+    print_held_out(stored, "Test CPU", out)
+    text = capsys.readouterr().out
+    assert "against a single round's medians" in text and "one round per plan" not in text
 
 
 def test_round_robin_measures_every_plan_once_a_round_in_plan_order(monkeypatch: pytest.MonkeyPatch) -> None:
