@@ -378,11 +378,7 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
         )
     print(f"overall MAPE {result['mape'] * 100:.1f}% (unseen plans {float(result['mape_unseen_plans'] or 0) * 100:.1f}%), "
           f"worst {float(result['worst_error']) * 100:.1f}%   (* = plan shape used in trace calibration)")
-    if result.get("one_round_mape") is not None:
-        print(f"{ONE_ROUND_NOTE}: {result['one_round_mape'] * 100:.1f}%; {ROUND_TO_ROUND_NOTE}: "
-              f"{result['round_to_round_mape'] * 100:.1f}%")
-    elif args.rounds == 1:
-        print(ONE_ROUND_HINT)
+    print_one_round({"": result}, args.rounds)
     print("exec/sim: measured step time over simulation time, with the Simulator a search reuses; "
           "(cold): a simulate() call with a new cost model object")
     print(TAU_RESOLVED_NOTE)
@@ -583,16 +579,26 @@ def run_rescore(args: argparse.Namespace) -> int:
               + f"   {' '.join(pct(x, 7) for x in m['run_spread'])}")
     print(f"{'all (tau: median)':<30}" + "".join(cells(result["overall"][k], "median_kendall_tau") for k in methods)
           + f"   {' '.join(pct(x, 7) for x in result['overall']['run_spread'])}")
-    one_round = [(k, result["overall"][k].get("one_round_mape")) for k in methods]
-    if all(v is not None for _, v in one_round):
-        print(f"{ONE_ROUND_NOTE}: " + ", ".join(f"{k.replace('_', '-')} {v * 100:.1f}%" for k, v in one_round)
-              + f"; {ROUND_TO_ROUND_NOTE}: {result['overall']['profile_only']['round_to_round_mape'] * 100:.1f}%")
+    print_one_round({k.replace("_", "-"): result["overall"][k] for k in methods}, None)
     for workload, why in result.get("trace_calibration_skipped", {}).items():
         print(f"{workload}: profile-only (its calibration trace left out: {why})")
     print(TAU_RESOLVED_NOTE)
     print_plan_shapes(result.get("plan_shapes", []))
     print(f"results: {out}")
     return 0
+
+
+def print_one_round(summaries: dict[str, dict[str, Any]], rounds: int | None) -> None:
+    """Each labelled summary's MAPE against one round (`one_round_mape`; an empty label for a
+    lone figure) beside the machine's own, one round against another (the first summary's
+    `round_to_round_mape`); or, for a run of one round per plan, that it cannot know them."""
+    values: list[float] = [s["one_round_mape"] for s in summaries.values() if s.get("one_round_mape") is not None]
+    if values and len(values) == len(summaries):
+        machine = next(iter(summaries.values()))["round_to_round_mape"]
+        shown = ", ".join(f"{label} {x * 100:.1f}%".strip() for label, x in zip(summaries, values, strict=True))
+        print(f"{ONE_ROUND_NOTE}: {shown}; {ROUND_TO_ROUND_NOTE}: {machine * 100:.1f}%")
+    elif rounds == 1:
+        print(ONE_ROUND_HINT)
 
 
 def print_host_scaling(scaling: dict[str, Any] | None) -> None:
@@ -697,11 +703,7 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
           f"{tau(a.get('median_kendall_tau_resolved'), 7)}   {pct(t['mape'], 8)}{pct(t['worst_error'], 8)}"
           f"{tau(t['median_kendall_tau'], 7)}{tau(t.get('median_kendall_tau_resolved'), 7)}{'':>23}"
           f"{pct(a.get('round_spread'), 8)}")
-    if a.get("one_round_mape") is not None and t.get("one_round_mape") is not None:
-        print(f"{ONE_ROUND_NOTE}: profile-only {a['one_round_mape'] * 100:.1f}%, trace-calibrated "
-              f"{t['one_round_mape'] * 100:.1f}%; {ROUND_TO_ROUND_NOTE}: {a['round_to_round_mape'] * 100:.1f}%")
-    elif result.get("rounds") == 1:
-        print(ONE_ROUND_HINT)
+    print_one_round({"profile-only": a, "trace-calibrated": t}, result.get("rounds"))
     print(f"profile-only: the stored profile alone, over all {result['plans_per_model']} plans of each model. "
           f"trace-calibrated: calibrated on the measured run of {cal} (*) of the same model, errors over the "
           f"other {result['plans_per_model'] - 1} plans; other shapes: only plans with 2 slots or 2 threads.")

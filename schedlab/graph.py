@@ -76,7 +76,7 @@ COMPUTE_CLASSES = frozenset(
 )
 
 
-@cache  # a step has a few dozen targets; cost models ask an op's class many times per op
+@cache  # a step has a few dozen targets; cost models ask each op's class again in every cold simulation
 def op_class_of(target: str) -> str:
     """"aten.addmm.default" -> "addmm"; a TensorFlow kernel ("tf.MatMul") -> the aten class it
     computes ("mm", `schedlab.tf.opcost`); other namespaces: the whole target."""
