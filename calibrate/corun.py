@@ -60,6 +60,9 @@ class CorunFigures:
 
     def latency(self, threads: int) -> float:
         """`latency_us` at `threads` (the nearest measured count; 0 when none was)."""
+        at = self.latency_us.get(threads)
+        if at is not None:
+            return at
         if not self.latency_us:
             return 0.0
         return self.latency_us[min(self.latency_us, key=lambda k: (abs(k - threads), k))]

@@ -61,7 +61,7 @@ class WorkThreadsModel:
 
     def kernel_us(self, flops: float, nbytes: float, threads: int) -> float:
         work = self.work_us(flops, nbytes)
-        p = self.parallel_share(flops, nbytes)
+        p = self.p_max * work / (work + self.h_us) if work > 0 else 0.0  # parallel_share, its work reused
         n = max(1, threads)
         return self.a_us + work * ((1.0 - p) + p / n) + self.c_us * (n - 1)
 

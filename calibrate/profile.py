@@ -86,6 +86,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
+
 from schedlab.calibrate.cold import ColdCosts
 from schedlab.calibrate.context import NO_CONTEXT, ContextCosts, first_uses
 from schedlab.calibrate.corun import CorunFigures
@@ -149,10 +151,8 @@ class Profile:
     bound: tuple[Graph, frozenset[int]] | None = field(default=None, compare=False, repr=False)
     # executor slots the dispatch cost is for (`for_slots`); a use, not part of the JSON
     dispatch_slots: int = field(default=1, compare=False)
-    # op identity -> (op, its signature-table row or None); the simulator asks often
-    _rows: dict[int, tuple[Op, dict[int, float] | None]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
+    # op identity -> what is looked up of it (`_OpLookup`); the simulator asks often
+    _lookups: dict[int, _OpLookup] = field(default_factory=dict, init=False, repr=False, compare=False)
     # (op identity, threads) -> (op, `_alone_us`): kernel_us, serial_us and dispatch_us all read it
     _alone: dict[tuple[int, int], tuple[Op, float]] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -184,8 +184,8 @@ class Profile:
         measured."""
         if op.is_view or threads < 2 or not self.wake:
             return 0.0
-        key = self.class_key(op)
-        model = self.class_model(key)
+        found = self._lookup(op)
+        key, model = found.class_key, found.model
         if not isinstance(model, WorkThreadsModel):
             return 0.0
         fit = self.wake.get(key) or self.wake.get(POOLED)
@@ -198,26 +198,31 @@ class Profile:
         hit = self._alone.get((id(op), n))
         if hit is not None and hit[0] is op:
             return hit[1]
-        row = self._row(op)
+        found = self._lookup(op)
+        model, row = found.model, found.row
         if row:
-            warm = self._from_row(op, row, n)
+            warm = row_kernel_us(row, n, lambda k: model.kernel_us(op.flops, op.bytes_moved, k))
         else:
-            warm = max(0.0, self.model_of(op).kernel_us(op.flops, op.bytes_moved, n))
+            warm = max(0.0, model.kernel_us(op.flops, op.bytes_moved, n))
         out = max(0.0, warm + self.first_use_us(op) + self.cold_us(op, n))
         self._alone[(id(op), n)] = (op, out)
         return out
 
-    def cost_keys(self, graph: Graph) -> list[tuple[object, bool]] | None:
-        """Per op of `graph`, a key such that ops with equal keys cost the same here
-        (`sim.cost_table`): its content key (finer than its `calibrate.signature`, all a
-        Profile reads of an op's content) and whether it pays the first-use extra of the
-        graph this Profile is bound to (the only thing it reads of an op's identity).
-        The simulator then asks one op per key: a cold `simulate()` costs a few dozen
-        Profile calls per column rather than one per op."""
-        from schedlab.sim.cost_table import content_keys
+    def cost_keys(self, graph: Graph) -> np.ndarray | None:
+        """Per op of `graph`, an integer key such that ops with equal keys cost the same
+        here (`sim.cost_table`): its content key's number (`content_groups`; the content
+        key is finer than its `calibrate.signature`, all a Profile reads of an op's
+        content), twice, plus one if it pays the first-use extra of the graph this
+        Profile is bound to (the only thing it reads of an op's identity). The simulator
+        then asks one op per key: a cold `simulate()` costs a few dozen Profile calls per
+        column rather than one per op."""
+        from schedlab.sim.cost_table import content_groups
 
-        first = self.bound[1] if self.bound is not None else frozenset()
-        return [(k, id(op) in first) for k, op in zip(content_keys(graph), graph.ops, strict=True)]
+        keys = 2 * content_groups(graph)
+        if self.bound is not None and self.bound[1]:
+            first = self.bound[1]
+            keys += np.fromiter((id(op) in first for op in graph.ops), dtype=bool, count=len(graph.ops))
+        return keys
 
     def first_use_us(self, op: Op) -> float:
         """The extra of `op` being the first of its target in the bound graph's step
@@ -404,15 +409,13 @@ class Profile:
         if op.is_view or busy_cores <= 0 or total_cores <= 1:
             return 1.0
         frac = min(1.0, busy_cores / (total_cores - 1))
-        model = self.model_of(op)
-        f, b = op.flops, op.bytes_moved
-        mem = model.memory_share(f, b)
+        mem, work, parallel = self._lookup(op).shares()
         c = self.corun
         factor = c.compute_slowdown + (c.mem_slowdown - c.compute_slowdown) * mem
-        out = max(1.0, 1.0 + (factor - 1.0) * frac * model.work_share(f, b))
+        out = max(1.0, 1.0 + (factor - 1.0) * frac * work)
         if busy_cores >= total_cores:
             oversub = c.oversub_compute + (c.oversub_mem - c.oversub_compute) * mem
-            out *= max(1.0, 1.0 + (oversub - 1.0) * model.parallel_share(f, b))
+            out *= max(1.0, 1.0 + (oversub - 1.0) * parallel)
         return out
 
     # ---- lookups -----------------------------------------------------------------------
@@ -433,7 +436,7 @@ class Profile:
 
     def model_of(self, op: Op) -> WorkThreadsModel | Roofline:
         """`class_model` of `op`'s `class_key`."""
-        return self.class_model(self.class_key(op))
+        return self._lookup(op).model
 
     def class_model(self, op_class: str) -> WorkThreadsModel | Roofline:
         """The fitted model of `op_class`; for a class never measured, the roofline (or,
@@ -469,12 +472,18 @@ class Profile:
         }
 
     def _row(self, op: Op) -> dict[int, float] | None:
-        hit = self._rows.get(id(op))
-        if hit is not None and hit[0] is op:
-            return hit[1]
-        row = self.signatures.get(self._signature(op))
-        self._rows[id(op)] = (op, row)
-        return row
+        return self._lookup(op).row
+
+    def _lookup(self, op: Op) -> _OpLookup:
+        """What this Profile reads of `op` (its class key and model, its signature-table
+        row), looked up on the first call for `op` and kept: a cold simulation asks each
+        op's kernel, dispatch, co-run slowdown and wake, each of which reads them."""
+        hit = self._lookups.get(id(op))
+        if hit is not None and hit.op is op:
+            return hit
+        key = self.class_key(op)
+        found = self._lookups[id(op)] = _OpLookup(op, key, self.class_model(key), self.signatures.get(self._signature(op)))
+        return found
 
     def _signature(self, op: Op) -> str:
         """`signature(op)`, read from the bound graph's kept signatures when `op` is one of its ops."""
@@ -483,10 +492,6 @@ class Profile:
             if 0 <= op.id < len(ops) and ops[op.id] is op:
                 return graph_signatures(self.bound[0])[op.id]
         return signature(op)
-
-    def _from_row(self, op: Op, row: dict[int, float], n: int) -> float:
-        model = self.model_of(op)
-        return row_kernel_us(row, n, lambda k: model.kernel_us(op.flops, op.bytes_moved, k))
 
     # ---- trace-driven calibration ------------------------------------------------------
 
@@ -719,6 +724,28 @@ def _fit_from_json(d: Any) -> ClassFit:
         n_signatures=int(d.get("n_signatures", 0)),
         n_heldout=int(d.get("n_heldout", 0)),
     )
+
+
+class _OpLookup:
+    """What a Profile reads of one op, kept per op (`Profile._lookup`). The op itself is
+    kept too: the Profile keys its lookups by `id(op)`, which a live op keeps unique."""
+
+    __slots__ = ("_shares", "class_key", "model", "op", "row")
+
+    def __init__(self, op: Op, class_key: str, model: WorkThreadsModel | Roofline, row: dict[int, float] | None) -> None:
+        self.op = op
+        self.class_key = class_key
+        self.model = model
+        self.row = row
+        self._shares: tuple[float, float, float] | None = None
+
+    def shares(self) -> tuple[float, float, float]:
+        """The op's memory, work and parallel shares under its class model (what its co-run
+        slowdown reads), computed on the first call."""
+        if self._shares is None:
+            m, f, b = self.model, self.op.flops, self.op.bytes_moved
+            self._shares = (m.memory_share(f, b), m.work_share(f, b), m.parallel_share(f, b))
+        return self._shares
 
 
 def row_kernel_us(row: dict[int, float], n: int, model_us: Callable[[int], float]) -> float:

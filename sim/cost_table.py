@@ -7,8 +7,8 @@ A `CostTable` fills a whole column with one comprehension and one array write, a
 only for the entries a plan reads that are not there yet.
 
 Ops that cost the same are asked once when the cost model says which they are: a cost
-model with a `cost_keys(graph)` method (`KeyedCostModel`) returns one hashable key per
-op, and promises that ops with equal keys get equal answers from `kernel_us`,
+model with a `cost_keys(graph)` method (`KeyedCostModel`) returns one key per op
+(hashable values, or integers in an array, grouped without hashing each), and promises that ops with equal keys get equal answers from `kernel_us`,
 `dispatch_us` and `corun_slowdown` at every thread and busy count. The table then asks
 one op of each key (the lowest id) and gives its answers to the others. A step repeats
 its layers, so a real graph has a few dozen keys per few hundred ops. Without the method
@@ -16,10 +16,10 @@ every op is asked, as before; the answers are the same floats either way.
 
 `content_keys(graph)` helps a cost model build its keys: per op, everything it carries
 but its identity (id, name, layer, the ids of the values it reads and writes), kept on
-the graph object. Two ops with equal content keys have equal `calibrate.signature`s, so a
-cost model that reads an op only through its content can use them as they are; one that
-also reads its identity (a Profile bound to a graph charges the first op of each target
-its first-use extra) adds what it reads.
+the graph object, and `content_groups(graph)` numbers them. Two ops with equal content
+keys have equal `calibrate.signature`s, so a cost model that reads an op only through its
+content can use them as they are; one that also reads its identity (a Profile bound to a
+graph charges the first op of each target its first-use extra) adds what it reads.
 """
 
 from __future__ import annotations
@@ -39,9 +39,10 @@ I64 = np.int64
 
 @runtime_checkable
 class KeyedCostModel(Protocol):
-    def cost_keys(self, graph: Graph) -> Sequence[Hashable] | None:
+    def cost_keys(self, graph: Graph) -> Sequence[Hashable] | np.ndarray | None:
         """One key per op of `graph`: ops with equal keys cost the same (see the module
-        docstring); None: no keys, ask every op."""
+        docstring), as hashable values or as an integer array (grouped without hashing
+        each key: `content_groups` helps build one); None: no keys, ask every op."""
         ...
 
 
@@ -58,6 +59,23 @@ def content_keys(graph: Graph) -> tuple[Hashable, ...]:
         )  # fmt: skip
     assert isinstance(keys, tuple)
     return keys
+
+
+def content_groups(graph: Graph) -> np.ndarray:
+    """Per op of `graph`, the number of its `content_keys` key (numbered by first
+    appearance): ops with equal numbers have equal content keys. Computed once per graph
+    object and kept on it; a cost model that keys its ops by content and a little more
+    builds integer keys from it, which `cost_groups` groups in arrays."""
+    groups = graph.__dict__.get("_sim_content_groups")
+    if groups is None:
+        first: dict[Hashable, int] = {}
+        setdefault = first.setdefault
+        keys = content_keys(graph)
+        groups = np.fromiter((setdefault(k, len(first)) for k in keys), dtype=I64, count=len(keys))
+        groups.flags.writeable = False
+        graph.__dict__["_sim_content_groups"] = groups
+    assert isinstance(groups, np.ndarray)
+    return groups
 
 
 class _Tag:
@@ -99,12 +117,22 @@ def cost_groups(graph: Graph, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
     """(group of each op, representative op of each group): ops the cost model keys alike
     share a group, numbered by first appearance; without keys each op is its own group."""
     n = len(graph.ops)
-    keys = cost.cost_keys(graph) if isinstance(cost, KeyedCostModel) else None
+    ask = getattr(cost, "cost_keys", None)  # a KeyedCostModel (getattr: a runtime Protocol check costs µs)
+    keys = ask(graph) if callable(ask) else None
     if keys is None:
         ident = np.arange(n, dtype=I64)
         return ident, ident
     if len(keys) != n:
         raise SchedlabError(f"cost model gave {len(keys)} cost keys for graph {graph.name!r} of {n} ops")
+    if isinstance(keys, np.ndarray):
+        if keys.ndim != 1 or keys.dtype.kind not in "iu":
+            raise SchedlabError(f"cost model gave cost keys of dtype {keys.dtype}, shape {keys.shape}; "
+                                "integer keys must be a 1-D integer array")
+        _, reps, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        order = np.argsort(reps, kind="stable")  # groups numbered by their first op, as below
+        number = np.empty_like(order)
+        number[order] = np.arange(len(order), dtype=order.dtype)
+        return number[inverse].astype(I64), reps[order].astype(I64)
     first: dict[Hashable, int] = {}
     setdefault = first.setdefault
     group = np.fromiter((setdefault(k, len(first)) for k in keys), dtype=I64, count=n)  # a new key: the next number

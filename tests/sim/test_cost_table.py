@@ -16,7 +16,7 @@ from schedlab.graph import Graph, Op
 from schedlab.machine import Machine
 from schedlab.plan import Plan, ResolvedPlan, resolve
 from schedlab.sim import SimResult, Simulator, simulate
-from schedlab.sim.cost_table import CostTable, KeyedCostModel, content_keys
+from schedlab.sim.cost_table import CostTable, KeyedCostModel, content_groups, content_keys, cost_groups
 from schedlab.sim.fast import run_fast
 from schedlab.sim.prepare import prepare
 from schedlab.sim.testing import cpu_machine, random_cost, random_dag, random_plan
@@ -88,7 +88,7 @@ class CountingKeyed:
     def __init__(self) -> None:
         self.asked: list[tuple[str, int, int]] = []  # (what, op id, threads or busy cores)
 
-    def cost_keys(self, graph: Graph) -> Sequence[Hashable]:
+    def cost_keys(self, graph: Graph) -> Sequence[Hashable] | np.ndarray:
         return [op.target for op in graph.ops]
 
     def kernel_us(self, op: Op, threads: int) -> float:
@@ -133,6 +133,33 @@ def test_a_keyed_cost_model_is_asked_once_per_key() -> None:
     assert len(cost.asked) == n_asked
 
 
+def test_integer_keys_group_as_hashable_keys_do() -> None:
+    g = random_dag(300, 5, window=8, view_share=0.2)
+    by_target = CountingKeyed()
+    codes = {t: i * 7 % 11 - 3 for i, t in enumerate(sorted({op.target for op in g.ops}))}  # distinct, negatives too
+
+    class IntKeyed(CountingKeyed):
+        def cost_keys(self, graph: Graph) -> np.ndarray:
+            return np.array([codes[op.target] for op in graph.ops], dtype=np.int64)
+
+    group, reps = cost_groups(g, by_target)
+    int_group, int_reps = cost_groups(g, IntKeyed())
+    assert int_group.tolist() == group.tolist() and int_reps.tolist() == reps.tolist()  # numbered by first appearance
+    assert group[0] == 0 and reps.tolist() == sorted(reps.tolist())
+
+
+def test_a_profile_keys_its_ops_by_content_number_and_first_use() -> None:
+    g = tiny_graph("transformer")
+    numbers = content_groups(g)
+    assert content_groups(g) is numbers and not numbers.flags.writeable  # kept on the graph, read-only
+    keys = content_keys(g)
+    assert all((numbers[a] == numbers[b]) == (keys[a] == keys[b]) for a in range(0, len(keys), 7) for b in range(len(keys)))
+    bound = profile_for(g).for_graph(g)
+    first = bound.bound[1] if bound.bound else frozenset()
+    assert first and bound.cost_keys(g).tolist() == [2 * int(n) + (id(op) in first) for n, op in zip(numbers, g.ops, strict=True)]
+    assert profile_for(g).cost_keys(g).tolist() == (2 * numbers).tolist()  # bound to no graph: no first uses
+
+
 def test_keys_must_cover_the_graph() -> None:
     from schedlab.errors import SchedlabError
 
@@ -142,6 +169,13 @@ def test_keys_must_cover_the_graph() -> None:
 
     with pytest.raises(SchedlabError, match="cost keys"):
         CostTable(random_dag(10, 1), Short(), 2)
+
+    class FloatKeys(CountingKeyed):
+        def cost_keys(self, graph: Graph) -> np.ndarray:
+            return np.zeros(len(graph.ops))
+
+    with pytest.raises(SchedlabError, match="integer array"):
+        CostTable(random_dag(10, 1), FloatKeys(), 2)
 
 
 @pytest.mark.parametrize("model", MODELS)
