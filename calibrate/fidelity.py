@@ -175,8 +175,13 @@ class Prediction:
     """The simulator's step time for one plan, and how long it took to give it."""
 
     step_time_s: float
-    sim_wall_s: float  # one simulation, record=False, by the search's reused Simulator
-    sim_cold_s: float  # one `simulate()` call from scratch
+    sim_wall_s: float  # one simulation, record=False, by the search's reused Simulator (median of SIM_TIMINGS)
+    sim_cold_s: float  # one `simulate()` call from scratch (median of SIM_TIMINGS)
+
+
+# Simulations timed per plan, reused and cold: the median, not one call at the mercy of
+# the host's millisecond (one call of a few hundred µs read 0.5-2x its neighbours' here).
+SIM_TIMINGS = 3
 
 
 def measured_range_s(row: FidelityRow) -> tuple[float, float]:
@@ -368,10 +373,14 @@ def predict(graph: Graph, plans: Sequence[ResolvedPlan], profile: Profile, machi
     for resolved in plans:
         simulator = predictor.simulator(graph, resolved, machine)
         simulator.run(resolved, record=False)  # the first run of a plan fills the caches
-        sim = simulator.run(resolved, record=False)
-        fresh = profile.for_graph(graph).for_slots(2 if resolved.slots > 1 else 1)  # nothing kept: a cold call
-        cold = simulate(graph, resolved, machine, fresh, record=False)
-        out.append(Prediction(step_time_s=sim.step_time_s, sim_wall_s=sim.sim_wall_s, sim_cold_s=cold.sim_wall_s))
+        reused = [simulator.run(resolved, record=False) for _ in range(SIM_TIMINGS)]
+        slots = 2 if resolved.slots > 1 else 1
+        # each with a new cost object: nothing kept, a cold call
+        cold = [simulate(graph, resolved, machine, profile.for_graph(graph).for_slots(slots), record=False)
+                for _ in range(SIM_TIMINGS)]
+        out.append(Prediction(step_time_s=reused[0].step_time_s,
+                              sim_wall_s=statistics.median(r.sim_wall_s for r in reused),
+                              sim_cold_s=statistics.median(c.sim_wall_s for c in cold)))
     return out
 
 

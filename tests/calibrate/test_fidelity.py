@@ -511,3 +511,23 @@ def test_trace_calibration_learns_from_every_round_of_the_calibration_plan() -> 
     assert sorted({e.step for e in joined.events}) == [0, 1, 2, 3] and joined.meta["joined_runs"] == 2
     assert sorted(e.dur_ns for e in joined.events) == [10, 10, 30, 30]
     assert calibration_trace(taken(10, "one")).meta["tag"] == "one"  # one round: its own trace
+
+
+def test_the_simulators_cost_is_the_median_of_several_timed_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    import schedlab.sim as sim
+    from schedlab.calibrate.fidelity import SIM_TIMINGS, predict
+
+    _, c = captured_workload("mlp")
+    machine = detect_host()
+    resolved = resolve_all(c.graph, plan_spread(2)[:1], machine)  # type: ignore[attr-defined]
+    # the first reused run fills the caches (not timed); then SIM_TIMINGS reused runs and as many cold calls
+    walls = iter([9.9, 5.0, 1.0, 3.0, 40.0, 20.0, 30.0])
+    cold = sim.simulate(c.graph, resolved[0], machine, make_profile(), record=False)  # type: ignore[attr-defined]
+    run = sim.Simulator.run
+    monkeypatch.setattr(sim.Simulator, "run", lambda *a, **kw: dataclasses.replace(run(*a, **kw), sim_wall_s=next(walls)))
+    monkeypatch.setattr(sim, "simulate", lambda *a, **kw: dataclasses.replace(cold, sim_wall_s=next(walls)))
+    (pred,) = predict(c.graph, resolved, make_profile(), machine)  # type: ignore[attr-defined]
+    assert SIM_TIMINGS == 3 and (pred.sim_wall_s, pred.sim_cold_s) == (3.0, 30.0)
+    assert next(walls, None) is None
