@@ -8,8 +8,9 @@ only for the entries a plan reads that are not there yet.
 
 Ops that cost the same are asked once when the cost model says which they are: a cost
 model with a `cost_keys(graph)` method (`KeyedCostModel`) returns one key per op
-(hashable values, or integers in an array, grouped without hashing each), and promises that ops with equal keys get equal answers from `kernel_us`,
-`dispatch_us` and `corun_slowdown` at every thread and busy count. The table then asks
+(hashable values, or integers in an array, grouped without hashing each), and promises
+that ops with equal keys get equal answers from `kernel_us`, `dispatch_us` and
+`corun_slowdown` at every thread and busy count. The table then asks
 one op of each key (the lowest id) and gives its answers to the others. A step repeats
 its layers, so a real graph has a few dozen keys per few hundred ops. Without the method
 every op is asked, as before; the answers are the same floats either way.
@@ -68,10 +69,7 @@ def content_groups(graph: Graph) -> np.ndarray:
     builds integer keys from it, which `cost_groups` groups in arrays."""
     groups = graph.__dict__.get("_sim_content_groups")
     if groups is None:
-        first: dict[Hashable, int] = {}
-        setdefault = first.setdefault
-        keys = content_keys(graph)
-        groups = np.fromiter((setdefault(k, len(first)) for k in keys), dtype=I64, count=len(keys))
+        groups = _numbered(content_keys(graph))
         groups.flags.writeable = False
         graph.__dict__["_sim_content_groups"] = groups
     assert isinstance(groups, np.ndarray)
@@ -133,11 +131,16 @@ def cost_groups(graph: Graph, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
         number = np.empty_like(order)
         number[order] = np.arange(len(order), dtype=order.dtype)
         return number[inverse].astype(I64), reps[order].astype(I64)
-    first: dict[Hashable, int] = {}
-    setdefault = first.setdefault
-    group = np.fromiter((setdefault(k, len(first)) for k in keys), dtype=I64, count=n)  # a new key: the next number
+    group = _numbered(keys)
     reps = np.unique(group, return_index=True)[1].astype(I64)  # the first op of each group
     return group, reps
+
+
+def _numbered(keys: Sequence[Hashable]) -> np.ndarray:
+    """Each key's number, keys numbered by first appearance (equal keys, equal numbers)."""
+    first: dict[Hashable, int] = {}
+    setdefault = first.setdefault
+    return np.fromiter((setdefault(k, len(first)) for k in keys), dtype=I64, count=len(keys))  # a new key: the next number
 
 
 class CostTable:
