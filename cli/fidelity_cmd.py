@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -603,20 +604,42 @@ def print_one_round(summaries: dict[str, dict[str, Any]], rounds: int | None) ->
 
 def print_host_scaling(scaling: dict[str, Any] | None) -> None:
     """The host's one-thread over all-threads speedup of a compute-bound and a memory-bound
-    probe (`calibrate.host_scaling`) when the Profile was calibrated and around each model."""
+    probe (`calibrate.host_scaling`) when the Profile was calibrated and around each model;
+    and the compute probe's one-thread time against calibration's, where both were taken:
+    the host's own drift since the Profile (the same quick profile scored 9.8% and 19.7%
+    profile-only on the held-out set ten minutes apart, 2026-11-28, while this ratio's
+    median over the probes went from 1.02x to 1.13x)."""
     from schedlab.calibrate.host_scaling import HostScaling
 
     if not scaling or not any(m.get("before") for m in scaling.get("models", [])):
         return
+    cal = HostScaling.from_json(scaling.get("calibration"))
 
     def pair(d: Any) -> str:
         p = HostScaling.from_json(d)
         return "   -  /   - " if p is None else f"{p.compute_speedup:5.2f} / {p.memory_speedup:4.2f}"
 
-    print("\nthe host's speedup from one thread to all cores (compute mm / memory add; calibrate/host_scaling.py):")
+    def slower(d: Any) -> float | None:
+        p = HostScaling.from_json(d)
+        return None if p is None or cal is None or cal.compute_1t_us <= 0 else p.compute_1t_us / cal.compute_1t_us
+
+    def ratio(x: float | None) -> str:
+        return "  -  " if x is None else f"{x:4.2f}x"
+
+    print("\nthe host's speedup from one thread to all cores (compute mm / memory add; calibrate/host_scaling.py)"
+          + (", and its one-thread mm time against calibration's:" if cal is not None else ":"))
     print(f"  {'at calibration':<26}{pair(scaling.get('calibration'))}")
+    ratios: list[float] = []
     for m in scaling["models"]:
-        print(f"  {m['workload'].removeprefix(PREFIX):<26}{pair(m.get('before'))}  ->  {pair(m.get('after'))}")
+        line = f"  {m['workload'].removeprefix(PREFIX):<26}{pair(m.get('before'))}  ->  {pair(m.get('after'))}"
+        if cal is not None:
+            here = [slower(m.get("before")), slower(m.get("after"))]
+            ratios += [x for x in here if x is not None]
+            line += f"    {ratio(here[0])} -> {ratio(here[1])}"
+        print(line)
+    if ratios:
+        print(f"  one-thread mm against calibration: {min(ratios):.2f}-{max(ratios):.2f}x, median "
+              f"{statistics.median(ratios):.2f}x (above 1: the host ran it slower than when the profile was calibrated)")
 
 
 def print_plan_shapes(shapes: list[dict[str, Any]]) -> None:

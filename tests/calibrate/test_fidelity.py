@@ -531,3 +531,20 @@ def test_the_simulators_cost_is_the_median_of_several_timed_calls(monkeypatch: p
     (pred,) = predict(c.graph, resolved, make_profile(), machine)  # type: ignore[attr-defined]
     assert SIM_TIMINGS == 3 and (pred.sim_wall_s, pred.sim_cold_s) == (3.0, 30.0)
     assert next(walls, None) is None
+
+
+def test_the_host_probe_table_says_how_much_slower_the_host_ran_than_at_calibration(capsys) -> None:  # type: ignore[no-untyped-def]
+    from schedlab.cli.fidelity_cmd import print_host_scaling
+
+    def probe(mm_us: float) -> dict[str, Any]:
+        return {"threads": 2, "compute_speedup": 1.8, "memory_speedup": 1.4, "compute_1t_us": mm_us, "memory_1t_us": 900.0}
+
+    models = [{"workload": "heldout:mixer", "before": probe(1500.0), "after": probe(2000.0)},
+              {"workload": "heldout:lstm-lm", "before": probe(900.0), "after": {"threads": 2}}]  # a probe cut short
+    print_host_scaling({"calibration": probe(1000.0), "models": models})
+    out = capsys.readouterr().out
+    assert "mixer" in out and "1.50x -> 2.00x" in out and "0.90x ->   -" in out
+    assert "one-thread mm against calibration: 0.90-2.00x, median 1.50x" in out
+    print_host_scaling({"calibration": None, "models": models})  # a profile from before the probe: speedups only
+    out = capsys.readouterr().out
+    assert "mixer" in out and "x ->" not in out and "against calibration" not in out
