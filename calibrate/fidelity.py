@@ -180,7 +180,9 @@ class Prediction:
 
 
 # Simulations timed per plan, reused and cold: the median, not one call at the mercy of
-# the host's millisecond (one call of a few hundred µs read 0.5-2x its neighbours' here).
+# the host's millisecond. In two held-out runs of 2026-11-28 timed once per plan, a call
+# read 0.48-2.33x the median of its model's four plans of the same shape (the same work);
+# in one timed three times per plan, 0.70-1.63x.
 SIM_TIMINGS = 3
 
 

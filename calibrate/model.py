@@ -61,14 +61,17 @@ class WorkThreadsModel:
 
     def kernel_us(self, flops: float, nbytes: float, threads: int) -> float:
         work = self.work_us(flops, nbytes)
-        p = self.p_max * work / (work + self.h_us) if work > 0 else 0.0  # parallel_share, its work reused
+        p = self._parallel_share_of(work)
         n = max(1, threads)
         return self.a_us + work * ((1.0 - p) + p / n) + self.c_us * (n - 1)
 
     def parallel_share(self, flops: float, nbytes: float) -> float:
         """p: the share (0..1) of the op's one-thread work that runs in a parallel region."""
-        work = self.work_us(flops, nbytes)
-        return self.p_max * work / (work + self.h_us) if work > 0 else 0.0
+        return self._parallel_share_of(self.work_us(flops, nbytes))
+
+    def _parallel_share_of(self, work_us: float) -> float:
+        """`parallel_share` of an op whose one-thread work is `work_us` (`kernel_us` has it already)."""
+        return self.p_max * work_us / (work_us + self.h_us) if work_us > 0 else 0.0
 
     def work_share(self, flops: float, nbytes: float) -> float:
         """Share (0..1) of the one-thread kernel that is work, not the fixed cost `a_us`."""

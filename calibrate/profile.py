@@ -208,7 +208,7 @@ class Profile:
         self._alone[(id(op), n)] = (op, out)
         return out
 
-    def cost_keys(self, graph: Graph) -> np.ndarray | None:
+    def cost_keys(self, graph: Graph) -> np.ndarray:
         """Per op of `graph`, an integer key such that ops with equal keys cost the same
         here (`sim.cost_table`): its content key's number (`content_groups`; the content
         key is finer than its `calibrate.signature`, all a Profile reads of an op's

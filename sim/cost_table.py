@@ -122,18 +122,16 @@ def cost_groups(graph: Graph, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
         return ident, ident
     if len(keys) != n:
         raise SchedlabError(f"cost model gave {len(keys)} cost keys for graph {graph.name!r} of {n} ops")
-    if isinstance(keys, np.ndarray):
-        if keys.ndim != 1 or keys.dtype.kind not in "iu":
-            raise SchedlabError(f"cost model gave cost keys of dtype {keys.dtype}, shape {keys.shape}; "
-                                "integer keys must be a 1-D integer array")
-        _, reps, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        order = np.argsort(reps, kind="stable")  # groups numbered by their first op, as below
-        number = np.empty_like(order)
-        number[order] = np.arange(len(order), dtype=order.dtype)
-        return number[inverse].astype(I64), reps[order].astype(I64)
-    group = _numbered(keys)
-    reps = np.unique(group, return_index=True)[1].astype(I64)  # the first op of each group
-    return group, reps
+    if not isinstance(keys, np.ndarray):
+        keys = _numbered(keys)  # hashable keys as integers, numbered by first appearance
+    elif keys.ndim != 1 or keys.dtype.kind not in "iu":
+        raise SchedlabError(f"cost model gave cost keys of dtype {keys.dtype}, shape {keys.shape}; "
+                            "integer keys must be a 1-D integer array")
+    _, reps, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    order = np.argsort(reps, kind="stable")  # groups numbered by their first op
+    number = np.empty_like(order)
+    number[order] = np.arange(len(order), dtype=order.dtype)
+    return number[inverse].astype(I64), reps[order].astype(I64)
 
 
 def _numbered(keys: Sequence[Hashable]) -> np.ndarray:
