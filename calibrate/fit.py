@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.optimize import least_squares, minimize_scalar
@@ -193,13 +193,30 @@ def work_span(points: Sequence[Point]) -> float:
     return max(spans)
 
 
+def at_floor(points: Sequence[Point], floor_us: float) -> list[Point]:
+    """`points` with every call time raised to at least the call floor.
+
+    The model's call time is the floor plus a kernel of at least zero, so a point under the
+    floor (an op that ran faster in the step than its benchmark, less the executor's
+    dispatch as measured at the start of calibration) says only that its kernel is about
+    zero, and the signature table stores it so. Left under the floor (at the 1e-3 us a
+    call time is clamped to), such points pulled every parameter to its lower bound in log
+    space: the two quick profiles of 13 on 2026-11-28 whose dispatch read 1.8-1.9 us above
+    the bare call (the others 0-1.3 us) fitted `add` with no fixed or memory cost (train
+    MAPE 11,508% and 23,551%), and one with the dispatch read 1.9 us high on purpose had
+    536 of 2,242 points under the floor and 15 classes untrusted (1 with them raised to it)."""
+    return [p if p.call_us >= floor_us else replace(p, call_us=floor_us) for p in points]
+
+
 def fit_class(
     points: Sequence[Point],
     floor_us: float,
     seed: int,
     fallback: WorkThreadsModel | None = None,
 ) -> ClassFit:
-    """Fit one class (or the fallback pool when `fallback` is None), with held-out error."""
+    """Fit one class (or the fallback pool when `fallback` is None), with held-out error;
+    points under the call floor count as at it (`at_floor`)."""
+    points = at_floor(points, floor_us)
     sigs = [p.signature for p in points]
     n_sigs = len(set(sigs))
     held = split_signatures(sigs, seed)

@@ -391,6 +391,7 @@ def run_calibration(
         "n_cases": len(signatures),
         "n_view_cases": len(views.signatures),
         "n_points": len(points),
+        "points_under_floor": sum(p.call_us < floor for p in points),  # fitted as at it (fit.at_floor)
         "failures": acc.failures,
         "contended_points": acc.contended,
         "n_wake_points": len(acc.wake),

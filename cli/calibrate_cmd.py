@@ -126,8 +126,28 @@ def summary(profile: Any, path: Path, wall_s: float) -> dict[str, Any]:
         "foreign_cpu_frac": profile.meta.get("foreign_cpu_frac"),
         "failures": len(profile.meta.get("failures", [])),
         "contended_points": profile.meta.get("contended_points", 0),
+        "points": profile.meta.get("n_points", 0),
+        "points_under_floor": profile.meta.get("points_under_floor", 0),
         "wall_s": round(wall_s, 1),
     }
+
+
+UNDER_FLOOR_NOTE_SHARE = 0.1  # above this share of points under the call floor, say so
+
+
+def _under_floor_note(s: dict[str, Any]) -> None:
+    """A note where many op timings ran faster in a step than their benchmark, less the
+    executor's dispatch measured at the start: their kernels count as zero (`fit.at_floor`),
+    and a dispatch figure read high at a noisy moment is the likely cause."""
+    under, total = s["points_under_floor"], s["points"]
+    if total and under > UNDER_FLOOR_NOTE_SHARE * total:
+        d = s["dispatch_us"]
+        print(
+            f"note: {under} of {total} op timings ran under the call floor in the step (the executor's dispatch "
+            f"read {d['op_us'] - d['call_floor_us']:.2f} us above a bare call at the start); their kernels count "
+            "as zero. Calibrating again on a quieter host may read them.",
+            file=sys.stderr,
+        )
 
 
 def _wake_summary(profile: Any) -> dict[str, Any] | None:
@@ -404,6 +424,7 @@ def run(args: argparse.Namespace) -> int:
             "and were left out (their thread scaling comes from the class model)",
             file=sys.stderr,
         )
+    _under_floor_note(s)
     if s["failures"]:
         print(f"warning: {s['failures']} op(s) could not be benchmarked; see meta.failures in the profile", file=sys.stderr)
     if args.json:

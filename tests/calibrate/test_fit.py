@@ -108,3 +108,25 @@ def test_points_all_below_the_lowest_hinge_fit_no_slope_beyond_it() -> None:
     m = fit_work_threads(points, FLOOR_US)
     assert m.us_per_mb_dram < 1e-3
     assert m.kernel_us(2.5e5, 2_000_000, 1) < 2_000.0  # 2 MB: the in-cache slope, not 0.2 GB/s
+
+
+def test_points_under_the_call_floor_count_as_at_it_and_do_not_pull_the_fit_down() -> None:
+    """An op that ran faster in the step than its benchmark less the executor's dispatch is
+    stored as a kernel of zero; left under the floor, a fifth of such points pulled every
+    parameter of a quick profile's `add` to its bound (train MAPE 23,551%)."""
+    rng = random.Random(7)
+    true = WorkThreadsModel(a_us=0.5, us_per_gflop=300_000.0, us_per_mb=5.0, us_per_mb_dram=0.0, cache_mb=1.0,
+                            p_max=0.8, h_us=5.0, c_us=0.1)
+    points = []
+    for i in range(60):
+        elems = 10 ** rng.uniform(0, 6.5)
+        for threads in (1, 2):
+            t = FLOOR_US + true.kernel_us(elems, 12 * elems, threads)
+            if elems < 100 and i % 2:  # a tiny add whose in-step time fell under the floor
+                t = 1e-3
+            points.append(Point(f"add#{i}", "add", elems, int(12 * elems), threads, t))
+    assert sum(p.call_us < FLOOR_US for p in points) >= 8
+    fit = fit_class(points, FLOOR_US, seed=0)
+    assert fit.trusted and fit.train_mape < 20.0
+    big = fit.model.kernel_us(1e6, 12e6, 1)
+    assert big == pytest.approx(true.kernel_us(1e6, 12e6, 1), rel=0.2)

@@ -135,6 +135,16 @@ def test_calibrate_command_prints_a_json_summary(
     assert summary["dispatch_us"]["op_us"] > 0
     assert summary["wall_s"] >= 0
     assert summary["cold"] is None  # not asked for
+    assert 0 <= summary["points_under_floor"] <= summary["points"] == Profile.load(out).meta["n_points"] > 0
+
+
+def test_a_calibration_with_many_timings_under_the_call_floor_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    dispatch = {"op_us": 3.4, "call_floor_us": 1.5}
+    calibrate_cmd._under_floor_note({"points_under_floor": 536, "points": 2242, "dispatch_us": dispatch})
+    err = capsys.readouterr().err
+    assert "536 of 2242 op timings ran under the call floor" in err and "read 1.90 us above" in err
+    calibrate_cmd._under_floor_note({"points_under_floor": 50, "points": 2240, "dispatch_us": dispatch})
+    assert capsys.readouterr().err == ""
 
 
 def test_calibrate_cold_measures_cold_costs_on_top_of_the_preset(monkeypatch: pytest.MonkeyPatch) -> None:
