@@ -18,6 +18,7 @@ from schedlab.calibrate.profile import (
     PROFILE_VERSION,
     Profile,
     ProfileMachineWarning,
+    ProfileRecountWarning,
 )
 from schedlab.calibrate.run import CalibrationConfig, full_config, quick_config, run_calibration
 from schedlab.calibrate.signature import signature
@@ -29,6 +30,7 @@ __all__ = [
     "CalibrationConfig",
     "Profile",
     "ProfileMachineWarning",
+    "ProfileRecountWarning",
     "full_config",
     "quick_config",
     "run_calibration",

@@ -97,13 +97,14 @@ from schedlab.calibrate.fit import ClassFit
 from schedlab.calibrate.links import LinkFits, collective_s
 from schedlab.calibrate.model import WorkThreadsModel
 from schedlab.calibrate.roofline import Roofline
-from schedlab.calibrate.signature import fit_class, graph_signatures, signature
+from schedlab.calibrate.signature import base_class, fit_class, graph_signatures, signature
 from schedlab.calibrate.trace_cal import trace_figures, trace_slots
 from schedlab.calibrate.views import NO_VIEW_COSTS, ViewCosts
 from schedlab.calibrate.wake import POOLED, WakeFit, region_share, wake_share
 from schedlab.collectives import sums_by_exchange
 from schedlab.distribute import ALL_REDUCE, RECV, SEND
 from schedlab.errors import SchedlabError
+from schedlab.flops import recounted_since
 from schedlab.graph import Graph, Op, OpKind
 from schedlab.machine import Machine
 from schedlab.paths import default_profile_path
@@ -120,6 +121,11 @@ _MODEL_NAMES = ("work_threads", "work_threads_scaled")
 
 class ProfileMachineWarning(UserWarning):
     """A Profile is used on a machine other than the one it was measured on."""
+
+
+class ProfileRecountWarning(UserWarning):
+    """A Profile's class fits of some classes were fitted on FLOPs that schedlab now counts
+    otherwise (`schedlab.flops.RECOUNTED_CLASSES`): they are left out."""
 
 
 @dataclass(frozen=True)
@@ -620,6 +626,7 @@ class Profile:
             cold = ColdCosts.from_json(d["cold"]) if d.get("cold") is not None else None
             where = "meta"
             meta = dict(d.get("meta", {}))
+            classes, meta = _without_recounted(classes, meta)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             detail = f"missing field {e}" if isinstance(e, KeyError) else str(e)
             hint = " (re-run `schedlab calibrate --links`)" if where == "links" else ""
@@ -652,6 +659,14 @@ class Profile:
                 "for a short one)"
             )
         profile = Profile.from_json(read_json(path, what="profile"), source=f"profile file {path}")
+        if profile.meta.get("recounted_dropped"):
+            warnings.warn(
+                f"profile {path} was fitted before schedlab counted the FLOPs of "
+                f"{', '.join(profile.meta['recounted_dropped'])} anew; their fits are left out and their ops are "
+                "costed by the roofline (re-run `schedlab calibrate`)",
+                ProfileRecountWarning,
+                stacklevel=2,
+            )
         if check_machine:
             diffs = profile.machine_mismatch(machine)
             if diffs:
@@ -665,6 +680,21 @@ class Profile:
 
 
 # ---- JSON helpers ------------------------------------------------------------------------
+
+
+def _without_recounted(classes: dict[str, ClassFit], meta: dict[str, Any]) -> tuple[dict[str, ClassFit], dict[str, Any]]:
+    """The class fits less those of classes whose FLOPs are counted anew since the formulas
+    the profile was fitted with (`meta["flop_counting"]`, absent: 1; `schedlab.flops`),
+    and the meta naming them under "recounted_dropped"."""
+    counting = meta.get("flop_counting", 1)
+    if not isinstance(counting, int) or isinstance(counting, bool):
+        raise TypeError(f"field 'flop_counting' has type {type(counting).__name__}")
+    stale = recounted_since(counting)
+    dropped = sorted(cls for cls in classes if base_class(cls) in stale)
+    if not dropped:
+        return classes, meta
+    return {c: f for c, f in classes.items() if c not in dropped}, {**meta, "recounted_dropped": dropped}
+
 
 
 def _need(d: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:

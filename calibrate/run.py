@@ -59,6 +59,7 @@ from schedlab.calibrate.views import ViewCosts, ViewPoint, fit_views, view_key
 from schedlab.calibrate.wake import WAKE_REPS, WakePoint, fit_wake, fit_wake_scale, time_wake, wake_reps
 from schedlab.errors import SchedlabError
 from schedlab.exec.threads import set_intra_op_threads
+from schedlab.flops import FLOP_COUNTING
 from schedlab.graph import COMPUTE_CLASSES, Graph
 from schedlab.machine import Machine
 from schedlab.workloads import BUILTIN_WORKLOADS, Workload
@@ -391,6 +392,7 @@ def run_calibration(
         "n_cases": len(signatures),
         "n_view_cases": len(views.signatures),
         "n_points": len(points),
+        "flop_counting": FLOP_COUNTING,  # the formulas the class fits saw (schedlab.flops)
         "points_under_floor": sum(p.call_us < floor for p in points),  # fitted as at it (fit.at_floor)
         "failures": acc.failures,
         "contended_points": acc.contended,

@@ -343,6 +343,20 @@ def _lstm_layer_backward(t: int, b: int, i: int, h: int) -> Call:
             True, True, False, [], False, workspace), {}
 
 
+def _attention(b: int, h: int, s: int, d: int) -> Call:
+    """The CPU flash attention as `nn.MultiheadAttention` calls it: query, key and value of
+    [batch, heads, tokens, head width], no dropout, no mask."""
+    q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
+    return (q, k, v), {}
+
+
+def _attention_backward(b: int, h: int, s: int, d: int) -> Call:
+    """Its backward, from a forward's output and log-sum-exp."""
+    (q, k, v), _ = _attention(b, h, s, d)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v)
+    return (torch.randn_like(out), q, k, v, out, lse, 0.0, False), {}
+
+
 # ---- shapes ----------------------------------------------------------------------------------
 
 
@@ -486,6 +500,35 @@ def _lstm_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
     return specs
 
 
+MIN_ATTENTION_FLOPS = 1e4
+
+
+def _attention_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
+    """The CPU flash attention, forward and backward, over the bands of work: the
+    calibration graphs call it at one size only (a 672-FLOP forward), from which no fit can
+    say what a model's attention of 10-100 MFLOP costs."""
+
+    def draw() -> tuple[int, int, int, int] | None:  # sequence models' sizes: 8-512 tokens, heads of 16-128
+        b, h = _log_int(rng, 1, 32), _log_int(rng, 1, 16)
+        s, d = _log_int(rng, 8, 512), rng.choice((16, 32, 64, 128))
+        return (b, h, s, d) if _attention_flops((b, h, s, d)) <= cfg.max_flops else None
+
+    def banded(i: int) -> tuple[int, int, int, int]:
+        return _draw_in_band(rng, draw, _attention_flops, MIN_ATTENTION_FLOPS, cfg.max_flops, i, cfg.per_class)
+
+    target = "aten._scaled_dot_product_flash_attention_for_cpu"
+    specs = [SweepSpec(f"{target}.default", partial(_attention, *banded(i))) for i in range(cfg.per_class)]
+    specs += [SweepSpec(f"{target}_backward.default", partial(_attention_backward, *banded(i)))
+              for i in range(cfg.per_class)]
+    return specs
+
+
+def _attention_flops(dims: tuple[int, int, int, int]) -> float:
+    """A forward's FLOPs (`schedlab.flops.sdpa_cpu_flops`): Q K^T and the scores times V."""
+    b, h, s, d = dims
+    return 4.0 * b * h * s * s * d
+
+
 def _lstm_flops(d: tuple[int, int, int, int]) -> float:
     t, b, i, h = d
     return 2.0 * t * b * 4 * h * (i + h)
@@ -619,7 +662,7 @@ def sweep_specs(cfg: SweepConfig) -> list[SweepSpec]:
         specs += _lstm_specs(cfg, random.Random(cfg.seed + 1))
     # each later group on a random stream of its own, so that adding one leaves every other case as drawn
     specs += _strided_specs(cfg, random.Random(cfg.seed + 2)) + _pooling_specs(cfg, random.Random(cfg.seed + 4))
-    specs += _conv1d_specs(cfg, random.Random(cfg.seed + 6))
+    specs += _conv1d_specs(cfg, random.Random(cfg.seed + 6)) + _attention_specs(cfg, random.Random(cfg.seed + 8))
     specs += _big_matmul_specs(cfg, random.Random(cfg.seed + 3))
     if cfg.extra_convs > 0:  # more of both convolution kinds
         specs += _conv_specs(cfg, random.Random(cfg.seed + 5), cfg.extra_convs)

@@ -132,10 +132,11 @@ def plan_ranks(plan: Any) -> int:
 
 
 def load_profile(path: str | None, machine_is_host: bool = True):  # type: ignore[no-untyped-def]
-    """The Profile, with a machine mismatch printed as one warning line on stderr."""
-    from schedlab.calibrate.profile import Profile, ProfileMachineWarning
+    """The Profile, with a machine mismatch or fits left out as stale printed as one warning
+    line each on stderr."""
+    from schedlab.calibrate.profile import Profile, ProfileMachineWarning, ProfileRecountWarning
 
-    with warnings_on_stderr(ProfileMachineWarning):
+    with warnings_on_stderr(ProfileMachineWarning, ProfileRecountWarning):
         return Profile.load(path, check_machine=machine_is_host)
 
 

@@ -84,19 +84,23 @@ def test_sweep_is_seeded_and_its_costs_come_from_the_flop_formulas() -> None:
 def test_sweep_spreads_each_class_over_its_whole_range_of_work() -> None:
     """Case i of a class's n lies in the i-th of n log bands of work, so a short sweep
     reaches the sizes of models (12 log-uniform convolutions under a 3e8 cap once topped
-    out at 2e7 FLOPs); the norms of convolutional models are swept over sizes too."""
+    out at 2e7 FLOPs); the norms of convolutional models are swept over sizes too, and the
+    CPU's flash attention (the calibration graphs call it at one size, 672 FLOPs)."""
     cfg = SweepConfig(per_class=6, max_flops=3e8, max_elems=1 << 20)
+    attention = "_scaled_dot_product_flash_attention_for_cpu"
     by_class: dict[str, list[float]] = {}
     for c in sweep_cases(sweep_specs(cfg), set()):
-        by_class.setdefault(c.op_class, []).append(c.flops if c.op_class in ("mm", "convolution") else c.nbytes)
-    for cls, lo, hi in (("mm", 1e3, 3e8), ("convolution", 1e4, 3e8), ("relu", 4 * 16 * 2, 4 * (1 << 20) * 2)):
+        compute = c.op_class in ("mm", "convolution", attention, f"{attention}_backward")
+        by_class.setdefault(c.op_class, []).append(c.flops if compute else c.nbytes)
+    for cls, lo, hi in (("mm", 1e3, 3e8), ("convolution", 1e4, 3e8), ("relu", 4 * 16 * 2, 4 * (1 << 20) * 2),
+                        (attention, 1e4, 3e8)):
         works = by_class[cls]
         assert len(works) == 6
         step = (math.log(hi) - math.log(lo)) / 6
         bands = sorted(min(5, int((math.log(w) - math.log(lo)) // step)) for w in works)
         assert bands == [0, 1, 2, 3, 4, 5], (cls, works)  # one case in every band
     for cls in ("_native_batch_norm_legit_functional", "native_batch_norm_backward", "native_group_norm",
-                "native_group_norm_backward"):
+                "native_group_norm_backward", f"{attention}_backward"):
         sizes = sorted(by_class[cls])
         assert len(sizes) == 6 and sizes[-1] > 100 * sizes[0], (cls, sizes)
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
 
 import pytest
 
-from schedlab.calibrate import DEFAULT_PROFILE_PATH, Profile, ProfileMachineWarning, signature
+from schedlab.calibrate import DEFAULT_PROFILE_PATH, Profile, ProfileMachineWarning, ProfileRecountWarning, signature
 from schedlab.errors import SchedlabError
+from schedlab.flops import FLOP_COUNTING
 from schedlab.machine import Device, Machine
 from tests.calibrate.factories import DISPATCH, FALLBACK_MODEL, MM_MODEL, make_op, make_profile
 
@@ -95,6 +97,26 @@ def test_profile_from_another_machine_warns_naming_the_fields(tmp_path: Path) ->
     assert "cores: profile has 68, this machine has 2" in msg
     assert "cpu_model" not in msg and "torch" not in msg
     assert p.machine["cores"] == 68  # it still loads
+
+
+ATTENTION = "_scaled_dot_product_flash_attention_for_cpu"
+
+
+def test_fits_made_before_their_class_was_counted_anew_are_left_out_with_one_warning(tmp_path: Path) -> None:
+    """Attention fitted on one FLOP per output element would be applied to its quadratic
+    count (`schedlab.flops.FLOP_COUNTING`): a profile without the current counting drops it."""
+    p = make_profile(machine=HOST_FP)
+    fits = {"mm": p.classes["mm"], ATTENTION: p.classes["mm"], f"{ATTENTION}_backward[strided]": p.classes["mm"]}
+    old = dataclasses.replace(p, classes=fits)
+    with pytest.warns(ProfileRecountWarning, match=rf"FLOPs of {ATTENTION}, {ATTENTION}_backward\[strided\] anew"):
+        q = Profile.load(old.save(tmp_path / "old.json"), machine=machine())
+    assert set(q.classes) == {"mm"} and q.meta["recounted_dropped"] == [ATTENTION, f"{ATTENTION}_backward[strided]"]
+    op = make_op(target=f"aten.{ATTENTION}.default", flops=4e7, nbytes=400_000)
+    assert q.kernel_us(op, 1) != old.kernel_us(op, 1)  # the roofline, not the stale fit
+    new = dataclasses.replace(old, meta={**old.meta, "flop_counting": FLOP_COUNTING})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert set(Profile.load(new.save(tmp_path / "new.json"), machine=machine()).classes) == set(fits)
 
 
 def test_machine_mismatch_lists_every_differing_field() -> None:
