@@ -696,7 +696,6 @@ def _without_recounted(classes: dict[str, ClassFit], meta: dict[str, Any]) -> tu
     return {c: f for c, f in classes.items() if c not in dropped}, {**meta, "recounted_dropped": dropped}
 
 
-
 def _need(d: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
     if key not in d:
         raise KeyError(key)

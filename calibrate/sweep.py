@@ -508,7 +508,7 @@ def _attention_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
     calibration graphs call it at one size only (a 672-FLOP forward), from which no fit can
     say what a model's attention of 10-100 MFLOP costs."""
 
-    def draw() -> tuple[int, int, int, int] | None:  # sequence models' sizes: 8-512 tokens, heads of 16-128
+    def draw() -> tuple[int, int, int, int] | None:  # sequence models' sizes: 8-512 tokens, heads 16-128 wide
         b, h = _log_int(rng, 1, 32), _log_int(rng, 1, 16)
         s, d = _log_int(rng, 8, 512), rng.choice((16, 32, 64, 128))
         return (b, h, s, d) if _attention_flops((b, h, s, d)) <= cfg.max_flops else None

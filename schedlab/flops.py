@@ -1,23 +1,27 @@
 """Work estimates of one aten op: FLOPs and bytes moved.
 
 Matmuls, convolutions and attention use PyTorch's own FLOP formulas
-(`torch.utils.flop_counter.flop_registry`, the ones `FlopCounterMode` counts with).
-torch registers no formula for the CPU's flash attention
-(`_scaled_dot_product_flash_attention_for_cpu` and its backward, what
-`nn.MultiheadAttention` and `scaled_dot_product_attention` lower to on a CPU): counted one
-FLOP per output element, an attention of 8 x 8 heads x 64 tokens x 32 came out at 0.14
-MFLOP for 34 MFLOP of work, linear in the sequence where the work is quadratic.
-`sdpa_cpu_flops` and `sdpa_cpu_backward_flops` count them with torch's formulas for the
-other attention kernels, a causal one as a full one: the CPU kernel took as long with
-`is_causal` as without (8 x 8 x 64 x 32: 781 and 817 us; 2 x 4 x 512 x 64: 7.5 and 7.8 ms,
-one thread, 2-core development VM). The other exception is a grouped convolution's backward: torch counts its weight gradient as if the
-convolution were dense, `groups` times too many (a depthwise convolution of 128 channels
-came out at 304 MFLOP for 2.4 MFLOP of work), so `conv_backward_flops` counts it as the
-forward's multiply-adds, which it is. torch has no formula for oneDNN's fused LSTM layer
-(`schedlab.recurrent`); `lstm_layer_flops` and `lstm_layer_backward_flops` count its
-matmuls and cell arithmetic. Every other op is costed as one FLOP per output element.
-Bytes moved are the bytes of the tensors read plus the tensors written; views move
-nothing.
+(`torch.utils.flop_counter.flop_registry`, the ones `FlopCounterMode` counts with), but
+for three kinds of op:
+
+- torch registers no formula for the CPU's flash attention
+  (`_scaled_dot_product_flash_attention_for_cpu` and its backward, what
+  `nn.MultiheadAttention` and `scaled_dot_product_attention` lower to on a CPU), which
+  came out at one FLOP per output element: an attention of 8 x 8 heads x 64 tokens x 32 at
+  0.14 MFLOP for 34 MFLOP of work, linear in the tokens where the work is quadratic.
+  `sdpa_cpu_flops` and `sdpa_cpu_backward_flops` count them with torch's formulas for the
+  other attention kernels, a causal one as a full one: the CPU kernel took as long with
+  `is_causal` as without (8 x 8 x 64 x 32: 781 and 817 us; 2 x 4 x 512 x 64: 7.5 and 7.8
+  ms; one thread, 2-core development VM).
+- torch counts a grouped convolution's backward weight gradient as if the convolution were
+  dense, `groups` times too many (a depthwise convolution of 128 channels came out at 304
+  MFLOP for 2.4 MFLOP of work), so `conv_backward_flops` counts it as the forward's
+  multiply-adds, which it is.
+- torch has no formula for oneDNN's fused LSTM layer (`schedlab.recurrent`);
+  `lstm_layer_flops` and `lstm_layer_backward_flops` count its matmuls and cell arithmetic.
+
+Every other op is costed as one FLOP per output element. Bytes moved are the bytes of the
+tensors read plus the tensors written; views move nothing.
 """
 
 from __future__ import annotations
