@@ -130,3 +130,22 @@ def test_points_under_the_call_floor_count_as_at_it_and_do_not_pull_the_fit_down
     assert fit.trusted and fit.train_mape < 20.0
     big = fit.model.kernel_us(1e6, 12e6, 1)
     assert big == pytest.approx(true.kernel_us(1e6, 12e6, 1), rel=0.2)
+
+
+def test_a_small_variant_takes_its_plain_classs_shape_not_the_fallbacks() -> None:
+    """Calibration times a strided layer-norm backward at one tiny shape: scaled to it, the
+    pooled memory-bound shape says nothing of a large one; the contiguous class's shape does."""
+    memory = WorkThreadsModel(a_us=1.0, us_per_gflop=0.0, us_per_mb=20.0, us_per_mb_dram=0.0, cache_mb=1.0,
+                              p_max=0.5, h_us=10.0, c_us=0.5)
+    plain = WorkThreadsModel(a_us=4.0, us_per_gflop=0.0, us_per_mb=60.0, us_per_mb_dram=0.0, cache_mb=1.0,
+                             p_max=0.9, h_us=20.0, c_us=1.0)
+    pool = synthetic(memory, "relu", 30, seed=8)
+    lnb = synthetic(plain, "native_layer_norm_backward", 30, seed=9)
+    tiny = [Point("lnb-strided#0", "native_layer_norm_backward[strided]", 600.0, 7_000, k,
+                  FLOOR_US + 2.0 * plain.kernel_us(600.0, 7_000, k)) for k in (1, 2)]
+    _, classes = fit_all(pool + lnb + tiny, FLOOR_US, seed=0)
+    variant = classes["native_layer_norm_backward[strided]"]
+    assert variant.model_name == "work_threads_scaled"
+    big = variant.model.kernel_us(2.6e5, 3_000_000, 1)
+    assert big == pytest.approx(2.0 * plain.kernel_us(2.6e5, 3_000_000, 1), rel=0.1)
+    assert list(classes) == sorted(classes)
