@@ -262,8 +262,8 @@ def fit_all(points: Sequence[Point], floor_us: float, seed: int) -> tuple[ClassF
         by_class.setdefault(p.op_class, []).append(p)
     classes: dict[str, ClassFit] = {}
     for cls in sorted(by_class, key=lambda c: (base_class(c) != c, c)):  # plain classes first
-        plain = classes.get(base_class(cls))
-        own = plain is not None and plain.model_name == "work_threads" and plain.trusted
-        shape = plain.model if plain is not None and own else fallback.model
+        plain, shape = classes.get(base_class(cls)), fallback.model
+        if plain is not None and plain.model_name == "work_threads" and plain.trusted:
+            shape = plain.model
         classes[cls] = fit_class(by_class[cls], floor_us, seed, fallback=shape)
     return fallback, dict(sorted(classes.items()))
