@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 import torch
+from torch.utils.flop_counter import sdpa_flop_count
 
 from schedlab.calibrate.aten_call import fast_callable, resolve_target
 from schedlab.calibrate.cases import Case
@@ -524,9 +525,9 @@ def _attention_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
 
 
 def _attention_flops(dims: tuple[int, int, int, int]) -> float:
-    """A forward's FLOPs (`schedlab.flops.sdpa_cpu_flops`): Q K^T and the scores times V."""
-    b, h, s, d = dims
-    return 4.0 * b * h * s * s * d
+    """A forward's FLOPs on query, key and value of shape `dims`, as `schedlab.flops`
+    counts them (torch's `sdpa_flop_count`)."""
+    return float(sdpa_flop_count(dims, dims, dims))
 
 
 def _lstm_flops(d: tuple[int, int, int, int]) -> float:

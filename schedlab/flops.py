@@ -26,7 +26,7 @@ tensors read plus the tensors written; views move nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -61,17 +61,8 @@ def op_cost(
     if is_view:
         return 0.0, 0
     nbytes = sum(m.nbytes for m in in_metas if m is not None) + sum(m.nbytes for m in out_metas if m is not None)
-    formula = flop_registry.get(target.overloadpacket)
-    if target.overloadpacket is torch.ops.aten.convolution_backward:
-        formula = conv_backward_flops
-    elif target.overloadpacket is torch.ops.aten.mkldnn_rnn_layer:
-        formula = lstm_layer_flops
-    elif target.overloadpacket is torch.ops.aten.mkldnn_rnn_layer_backward:
-        formula = lstm_layer_backward_flops
-    elif target.overloadpacket is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu:
-        formula = sdpa_cpu_flops
-    elif target.overloadpacket is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
-        formula = sdpa_cpu_backward_flops
+    packet = target.overloadpacket
+    formula = OWN_FORMULAS.get(packet) or flop_registry.get(packet)
     if formula is not None:
         try:
             fx_args = tuple(_val(a) for a in args)
@@ -152,6 +143,16 @@ def sdpa_cpu_backward_flops(
 
     shapes = (tuple(t.shape) for t in (grad_out, query, key, value))
     return int(sdpa_backward_flop_count(*shapes))
+
+
+# The formulas counted here rather than by torch's registry (see the module docstring).
+OWN_FORMULAS: dict[Any, Callable[..., int]] = {
+    torch.ops.aten.convolution_backward: conv_backward_flops,
+    torch.ops.aten.mkldnn_rnn_layer: lstm_layer_flops,
+    torch.ops.aten.mkldnn_rnn_layer_backward: lstm_layer_backward_flops,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: sdpa_cpu_flops,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: sdpa_cpu_backward_flops,
+}
 
 
 def _numel(m: TensorMeta) -> int:
