@@ -57,15 +57,19 @@ class CorunFigures:
     # intra-op threads -> wait (us) of each op of the co-run executor beyond its Python
     # (waking an idle worker, handing the lock over), fitted on real graphs (`corun_fit`)
     latency_us: dict[int, float] = field(default_factory=dict)
+    # intra-op threads (> 1) -> what each op of a one-slot step at that many threads pays
+    # beyond its kernel microbenchmark (forking and joining its team between the
+    # interpreter's ops), fitted on real graphs the same way (`corun_fit`)
+    team_latency_us: dict[int, float] = field(default_factory=dict)
 
     def latency(self, threads: int) -> float:
         """`latency_us` at `threads` (the nearest measured count; 0 when none was)."""
-        at = self.latency_us.get(threads)
-        if at is not None:
-            return at
-        if not self.latency_us:
-            return 0.0
-        return self.latency_us[min(self.latency_us, key=lambda k: (abs(k - threads), k))]
+        return _nearest(self.latency_us, threads)
+
+    def team_latency(self, threads: int) -> float:
+        """`team_latency_us` at `threads` (the nearest fitted count); 0 at one thread, or
+        when none was fitted (a profile calibrated before it was)."""
+        return _nearest(self.team_latency_us, threads) if threads > 1 else 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -79,7 +83,18 @@ class CorunFigures:
             "oversub_compute": round(self.oversub_compute, 4),
             "serial_window_us": round(self.serial_window_us, 4),
             "latency_us": {str(k): round(v, 4) for k, v in sorted(self.latency_us.items())},
+            "team_latency_us": {str(k): round(v, 4) for k, v in sorted(self.team_latency_us.items())},
         }
+
+
+def _nearest(table: dict[int, float], threads: int) -> float:
+    """`table` at `threads`, else at the nearest count in it (the lower on a tie); 0 when empty."""
+    at = table.get(threads)
+    if at is not None:
+        return at
+    if not table:
+        return 0.0
+    return table[min(table, key=lambda k: (abs(k - threads), k))]
 
 
 def _loop(

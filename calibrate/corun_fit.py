@@ -1,4 +1,4 @@
-"""The co-run executor's wait per op, fitted on real graphs with the simulator in the loop.
+"""The executor's wait per op, fitted on real graphs with the simulator in the loop.
 
 With several slots the executor's workers hand work to each other through a ready heap,
 a condition variable and the interpreter lock. What that costs per op depends on the
@@ -18,6 +18,19 @@ co-run plan: `Profile.kernel_us`) is fitted so that the simulator's step times m
 measured ones (least absolute log error of predicted / measured, fastest of the timed
 steps), over a grid of latencies. Its residuals per graph are kept in the Profile's meta, as the error of this
 part of the model on graphs it was fitted on.
+
+One slot has a wait of its own at more than one intra-op thread (`CorunFigures.team_latency_us`,
+`Profile.team_us`), fitted the same way on one-slot steps of the same graphs: between the
+interpreter's ops a team costs more than a kernel timed back to back shows. The quick
+calibration's small graphs (2026-11-28, 2-core VM) ran 5-85% slower at one slot of two
+threads than at one thread (10 of 12 graphs), where a quick profile predicted them 0-9%
+slower. This wait is fitted to the ratio of the one-slot step at n threads to the
+one-thread step measured beside it (`TEAM_ROUNDS` rounds, each in turn), not to its
+level: a quick profile calibrated while the host ran slow (the calibration took 216 s
+where about 110 is usual) predicted those steps 5-94% slower than they measured even at
+no wait, so a fit on the level read 0 us; the ratio of two steps timed a second apart
+does not carry the host's level of the minutes before. Fitted so: 0.5-0.6 us an op at
+two threads.
 """
 
 from __future__ import annotations
@@ -36,16 +49,21 @@ from schedlab.plan import Plan, resolve
 
 MAX_LATENCY_US = 200.0
 MAX_STEP_S = 0.05  # graphs whose one-slot step takes longer are left out (calibration time)
+TEAM_ROUNDS = 3  # one-slot rounds, one thread and each team in turn, that share the timed steps
 
 
 @dataclass(frozen=True)
 class CorunRun:
-    """One calibration graph measured on the co-run executor."""
+    """One calibration graph measured on the executor: with two slots (the co-run wait), or
+    with one slot at more than one thread (the team's wait)."""
 
     source: str
     graph: Graph
     threads: int
-    measured_s: float  # fastest timed step, two slots
+    measured_s: float  # fastest timed step
+    slots: int = 2
+    # one slot: the fastest one-thread step measured beside it; the fit matches the ratio
+    one_thread_s: float | None = None
 
 
 def measure_corun_runs(
@@ -54,64 +72,100 @@ def measure_corun_runs(
     machine: Machine,
     steps: int,
 ) -> list[CorunRun]:
-    """Each graph (one-slot step under `MAX_STEP_S`) run with two slots at each thread count."""
+    """Each graph (one-slot step under `MAX_STEP_S`) run with two slots at each thread
+    count, and with one slot at each count above one."""
     from schedlab.exec import run_steps
 
     runs: list[CorunRun] = []
     if machine.default_device.cores < 2:
         return runs
+    teams = [n for n in threads if n > 1]
     for source, graph, inputs in captured:
         one = run_steps(graph, inputs, Plan(slots=1, threads=1), machine, steps=1, warmup=1)
         if min(one.step_times_s) > MAX_STEP_S:
             continue
-        for n in threads:
-            res = run_steps(graph, inputs, Plan(slots=2, threads=n), machine, steps=steps, warmup=1)
-            runs.append(CorunRun(source, graph, n, min(res.step_times_s)))
+
+        def fastest_s(slots: int, n: int, k: int, graph: Graph = graph, inputs: dict[int, Any] = inputs) -> float:
+            plan = Plan(slots=slots, threads=n)
+            return min(run_steps(graph, inputs, plan, machine, steps=k, warmup=1).step_times_s)
+
+        runs += [CorunRun(source, graph, n, fastest_s(2, n, steps)) for n in threads]
+        if teams:  # one thread and each team in turn, TEAM_ROUNDS times: the two steps' ratio is what is fitted
+            per_round = max(1, steps // TEAM_ROUNDS)
+            best: dict[int, float] = {}
+            for _ in range(TEAM_ROUNDS):
+                for n in (1, *teams):
+                    best[n] = min(best.get(n, float("inf")), fastest_s(1, n, per_round))
+            runs += [CorunRun(source, graph, n, best[n], slots=1, one_thread_s=best[1]) for n in teams]
     return runs
 
 
-def _predict_s(profile: Profile, run: CorunRun, machine: Machine) -> float:
+def _predict_s(profile: Profile, run: CorunRun, machine: Machine, threads: int | None = None) -> float:
     from schedlab.sim import simulate
 
-    cost = profile.for_graph(run.graph).for_slots(2)
-    return simulate(run.graph, resolve(run.graph, Plan(slots=2, threads=run.threads), machine), machine, cost,
-                    record=False).step_time_s
+    cost = profile.for_graph(run.graph).for_slots(run.slots)
+    plan = resolve(run.graph, Plan(slots=run.slots, threads=threads or run.threads), machine)
+    return simulate(run.graph, plan, machine, cost, record=False).step_time_s
+
+
+def _target_s(profile: Profile, run: CorunRun, machine: Machine) -> float:
+    """The step the fit matches: the measured one, or for a run with a one-thread step
+    beside it, its ratio to that step times the one-thread step predicted (no team there)."""
+    if run.one_thread_s is None:
+        return run.measured_s
+    return run.measured_s / run.one_thread_s * _predict_s(profile, run, machine, threads=1)
 
 
 GRID_US = (0.0, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, MAX_LATENCY_US)  # simulated latencies
 
 
-def _with_latency(profile: Profile, latency: dict[int, float]) -> Profile:
-    return dataclasses.replace(profile, corun=dataclasses.replace(profile.corun, latency_us=latency))
+def _with_latency(profile: Profile, slots: int, latency: dict[int, float]) -> Profile:
+    """`profile` with the co-run wait (`slots` > 1) or the one-slot team's wait set to `latency`."""
+    c = profile.corun
+    corun = dataclasses.replace(c, latency_us=latency) if slots > 1 else dataclasses.replace(c, team_latency_us=latency)
+    return dataclasses.replace(profile, corun=corun)
 
 
-def fit_corun_latency(
-    profile: Profile, runs: Sequence[CorunRun], machine: Machine
-) -> tuple[dict[int, float], list[dict[str, Any]]]:
-    """Per thread count, the latency that best fits the runs; and each run's error with it.
+def fit_corun_latency(profile: Profile, runs: Sequence[CorunRun], machine: Machine) -> tuple[Profile, list[dict[str, Any]]]:
+    """`profile` with, per thread count, the co-run wait (`CorunFigures.latency_us`) that
+    best fits the two-slot runs and the team's wait (`team_latency_us`) that best fits the
+    one-slot runs; and each run's error with them. The two are fitted apart: neither
+    changes the other's predictions.
 
     Each run is simulated at the latencies of `GRID_US` (a step grows smoothly with the
     latency), its step time interpolated linearly in between, and the sum of absolute
     log errors minimised over a 0.1 us grid (absolute, not squared: a run that a
     neighbour slowed tenfold must not drag every other graph's prediction).
     """
-    curves = {id(r): np.array([_predict_s(_with_latency(profile, {r.threads: x}), r, machine) for x in GRID_US]) for r in runs}
     fine = np.arange(0.0, MAX_LATENCY_US + 0.05, 0.1)
-    latency: dict[int, float] = {}
-    for n in sorted({r.threads for r in runs}):
-        loss = np.zeros_like(fine)
-        for r in runs:
-            if r.threads == n:
-                loss += np.abs(np.log(np.interp(fine, GRID_US, curves[id(r)]) / r.measured_s))
-        latency[n] = round(float(fine[int(np.argmin(loss))]), 3)
-    fitted = _with_latency(profile, latency)
-    report = [
-        {
-            "source": r.source,
-            "threads": r.threads,
-            "measured_ms": round(r.measured_s * 1e3, 3),
-            "predicted_ms": round(_predict_s(fitted, r, machine) * 1e3, 3),
+    target = {id(r): _target_s(profile, r, machine) for r in runs}
+    fitted = profile
+    for slots in sorted({r.slots for r in runs}, reverse=True):
+        mine = [r for r in runs if r.slots == slots]
+        curves = {
+            id(r): np.array([_predict_s(_with_latency(profile, slots, {r.threads: x}), r, machine) for x in GRID_US])
+            for r in mine
         }
-        for r in runs
-    ]
-    return latency, report
+        latency: dict[int, float] = {}
+        for n in sorted({r.threads for r in mine}):
+            loss = np.zeros_like(fine)
+            for r in mine:
+                if r.threads == n:
+                    loss += np.abs(np.log(np.interp(fine, GRID_US, curves[id(r)]) / target[id(r)]))
+            latency[n] = round(float(fine[int(np.argmin(loss))]), 3)
+        fitted = _with_latency(fitted, slots, latency)
+    return fitted, [_report_row(fitted, r, machine, target[id(r)]) for r in runs]
+
+
+def _report_row(fitted: Profile, r: CorunRun, machine: Machine, target_s: float) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "source": r.source,
+        "slots": r.slots,
+        "threads": r.threads,
+        "measured_ms": round(r.measured_s * 1e3, 3),
+        "predicted_ms": round(_predict_s(fitted, r, machine) * 1e3, 3),
+    }
+    if r.one_thread_s is not None:  # what the fit matched: the ratio, at the predicted one-thread level
+        row["one_thread_measured_ms"] = round(r.one_thread_s * 1e3, 3)
+        row["target_ms"] = round(target_s * 1e3, 3)
+    return row

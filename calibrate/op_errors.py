@@ -75,7 +75,8 @@ def op_class_errors(graph: Graph, trace: Trace, profile: Profile) -> list[ClassE
     """Per op class, the Profile against `trace` on the ops whose signature it never
     measured; the classes by measured time, largest first."""
     figs = trace_figures(
-        trace, graph, profile.dispatch.event_floor_us(trace_slots(trace)), profile.for_graph(graph).step_extra_us
+        trace, graph, profile.dispatch.event_floor_us(trace_slots(trace)),
+        profile.for_graph(graph).for_slots(trace_slots(trace)).step_extra_us
     )
     sigs = graph_signatures(graph)
     runs: Counter[str] = Counter()

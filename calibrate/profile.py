@@ -169,17 +169,29 @@ class Profile:
     def kernel_us(self, op: Op, threads: int) -> float:
         """Kernel time of `op` alone with `threads` intra-op threads (see module docstring).
 
-        For the co-run executor (`for_slots` > 1): less the part charged under the lock
-        (`serial_us`), plus the wait of each of its ops for a worker that runs and holds
-        the lock (`CorunFigures.latency`, fitted on real graphs: `calibrate.corun_fit`).
+        For the one-slot executor, plus what a step's op pays for its team of more than
+        one thread (`team_us`). For the co-run executor (`for_slots` > 1): less the part
+        charged under the lock (`serial_us`), plus the wait of each of its ops for a
+        worker that runs and holds the lock (`CorunFigures.latency`, fitted on real
+        graphs: `calibrate.corun_fit`).
         """
         if op.is_view:
             return 0.0
         n = max(1, int(threads))
         alone = self._alone_us(op, n)
         if self.dispatch_slots <= 1:
-            return alone
+            return alone + self.team_us(n)
         return max(0.0, alone - self.serial_us(op)) + self.corun.latency(n)
+
+    def team_us(self, threads: int) -> float:
+        """What a non-view op of a one-slot step with `threads` intra-op threads pays beyond
+        its kernel as timed back to back: forking and joining its team between the
+        interpreter's ops (`CorunFigures.team_latency`, fitted on real graphs like the
+        co-run wait: `calibrate.corun_fit`). 0 at one thread, and for the co-run executor,
+        whose own fitted wait holds it."""
+        if threads < 2 or self.dispatch_slots > 1:
+            return 0.0
+        return self.corun.team_latency(threads)
 
     def wake_us(self, op: Op, threads: int) -> float:
         """What `op` with `threads` intra-op threads pays, in a co-run plan, to wake its
@@ -249,8 +261,11 @@ class Profile:
     def step_extra_us(self, op: Op, threads: int) -> float:
         """What `op` costs in a step beyond its kernel wherever it runs (a trace's event less
         this, and the executor's floor, is the kernel): the first use of its target in the
-        bound graph (`first_use_us`) and its data not in the caches (`cold_us`)."""
-        return self.first_use_us(op) + self.cold_us(op, threads)
+        bound graph (`first_use_us`), its data not in the caches (`cold_us`), and in a
+        one-slot step its team of more threads (`team_us`; bind `for_slots` to the trace's
+        slots)."""
+        team = 0.0 if op.is_view else self.team_us(threads)
+        return self.first_use_us(op) + self.cold_us(op, threads) + team
 
     def for_graph(self, graph: Graph) -> Profile:
         """This Profile bound to `graph`: the first op of each target in its program order
@@ -514,7 +529,7 @@ class Profile:
         step spent in those kernels (`TraceFigures.step_factor`).
         """
         floor_us = self.dispatch.event_floor_us(trace_slots(trace))
-        figs = trace_figures(trace, graph, floor_us, self.for_graph(graph).step_extra_us)
+        figs = trace_figures(trace, graph, floor_us, self.for_graph(graph).for_slots(trace_slots(trace)).step_extra_us)
         factor = figs.step_factor if typical_step else 1.0
         merged = {sig: dict(row) for sig, row in self.signatures.items()}
         for sig, row in figs.signatures.items():
@@ -838,4 +853,5 @@ def _corun_from_json(d: dict[str, Any]) -> CorunFigures:
         oversub_compute=_number(d.get("oversub_compute", 1.0)),
         serial_window_us=_number(d.get("serial_window_us", 0.0)),
         latency_us={int(k): _number(v) for k, v in dict(d.get("latency_us", {})).items()},
+        team_latency_us={int(k): _number(v) for k, v in dict(d.get("team_latency_us", {})).items()},
     )

@@ -82,7 +82,8 @@ class CalibrationConfig:
     # views: microseconds each, one thread; many reps fit in a short budget
     view_timing: TimingConfig = field(default_factory=lambda: TimingConfig(budget_s=0.002, min_reps=20, max_reps=500, rounds=2))
     replay_rounds: int = 3  # timed executor steps of each graph (calibrate.context)
-    # Timed two-slot executor steps of each small graph (calibrate.corun_fit); 0: none. Their
+    # Timed two-slot executor steps of each small graph, and one-slot steps at each thread
+    # count above one (calibrate.corun_fit); 0: none. Their
     # fastest is what the fit reads: over 4 repeats of 1-13 ms graphs (tiny cnn, nmt,
     # transformer), the fastest of 3 steps varied up to 1.73x, of 15 steps up to 1.32x.
     corun_steps: int = 15
@@ -300,7 +301,7 @@ def _benchmark_all(
     the sweep into `acc`."""
     captured = _capture_all(cfg, bars, acc.failures)
     if cfg.corun_steps > 0:
-        with bars.bar(1, "co-run executor", "step") as bar:
+        with bars.bar(1, "executor steps, two slots and one-slot teams", "step") as bar:
             graphs = [(source, c.graph, c.input_values) for source, c in captured]
             acc.corun_runs = measure_corun_runs(graphs, threads, machine, cfg.corun_steps)
             bar.update()
@@ -420,9 +421,9 @@ def run_calibration(
         cold=cold,
     )
     if acc.corun_runs:
-        with bars.bar(1, "fit co-run latency", "step") as bar:
-            latency, report = fit_corun_latency(profile, acc.corun_runs, host)
-            profile = replace(profile, corun=replace(corun, latency_us=latency), meta={**meta, "corun_fit": report})
+        with bars.bar(1, "fit the executor's waits", "step") as bar:
+            fitted, report = fit_corun_latency(profile, acc.corun_runs, host)
+            profile = replace(fitted, meta={**meta, "corun_fit": report})
             bar.update()
     if cfg.links is not None:
         links, failure = _measure_links(cfg.links, bars)

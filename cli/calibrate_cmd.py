@@ -196,7 +196,8 @@ def _print_table(s: dict[str, Any]) -> None:
     print(
         f"co-run slowdown: memory-bound x{c['mem_slowdown']:.2f}, compute-bound x{c['compute_slowdown']:.2f}, "
         f"tiny ops (interpreter lock) x{c['gil_slowdown']:.2f}; kernels up to {c['serial_window_us']:.1f} us run in turn; "
-        f"co-run wait per op {', '.join(f'{v:.1f} us ({k} thr)' for k, v in c['latency_us'].items()) or 'not fitted'}"
+        f"co-run wait per op {', '.join(f'{v:.1f} us ({k} thr)' for k, v in c['latency_us'].items()) or 'not fitted'}; "
+        f"one slot's team wait per op {', '.join(f'{v:.1f} us ({k} thr)' for k, v in c['team_latency_us'].items()) or 'not fitted'}"
     )
     if s["roofline"]:
         r = s["roofline"]
