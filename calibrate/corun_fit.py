@@ -29,8 +29,10 @@ one-thread step measured beside it (`TEAM_ROUNDS` rounds, each in turn), not to 
 level: a quick profile calibrated while the host ran slow (the calibration took 216 s
 where about 110 is usual) predicted those steps 5-94% slower than they measured even at
 no wait, so a fit on the level read 0 us; the ratio of two steps timed a second apart
-does not carry the host's level of the minutes before. Fitted so: 0.5-0.6 us an op at
-two threads.
+does not carry the host's level of the minutes before. Fitted so, three quick
+calibrations of that day: 0.5 and 0.6 us an op at two threads in a slow spell of the host,
+0.0 at its usual pace (the class fits' own thread costs then put those steps at their
+measured ratio).
 """
 
 from __future__ import annotations
