@@ -58,8 +58,8 @@ class CorunFigures:
     # (waking an idle worker, handing the lock over), fitted on real graphs (`corun_fit`)
     latency_us: dict[int, float] = field(default_factory=dict)
     # intra-op threads (> 1) -> what each op of a one-slot step at that many threads pays
-    # beyond its kernel microbenchmark (forking and joining its team between the
-    # interpreter's ops), fitted on real graphs the same way (`corun_fit`)
+    # beyond its kernel microbenchmark (its team, between the interpreter's ops; which part
+    # of the team's work was not isolated), fitted on real graphs the same way (`corun_fit`)
     team_latency_us: dict[int, float] = field(default_factory=dict)
 
     def latency(self, threads: int) -> float:

@@ -185,10 +185,10 @@ class Profile:
 
     def team_us(self, threads: int) -> float:
         """What a non-view op of a one-slot step with `threads` intra-op threads pays beyond
-        its kernel as timed back to back: forking and joining its team between the
-        interpreter's ops (`CorunFigures.team_latency`, fitted on real graphs like the
-        co-run wait: `calibrate.corun_fit`). 0 at one thread, and for the co-run executor,
-        whose own fitted wait holds it."""
+        its kernel as timed back to back: what its team costs between the interpreter's ops
+        (which part of the team's work was not isolated; `CorunFigures.team_latency`, fitted
+        on real graphs like the co-run wait: `calibrate.corun_fit`). 0 at one thread, and
+        for the co-run executor, whose own fitted wait holds it."""
         if threads < 2 or self.dispatch_slots > 1:
             return 0.0
         return self.corun.team_latency(threads)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from schedlab.graph import TensorMeta
 
@@ -129,8 +129,6 @@ def lstm_layer_backward_flops(inp: Any, w_ih: Any, *_: Any, out_val: Any = None,
 def sdpa_cpu_flops(query: Any, key: Any, value: Any, *_: Any, out_val: Any = None, **__: Any) -> int:
     """FLOPs of `aten._scaled_dot_product_flash_attention_for_cpu`: the scores Q K^T and
     their product with V, as torch counts its other attention kernels (`sdpa_flop_count`)."""
-    from torch.utils.flop_counter import sdpa_flop_count
-
     return int(sdpa_flop_count(tuple(query.shape), tuple(key.shape), tuple(value.shape)))
 
 
@@ -139,8 +137,6 @@ def sdpa_cpu_backward_flops(
 ) -> int:
     """FLOPs of `aten._scaled_dot_product_flash_attention_for_cpu_backward`: the scores
     recomputed and the four products of the gradients (`sdpa_backward_flop_count`)."""
-    from torch.utils.flop_counter import sdpa_backward_flop_count
-
     shapes = (tuple(t.shape) for t in (grad_out, query, key, value))
     return int(sdpa_backward_flop_count(*shapes))
 
