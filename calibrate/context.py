@@ -49,14 +49,21 @@ from schedlab.io import json_number
 
 
 def first_uses(graph: Graph) -> frozenset[int]:
-    """Ids of the non-view ops that are the first of their target in program order."""
-    seen: set[str] = set()
-    out: set[int] = set()
-    for op in graph.ops:
-        if not op.is_view and op.target not in seen:
-            seen.add(op.target)
-            out.add(op.id)
-    return frozenset(out)
+    """Ids of the non-view ops that are the first of their target in program order.
+    Computed once per graph object and kept on it, as the simulator keeps the graph's other
+    derived structure (`sim.cost_table.content_keys`): a Profile binds it in every cold
+    simulation (`Profile.for_graph`)."""
+    kept = graph.__dict__.get("_cal_first_uses")
+    if kept is None:
+        seen: set[str] = set()
+        out: set[int] = set()
+        for op in graph.ops:
+            if not op.is_view and op.target not in seen:
+                seen.add(op.target)
+                out.add(op.id)
+        kept = graph.__dict__["_cal_first_uses"] = frozenset(out)
+    assert isinstance(kept, frozenset)
+    return kept
 
 
 @dataclass(frozen=True)

@@ -157,12 +157,9 @@ class Profile:
     bound: tuple[Graph, frozenset[int]] | None = field(default=None, compare=False, repr=False)
     # executor slots the dispatch cost is for (`for_slots`); a use, not part of the JSON
     dispatch_slots: int = field(default=1, compare=False)
-    # op identity -> what is looked up of it (`_OpLookup`); the simulator asks often
+    # op identity -> what is looked up of it (`_OpLookup`, its `_alone_us` per thread count
+    # among it): the simulator asks often, kernel_us, serial_us and dispatch_us all read it
     _lookups: dict[int, _OpLookup] = field(default_factory=dict, init=False, repr=False, compare=False)
-    # (op identity, threads) -> (op, `_alone_us`): kernel_us, serial_us and dispatch_us all read it
-    _alone: dict[tuple[int, int], tuple[Op, float]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
 
     # ---- CostModel ---------------------------------------------------------------------
 
@@ -213,17 +210,16 @@ class Profile:
         return extra * wake_share(self.wake_scale, fit.threads, threads)
 
     def _alone_us(self, op: Op, n: int) -> float:
-        hit = self._alone.get((id(op), n))
-        if hit is not None and hit[0] is op:
-            return hit[1]
         found = self._lookup(op)
-        model, row = found.model, found.row
-        if row:
-            warm = row_kernel_us(row, n, lambda k: model.kernel_us(op.flops, op.bytes_moved, k))
-        else:
-            warm = max(0.0, model.kernel_us(op.flops, op.bytes_moved, n))
-        out = max(0.0, warm + self.first_use_us(op) + self.cold_us(op, n))
-        self._alone[(id(op), n)] = (op, out)
+        out = found.alone_us.get(n)
+        if out is None:
+            model, row = found.model, found.row
+            if row:
+                warm = row_kernel_us(row, n, lambda k: model.kernel_us(op.flops, op.bytes_moved, k))
+            else:
+                warm = max(0.0, model.kernel_us(op.flops, op.bytes_moved, n))
+            cold = 0.0 if self.cold is None else self.cold_us(op, n)
+            out = found.alone_us[n] = max(0.0, warm + found.first_use_us + cold)
         return out
 
     def cost_keys(self, graph: Graph) -> np.ndarray:
@@ -237,9 +233,13 @@ class Profile:
         from schedlab.sim.cost_table import content_groups
 
         keys = 2 * content_groups(graph)
-        if self.bound is not None and self.bound[1]:
-            first = self.bound[1]
-            keys += np.fromiter((id(op) in first for op in graph.ops), dtype=bool, count=len(graph.ops))
+        if self.bound is not None and self.bound[0] is graph:  # its first uses by op id, without a pass over the ops
+            first = first_uses(graph)
+            if first:
+                keys[np.fromiter(first, dtype=np.int64, count=len(first))] += 1
+        elif self.bound is not None and self.bound[1]:
+            ids = self.bound[1]
+            keys += np.fromiter((id(op) in ids for op in graph.ops), dtype=bool, count=len(graph.ops))
         return keys
 
     def first_use_us(self, op: Op) -> float:
@@ -271,8 +271,8 @@ class Profile:
         """This Profile bound to `graph`: the first op of each target in its program order
         pays its class's first-use extra (`calibrate.context`). Bind the graph whose ops
         the simulator is given; `for_slots` keeps the binding."""
-        first = first_uses(graph)
-        return dataclasses.replace(self, bound=(graph, frozenset(id(op) for op in graph.ops if op.id in first)))
+        ops = graph.ops
+        return dataclasses.replace(self, bound=(graph, frozenset(id(ops[i]) for i in first_uses(graph))))
 
     def serial_us(self, op: Op) -> float:
         """The part of `op`'s kernel (one thread) that another worker cannot overlap.
@@ -503,7 +503,9 @@ class Profile:
         if hit is not None and hit.op is op:
             return hit
         key = self.class_key(op)
-        found = self._lookups[id(op)] = _OpLookup(op, key, self.class_model(key), self.signatures.get(self._signature(op)))
+        found = self._lookups[id(op)] = _OpLookup(
+            op, key, self.class_model(key), self.signatures.get(self._signature(op)), self.first_use_us(op)
+        )
         return found
 
     def _signature(self, op: Op) -> str:
@@ -774,21 +776,25 @@ class _OpLookup:
     """What a Profile reads of one op, kept per op (`Profile._lookup`). The op itself is
     kept too: the Profile keys its lookups by `id(op)`, which a live op keeps unique."""
 
-    __slots__ = ("_shares", "class_key", "model", "op", "row")
+    __slots__ = ("_shares", "alone_us", "class_key", "first_use_us", "model", "op", "row")
 
-    def __init__(self, op: Op, class_key: str, model: WorkThreadsModel | Roofline, row: dict[int, float] | None) -> None:
+    def __init__(
+        self, op: Op, class_key: str, model: WorkThreadsModel | Roofline, row: dict[int, float] | None,
+        first_use_us: float,
+    ) -> None:
         self.op = op
         self.class_key = class_key
         self.model = model
         self.row = row
+        self.first_use_us = first_use_us  # `Profile.first_use_us`: it reads the op's identity, as the lookup is kept
+        self.alone_us: dict[int, float] = {}  # threads -> `Profile._alone_us`, once asked
         self._shares: tuple[float, float, float] | None = None
 
     def shares(self) -> tuple[float, float, float]:
         """The op's memory, work and parallel shares under its class model (what its co-run
         slowdown reads), computed on the first call."""
         if self._shares is None:
-            m, f, b = self.model, self.op.flops, self.op.bytes_moved
-            self._shares = (m.memory_share(f, b), m.work_share(f, b), m.parallel_share(f, b))
+            self._shares = self.model.shares(self.op.flops, self.op.bytes_moved)
         return self._shares
 
 

@@ -77,6 +77,10 @@ class Roofline:
         mem, compute = self.mem_us(nbytes, 1), self.compute_us(flops, 1)
         return mem / (mem + compute) if mem + compute > 0 else 1.0
 
+    def shares(self, flops: float, nbytes: float) -> tuple[float, float, float]:
+        """(`memory_share`, `work_share`, `parallel_share`), as the class models give them."""
+        return self.memory_share(flops, nbytes), self.work_share(flops, nbytes), 1.0
+
     def to_params(self) -> dict[str, float]:
         """Flat parameters, as a class model gives them (reports print them)."""
         out = {"a_us": self.a_us}
