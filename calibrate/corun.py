@@ -61,6 +61,10 @@ class CorunFigures:
     # beyond its kernel microbenchmark (its team, between the interpreter's ops; which part
     # of the team's work was not isolated), fitted on real graphs the same way (`corun_fit`)
     team_latency_us: dict[int, float] = field(default_factory=dict)
+    # whether `latency_us` was fitted with views paying it too, as every op of a co-run plan
+    # does (`Profile.kernel_us`; calibrated since 2026-11-28); a profile from before fitted it
+    # on the other ops alone, and its views keep paying nothing
+    views_wait: bool = False
 
     def latency(self, threads: int) -> float:
         """`latency_us` at `threads` (the nearest measured count; 0 when none was)."""
@@ -84,6 +88,7 @@ class CorunFigures:
             "serial_window_us": round(self.serial_window_us, 4),
             "latency_us": {str(k): round(v, 4) for k, v in sorted(self.latency_us.items())},
             "team_latency_us": {str(k): round(v, 4) for k, v in sorted(self.team_latency_us.items())},
+            "views_wait": self.views_wait,
         }
 
 

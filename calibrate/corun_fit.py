@@ -14,10 +14,21 @@ figure), and a worker that idles for a long chain between two forks is rare in a
 So calibration measures it where it happens: each calibration graph small enough to run
 quickly is run on the executor with two slots at each thread count, and for each thread
 count one latency per op (microseconds, added to the kernel time of every op of a
-co-run plan: `Profile.kernel_us`) is fitted so that the simulator's step times match the
-measured ones (least absolute log error of predicted / measured, fastest of the timed
-steps), over a grid of latencies. Its residuals per graph are kept in the Profile's meta, as the error of this
-part of the model on graphs it was fitted on.
+co-run plan, views included: `Profile.kernel_us`) is fitted so that the simulator's step
+times match the measured ones (least absolute log error of predicted / measured, fastest
+of the timed steps), over a grid of latencies. Its residuals per graph are kept in the
+Profile's meta, as the error of this part of the model on graphs it was fitted on.
+
+Views wait too: the workers take every op from the ready heap, a reshape as a matmul.
+Charged to non-view ops only, the wait fitted on the calibration graphs carried their
+share of views (a third to a half of their ops) into every model, and the held-out models
+with the most views were predicted fastest with two slots: re-scoring five saved held-out
+runs of 2026-11-27/28 (2-core VM; latencies re-fitted on each profile's own calibration
+steps), two slots of two threads had a mean error of -17.5% to -21.2% on the three models
+of 53-55% views and +3.4% to +8.0% on the two of 5-7%. Charged to every op, the fitted
+wait per op is smaller (10.9 / 22.2 us at one / two threads against 13.8 / 38.0 on one
+profile) and the eleven models' MAPE fell in four runs of five (trace-calibrated 7.5 to
+6.4%, 9.0 to 8.0%, 10.0 to 8.9%, 10.4 to 9.6%; 9.3 to 9.4% in the fifth).
 
 One slot has a wait of its own at more than one intra-op thread (`CorunFigures.team_latency_us`,
 `Profile.team_us`), fitted the same way on one-slot steps of the same graphs: between the
@@ -139,6 +150,7 @@ def fit_corun_latency(profile: Profile, runs: Sequence[CorunRun], machine: Machi
     log errors minimised over a 0.1 us grid (absolute, not squared: a run that a
     neighbour slowed tenfold must not drag every other graph's prediction).
     """
+    profile = dataclasses.replace(profile, corun=dataclasses.replace(profile.corun, views_wait=True))  # views wait too
     fine = np.arange(0.0, MAX_LATENCY_US + 0.05, 0.1)
     target = {id(r): _target_s(profile, r, machine) for r in runs}
     fitted = profile

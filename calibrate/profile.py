@@ -18,7 +18,8 @@ in a Profile bound to a graph (`for_graph`), the first use of its target (`first
 `calibrate.context`).
 
 Views cost no kernel time: only dispatch (`dispatch_us`), the probe view's plus what
-the view's own call costs beyond it (`calibrate.views`). `dispatch_us` is the executor's
+the view's own call costs beyond it (`calibrate.views`), and in a co-run plan the wait
+for a worker that every op of it pays (`kernel_us`). `dispatch_us` is the executor's
 cost per op with one slot; `profile.for_slots(plan.slots)` gives the co-run executor's
 (measured with two slots of negligible ops; see `calibrate.dispatch`).
 
@@ -73,6 +74,8 @@ is optional too, added within version 2: without it the simulator charges no wak
 "wake_scale" (added later within version 2) may be absent: every count then pays the fits'.
 "cold" (what an op pays in a step for its data not being in the caches, `cold_us`, added
 later within version 2) may be absent or null: the simulator then charges nothing for it.
+"views_wait" in "corun" (added later within version 2) may be absent: the co-run wait was
+then fitted on the non-view ops, and a view of a co-run plan pays none (`kernel_us`).
 """
 
 from __future__ import annotations
@@ -170,10 +173,13 @@ class Profile:
         one thread (`team_us`). For the co-run executor (`for_slots` > 1): less the part
         charged under the lock (`serial_us`), plus the wait of each of its ops for a
         worker that runs and holds the lock (`CorunFigures.latency`, fitted on real
-        graphs: `calibrate.corun_fit`).
+        graphs: `calibrate.corun_fit`). A view has no kernel, but the co-run executor's
+        workers take it from the ready heap like any op, so there it waits as they do
+        (where the wait was fitted so: `CorunFigures.views_wait`).
         """
         if op.is_view:
-            return 0.0
+            waits = self.dispatch_slots > 1 and self.corun.views_wait
+            return self.corun.latency(max(1, int(threads))) if waits else 0.0
         n = max(1, int(threads))
         alone = self._alone_us(op, n)
         if self.dispatch_slots <= 1:
@@ -860,4 +866,11 @@ def _corun_from_json(d: dict[str, Any]) -> CorunFigures:
         serial_window_us=_number(d.get("serial_window_us", 0.0)),
         latency_us={int(k): _number(v) for k, v in dict(d.get("latency_us", {})).items()},
         team_latency_us={int(k): _number(v) for k, v in dict(d.get("team_latency_us", {})).items()},
+        views_wait=_flag(d.get("views_wait", False), "views_wait"),
     )
+
+
+def _flag(v: Any, what: str) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"{what} must be true or false, not {v!r}")
+    return v

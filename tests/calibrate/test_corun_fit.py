@@ -8,6 +8,7 @@ import pytest
 
 from schedlab.calibrate.corun_fit import CorunRun, fit_corun_latency
 from schedlab.calibrate.profile import Profile
+from schedlab.graph import Graph, GraphInput, GraphOutput, InputRole, Op, OpKind, OutputRole, TensorMeta
 from schedlab.plan import Plan, resolve
 from schedlab.sim import simulate
 from schedlab.sim.testing import cpu_machine
@@ -16,7 +17,9 @@ from tests.calibrate.factories import DISPATCH, make_graph, make_profile
 
 
 def with_waits(p: Profile, corun: dict[int, float], team: dict[int, float]) -> Profile:
-    return dataclasses.replace(p, corun=dataclasses.replace(p.corun, latency_us=corun, team_latency_us=team))
+    return dataclasses.replace(
+        p, corun=dataclasses.replace(p.corun, latency_us=corun, team_latency_us=team, views_wait=True)
+    )
 
 
 def test_a_one_slot_op_with_a_team_pays_the_team_wait_and_nothing_else_does() -> None:
@@ -36,6 +39,47 @@ def test_a_one_slot_op_with_a_team_pays_the_team_wait_and_nothing_else_does() ->
     assert Profile.from_json(d).corun.team_latency_us == {2: 4.0}
     del d["corun"]["team_latency_us"]
     assert Profile.from_json(d).kernel_us(mm, 2) == base.kernel_us(mm, 2)
+
+
+def view_chain(n_views: int) -> Graph:
+    """x -> n_views reshapes in a chain -> relu: nothing to run beside anything."""
+    meta = TensorMeta((4, 8), "float32", 128)
+    views = [
+        Op(i, f"view{i}", "aten.view.default", OpKind.F, ({"v": i}, [4, 8]), {}, (i,), (i + 1,), 0.0, 0, is_view=True)
+        for i in range(n_views)
+    ]
+    relu = Op(n_views, "relu", "aten.relu.default", OpKind.F, ({"v": n_views},), {}, (n_views,), (n_views + 1,), 32.0, 256)
+    values = (meta, *(TensorMeta((4, 8), "float32", 128, alias_of=0) for _ in range(n_views)), meta)
+    return Graph(name="views", inputs=(GraphInput(0, "x", InputRole.USER),),
+                 outputs=(GraphOutput(n_views + 1, "loss", OutputRole.LOSS),), ops=(*views, relu), values=values)
+
+
+def test_a_view_waits_for_a_worker_in_a_co_run_plan_and_for_nothing_in_one_slot() -> None:
+    p = with_waits(make_profile(), {1: 12.0, 2: 30.0}, {2: 4.0})
+    _, view, _ = make_graph().ops
+    assert p.kernel_us(view, 1) == 0.0 and p.kernel_us(view, 2) == 0.0  # no kernel, no team
+    two = p.for_slots(2)
+    assert two.kernel_us(view, 1) == 12.0 and two.kernel_us(view, 2) == 30.0  # taken from the heap like any op
+    assert two.serial_us(view) == 0.0 and two.wake_us(view, 2) == 0.0  # and nothing else
+    # in a step: each of 6 chained views adds its wait, in a co-run plan only
+    g, machine = view_chain(6), cpu_machine(2)
+
+    def step_us(profile: Profile, slots: int) -> float:
+        plan = resolve(g, Plan(slots=slots, threads=1), machine)
+        return 1e6 * simulate(g, plan, machine, profile.for_graph(g).for_slots(slots), record=False).step_time_s
+
+    none = with_waits(make_profile(), {}, {})
+    assert step_us(p, 2) - step_us(none, 2) == pytest.approx(7 * 12.0, rel=1e-6)  # 6 views and the relu
+    assert step_us(p, 1) == pytest.approx(step_us(none, 1), rel=1e-9)
+    # a profile whose wait was fitted with its views paying nothing keeps that meaning
+    d = p.to_json()
+    assert Profile.from_json(d).for_slots(2).kernel_us(view, 2) == 30.0
+    del d["corun"]["views_wait"]
+    assert Profile.from_json(d).for_slots(2).kernel_us(view, 2) == 0.0
+    assert step_us(Profile.from_json(d), 2) - step_us(none, 2) == pytest.approx(12.0, rel=1e-6)  # the relu alone
+    # and the fit charges views: what it fitted is what the profile it returns charges
+    fitted, _ = fit_corun_latency(make_profile(), [CorunRun("toy", g, 1, step_us(p, 2) * 1e-6)], machine)
+    assert fitted.corun.views_wait and fitted.corun.latency_us == pytest.approx({1: 12.0}, abs=0.15)
 
 
 def test_trace_calibration_takes_the_team_wait_off_a_one_slot_team_s_events() -> None:
