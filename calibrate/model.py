@@ -75,21 +75,20 @@ class WorkThreadsModel:
 
     def work_share(self, flops: float, nbytes: float) -> float:
         """Share (0..1) of the one-thread kernel that is work, not the fixed cost `a_us`."""
-        work = self.work_us(flops, nbytes)
-        return work / (work + self.a_us) if work + self.a_us > 0 else 0.0
+        return self._work_share_of(self.work_us(flops, nbytes))
+
+    def _work_share_of(self, work_us: float) -> float:
+        return work_us / (work_us + self.a_us) if work_us + self.a_us > 0 else 0.0
 
     def memory_share(self, flops: float, nbytes: float) -> float:
         """Fraction (0..1) of the single-thread work that is memory traffic."""
         return self.shares(flops, nbytes)[0]
 
     def shares(self, flops: float, nbytes: float) -> tuple[float, float, float]:
-        """(`memory_share`, `work_share`, `parallel_share`) of one op, its work computed once:
-        what a co-run slowdown reads (`Profile.corun_slowdown`)."""
-        mem = self.mem_us(nbytes)
-        work = flops * self.us_per_gflop * 1e-9 + mem  # work_us
-        memory = mem / work if work > 0 else 1.0
-        share = work / (work + self.a_us) if work + self.a_us > 0 else 0.0
-        return memory, share, self._parallel_share_of(work)
+        """(`memory_share`, `work_share`, `parallel_share`) of one op:
+        what a co-run slowdown reads (`Profile.corun_slowdown`), in one pass."""
+        mem, work = self.mem_us(nbytes), self.work_us(flops, nbytes)
+        return (mem / work if work > 0 else 1.0), self._work_share_of(work), self._parallel_share_of(work)
 
     def scaled(self, factor: float) -> WorkThreadsModel:
         """The same shape, every time multiplied by `factor` (p is unchanged)."""
