@@ -70,6 +70,7 @@ def test_not_json_is_one_clear_error(tmp_path: Path) -> None:
         (lambda d: d["signatures"].update(x={"one": 3.0}), r"bad signatures\['x'\]: invalid literal"),
         (lambda d: d["signatures"].update(x={"1": "fast"}), r"bad signatures\['x'\]: expected a number"),
         (lambda d: d.update(quick="yes"), r"bad quick: field 'quick' has type str"),
+        (lambda d: d["corun"].update(views_wait="yes"), r"bad corun: views_wait must be true or false"),
     ],
 )
 def test_corrupt_profile_is_one_clear_error(tmp_path: Path, mutate, message: str) -> None:  # type: ignore[no-untyped-def]
