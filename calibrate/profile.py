@@ -192,9 +192,7 @@ class Profile:
         (which part of the team's work was not isolated; `CorunFigures.team_latency`, fitted
         on real graphs like the co-run wait: `calibrate.corun_fit`). 0 at one thread, and
         for the co-run executor, whose own fitted wait holds it."""
-        if threads < 2 or self.dispatch_slots > 1:
-            return 0.0
-        return self.corun.team_latency(threads)
+        return 0.0 if self.dispatch_slots > 1 else self.corun.team_latency(threads)  # 0 at one thread
 
     def wake_us(self, op: Op, threads: int) -> float:
         """What `op` with `threads` intra-op threads pays, in a co-run plan, to wake its
