@@ -17,7 +17,19 @@ count one latency per op (microseconds, added to the kernel time of every op of 
 co-run plan, views included: `Profile.kernel_us`) is fitted so that the simulator's step
 times match the measured ones (least absolute log error of predicted / measured, fastest
 of the timed steps), over a grid of latencies. Its residuals per graph are kept in the
-Profile's meta, as the error of this part of the model on graphs it was fitted on.
+Profile's meta, as the error of this part of the model on graphs it was fitted on, with the
+median of the same steps beside each fastest (`median_ms`), so that a fit on the median can
+be tried on a saved profile without calibrating again.
+
+The fastest, not the median: a held-out plan is measured as its median step, but on these
+1-10 ms steps the median was 1.06-2.66x the fastest (one quick calibration of 2026-11-29), and
+the waits fitted to it (27.0 / 42.1 us at one / two threads against 12.8 / 25.7 on the
+fastest of the same steps) put the recurrent held-out models of thousands of tiny ops far
+too slow: in one held-out run scored on both (2-core VM), gru-tagger's two slots of two
+threads +40% to +59% against +5% to +13%, while the mean errors of the other plan shapes
+(one slot of two threads, two of one, two of two) went from -3.3%, -8.9%, -8.0% to -2.1%,
++1.8%, +1.5% (trace-calibrated). Profile-only 10.5% against 8.5%, trace-calibrated 9.2%
+against 9.0% (session 37 found the same before views waited).
 
 Views wait too: the workers take every op from the ready heap, a reshape as a matmul.
 Charged to non-view ops only, the wait fitted on the calibration graphs carried their
@@ -49,6 +61,7 @@ measured ratio).
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -73,10 +86,13 @@ class CorunRun:
     source: str
     graph: Graph
     threads: int
-    measured_s: float  # fastest timed step
+    measured_s: float  # the fastest timed step: what the fit matches
     slots: int = 2
     # one slot: the fastest one-thread step measured beside it; the fit matches the ratio
     one_thread_s: float | None = None
+    # the median timed steps, reported beside the fastest (a fit on them can be tried offline)
+    median_s: float | None = None
+    one_thread_median_s: float | None = None
 
 
 def measure_corun_runs(
@@ -98,18 +114,24 @@ def measure_corun_runs(
         if min(one.step_times_s) > MAX_STEP_S:
             continue
 
-        def fastest_s(slots: int, n: int, k: int, graph: Graph = graph, inputs: dict[int, Any] = inputs) -> float:
-            plan = Plan(slots=slots, threads=n)
-            return min(run_steps(graph, inputs, plan, machine, steps=k, warmup=1).step_times_s)
+        def steps_s(slots: int, n: int, k: int, graph: Graph = graph, inputs: dict[int, Any] = inputs) -> list[float]:
+            return list(run_steps(graph, inputs, Plan(slots=slots, threads=n), machine, steps=k, warmup=1).step_times_s)
 
-        runs += [CorunRun(source, graph, n, fastest_s(2, n, steps)) for n in threads]
+        for n in threads:
+            timed = steps_s(2, n, steps)
+            runs.append(CorunRun(source, graph, n, min(timed), median_s=statistics.median(timed)))
         if teams:  # one thread and each team in turn, TEAM_ROUNDS times: the two steps' ratio is what is fitted
             per_round = max(1, steps // TEAM_ROUNDS)
-            best: dict[int, float] = {}
+            taken: dict[int, list[float]] = {n: [] for n in (1, *teams)}
             for _ in range(TEAM_ROUNDS):
-                for n in (1, *teams):
-                    best[n] = min(best.get(n, float("inf")), fastest_s(1, n, per_round))
-            runs += [CorunRun(source, graph, n, best[n], slots=1, one_thread_s=best[1]) for n in teams]
+                for n, timed in taken.items():
+                    timed += steps_s(1, n, per_round)
+            alone = taken[1]
+            runs += [
+                CorunRun(source, graph, n, min(taken[n]), slots=1, one_thread_s=min(alone),
+                         median_s=statistics.median(taken[n]), one_thread_median_s=statistics.median(alone))
+                for n in teams
+            ]  # fmt: skip
     return runs
 
 
@@ -179,7 +201,11 @@ def _report_row(fitted: Profile, r: CorunRun, machine: Machine, target_s: float)
         "measured_ms": round(r.measured_s * 1e3, 3),
         "predicted_ms": round(_predict_s(fitted, r, machine) * 1e3, 3),
     }
+    if r.median_s is not None:
+        row["median_ms"] = round(r.median_s * 1e3, 3)
     if r.one_thread_s is not None:  # what the fit matched: the ratio, at the predicted one-thread level
         row["one_thread_measured_ms"] = round(r.one_thread_s * 1e3, 3)
         row["target_ms"] = round(target_s * 1e3, 3)
+    if r.one_thread_median_s is not None:
+        row["one_thread_median_ms"] = round(r.one_thread_median_s * 1e3, 3)
     return row

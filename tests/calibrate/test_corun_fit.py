@@ -130,3 +130,39 @@ def test_the_team_wait_is_fitted_to_the_ratio_of_the_two_steps_not_their_level()
     assert report[0]["target_ms"] == pytest.approx(report[0]["predicted_ms"], rel=0.01)
     alone = dataclasses.replace(beside, one_thread_s=None)  # the level alone: the host's 1.6x read as a wait
     assert fit_corun_latency(base, [alone], machine)[0].corun.team_latency_us[2] > 2 * 3.5
+
+
+def test_the_runs_carry_the_fastest_step_which_the_fit_matches_and_the_median_beside_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fit matches the fastest of the timed steps; the median of the same steps is
+    kept in the report, so that a fit on it can be tried offline on a saved profile."""
+    import schedlab.exec as exec_pkg
+    from schedlab.calibrate.corun_fit import measure_corun_runs
+    from schedlab.exec import ExecResult
+
+    g, machine = make_graph(), cpu_machine(2)
+    # step times by (slots, threads), handed out in turn; the first one-slot one-thread call is the size check
+    times = {(1, 1): [0.001], (2, 1): [0.009, 0.004, 0.006], (2, 2): [0.012, 0.010, 0.030]}
+    team = {(1, 1): [0.002, 0.004, 0.003], (1, 2): [0.005, 0.008, 0.004]}  # one step per round, three rounds
+    calls: list[tuple[int, int, int]] = []
+
+    def fake_run_steps(graph: Graph, inputs: object, plan: Plan, machine: object, steps: int, warmup: int) -> ExecResult:
+        key = (plan.slots, plan.threads or 1)
+        calls.append((*key, steps))
+        if times.get(key):
+            taken, times[key] = times[key], []
+        else:
+            taken = [team[key].pop(0)]
+        return ExecResult(step_times_s=tuple(taken), trace=Trace(events=()), outputs={})
+
+    monkeypatch.setattr(exec_pkg, "run_steps", fake_run_steps)
+    runs = measure_corun_runs([("toy", g, {})], (1, 2), machine, steps=3)
+    assert [(r.slots, r.threads) for r in runs] == [(2, 1), (2, 2), (1, 2)]
+    assert [r.measured_s for r in runs] == [0.004, 0.010, 0.004]  # the fastest of each
+    assert [r.median_s for r in runs] == [0.006, 0.012, 0.005]
+    assert runs[2].one_thread_s == 0.002 and runs[2].one_thread_median_s == 0.003
+    assert calls == [(1, 1, 1), (2, 1, 3), (2, 2, 3), (1, 1, 1), (1, 2, 1), (1, 1, 1), (1, 2, 1), (1, 1, 1), (1, 2, 1)]
+    _, report = fit_corun_latency(make_profile(), runs, machine)
+    assert report[0]["measured_ms"] == 4.0 and report[0]["median_ms"] == 6.0
+    assert report[2]["one_thread_measured_ms"] == 2.0 and report[2]["one_thread_median_ms"] == 3.0
