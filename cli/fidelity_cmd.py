@@ -290,7 +290,7 @@ def conditions(set_name: str, args: argparse.Namespace, machine: Any) -> dict[st
 def scores(rows: list[Any]) -> dict[str, Any]:
     """What a fidelity results file says of its `FidelityRow`s: MAPE over all plans and over
     those calibration never ran, the worst error, per-workload summaries, and every row."""
-    from schedlab.calibrate.fidelity import one_round_mape, round_to_round_mape, shape_errors, summarise
+    from schedlab.calibrate.fidelity import halves_mape, one_round_mape, round_to_round_mape, shape_errors, summarise
 
     errs = [abs(r.error) for r in rows]
     unseen = [abs(r.error) for r in rows if not r.in_calibration]
@@ -299,6 +299,7 @@ def scores(rows: list[Any]) -> dict[str, Any]:
         "mape_unseen_plans": sum(unseen) / len(unseen) if unseen else None,
         "one_round_mape": one_round_mape(rows),
         "round_to_round_mape": round_to_round_mape(rows),
+        "halves_mape": halves_mape(rows),
         "worst_error": max((r.error for r in rows), key=abs),
         "workloads": [s.__dict__ for s in summarise(rows)],
         "plan_shapes": shape_errors(rows),
@@ -592,12 +593,16 @@ def run_rescore(args: argparse.Namespace) -> int:
 def print_one_round(summaries: dict[str, dict[str, Any]], rounds: int | None) -> None:
     """Each labelled summary's MAPE against one round (`one_round_mape`; an empty label for a
     lone figure) beside the machine's own, one round against another (the first summary's
-    `round_to_round_mape`); or, for a run of one round per plan, that it cannot know them."""
+    `round_to_round_mape`) and one half of the rounds' against the other's (`halves_mape`,
+    where the file has it); or, for a run of one round per plan, that it cannot know them."""
     values: list[float] = [s["one_round_mape"] for s in summaries.values() if s.get("one_round_mape") is not None]
     if values and len(values) == len(summaries):
-        machine = next(iter(summaries.values()))["round_to_round_mape"]
+        first = next(iter(summaries.values()))
+        machine = first["round_to_round_mape"]
         shown = ", ".join(f"{label} {x * 100:.1f}%".strip() for label, x in zip(summaries, values, strict=True))
         print(f"{ONE_ROUND_NOTE}: {shown}; {ROUND_TO_ROUND_NOTE}: {machine * 100:.1f}%")
+        if first.get("halves_mape") is not None:
+            print(f"{HALVES_NOTE}: {first['halves_mape'] * 100:.1f}%")
     elif rounds == 1:
         print(ONE_ROUND_HINT)
 
@@ -673,6 +678,8 @@ TAU_RESOLVED_NOTE = ("tau*: Kendall tau over the pairs of plans the measurement 
 ONE_ROUND_NOTE = ("MAPE of the same predictions against a single round's medians, mean over the rounds "
                   "(what a run of one round would report; the gap to the MAPE above is the machine's noise)")
 ROUND_TO_ROUND_NOTE = "one round's medians as a prediction of another's, the machine against itself"
+HALVES_NOTE = ("the first half of the rounds' medians against the second half's, both ways (the plans measured "
+               "again minutes later: an error near it is within what this run can tell)")
 ONE_ROUND_HINT = ("one round per plan: this run cannot tell the machine's noise from the simulator's error; "
                   "--rounds 3 measures it (rounds, and the MAPE against one round beside one round's against another)")
 ROUNDS_NOTE = ("rounds: the machine's own noise, the mean |deviation| of each plan's round medians from its median "

@@ -19,6 +19,7 @@ from schedlab.calibrate.fidelity import (
     Measurement,
     calibration_trace,
     error_summary,
+    halves_mape,
     held_out_fidelity,
     measure_and_predict,
     one_round_mape,
@@ -548,3 +549,20 @@ def test_the_host_probe_table_says_how_much_slower_the_host_ran_than_at_calibrat
     print_host_scaling({"calibration": None, "models": models})  # a profile from before the probe: speedups only
     out = capsys.readouterr().out
     assert "mixer" in out and "x ->" not in out and "against calibration" not in out
+
+
+def test_halves_mape_is_the_first_half_of_the_rounds_against_the_second_both_ways() -> None:
+    """Rounds of 90, 100 | 110, 120 ms: the halves' medians 95 and 115, each predicting the
+    other; an odd middle round is left out; one round, no figure."""
+    first, second = 0.095, 0.115
+    expected = (abs(first / second - 1) + abs(second / first - 1)) / 2
+    rows = [_ranked("a", 0.5, 0.09, 0.10, 0.11, 0.12), _ranked("b", 0.01, 0.09, 0.10, 0.11, 0.12)]
+    assert halves_mape(rows) == pytest.approx(expected)
+    odd = (abs(0.09 / 0.11 - 1) + abs(0.11 / 0.09 - 1)) / 2
+    assert halves_mape([_ranked("c", 0.1, 0.09, 0.50, 0.11)]) == pytest.approx(odd)  # the middle round left out
+    assert halves_mape([_ranked("c", 0.1, 0.1)]) is None
+    assert halves_mape([*rows, _ranked("c", 0.1, 0.1)]) is None  # some plan of one round: no such figure
+    summary = error_summary(rows)
+    assert summary["halves_mape"] == pytest.approx(expected)
+    assert overall_summary([0.0] * 2, [summary])["halves_mape"] == pytest.approx(expected)
+    assert error_summary([])["halves_mape"] is None
