@@ -431,8 +431,6 @@ class Profile:
         the op that runs in a parallel region (the class model's thread scaling at the
         op's size): an op below ATen's grain size runs on its calling thread alone.
         """
-        if busy_cores <= 0:  # alone: a one-slot plan asks every op this, without a row to build
-            return 1.0
         return self.corun_slowdowns(op, (busy_cores,), total_cores)[0]
 
     def corun_slowdowns(self, op: Op, busy_cores: Sequence[int], total_cores: int) -> list[float]:
