@@ -84,7 +84,7 @@ import dataclasses
 import math
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -431,25 +431,16 @@ class Profile:
         the op that runs in a parallel region (the class model's thread scaling at the
         op's size): an op below ATen's grain size runs on its calling thread alone.
         """
-        return self.corun_slowdowns(op, (busy_cores,), total_cores)[0]
-
-    def corun_slowdowns(self, op: Op, busy_cores: Sequence[int], total_cores: int) -> list[float]:
-        """`corun_slowdown` of `op` at each count of `busy_cores`, its class model read once
-        (`sim.cost_table` fills a row of busy counts per op: a cold `simulate()` asks each
-        op's row rather than each of its entries)."""
-        if op.is_view or total_cores <= 1 or max(busy_cores, default=0) <= 0:
-            return [1.0] * len(busy_cores)
+        if op.is_view or busy_cores <= 0 or total_cores <= 1:
+            return 1.0
+        frac = min(1.0, busy_cores / (total_cores - 1))
         mem, work, parallel = self._lookup(op).shares()
         c = self.corun
         factor = c.compute_slowdown + (c.mem_slowdown - c.compute_slowdown) * mem
-        oversub = c.oversub_compute + (c.oversub_mem - c.oversub_compute) * mem
-        out = []
-        for busy in busy_cores:
-            if busy <= 0:
-                out.append(1.0)
-                continue
-            x = max(1.0, 1.0 + (factor - 1.0) * min(1.0, busy / (total_cores - 1)) * work)
-            out.append(x * max(1.0, 1.0 + (oversub - 1.0) * parallel) if busy >= total_cores else x)
+        out = max(1.0, 1.0 + (factor - 1.0) * frac * work)
+        if busy_cores >= total_cores:
+            oversub = c.oversub_compute + (c.oversub_mem - c.oversub_compute) * mem
+            out *= max(1.0, 1.0 + (oversub - 1.0) * parallel)
         return out
 
     # ---- lookups -----------------------------------------------------------------------

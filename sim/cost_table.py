@@ -13,9 +13,7 @@ that ops with equal keys get equal answers from `kernel_us`, `dispatch_us` and
 `corun_slowdown` at every thread and busy count. The table then asks
 one op of each key (the lowest id) and gives its answers to the others. A step repeats
 its layers, so a real graph has a few dozen keys per few hundred ops. Without the method
-every op is asked, as before; the answers are the same floats either way. A cost model
-with a `corun_slowdowns(op, busy_counts, total_cores)` method (`Profile`) gives an op's
-slowdowns at every busy count the table lacks in one call, equal to `corun_slowdown`'s.
+every op is asked, as before; the answers are the same floats either way.
 
 `content_keys(graph)` helps a cost model build its keys: per op, everything it carries
 but its identity (id, name, layer, the ids of the values it reads and writes), kept on
@@ -214,16 +212,12 @@ class CostTable:
         table = self._slowdown.get(total_cores)
         if table is None:
             table = self._slowdown[total_cores] = np.full((len(self.reps), total_cores + 1), np.nan)
-        ops, reps = self.graph.ops, self.reps.tolist()
-        cols = [b for b in range(min(busy_cols, total_cores + 1)) if reps and np.isnan(table[0, b])]
-        filled = bool(cols)
-        rows = getattr(self.cost, "corun_slowdowns", None)  # a row per op (`Profile.corun_slowdowns`)
-        if len(cols) > 1 and callable(rows):  # one column (a one-slot plan's 0): a call per op is cheaper
-            table[:, cols] = np.array([rows(ops[r], cols, total_cores) for r in reps], dtype=np.float64)
-        else:
-            ask = self.cost.corun_slowdown
-            for b in cols:
+        ops, ask, reps = self.graph.ops, self.cost.corun_slowdown, self.reps.tolist()
+        filled = False
+        for b in range(min(busy_cols, total_cores + 1)):
+            if reps and np.isnan(table[0, b]):
                 table[:, b] = np.fromiter((ask(ops[r], b, total_cores) for r in reps), dtype=np.float64, count=len(reps))
+                filled = True
         if not self.keyed:
             return table
         per_op = self._slowdown_ops.get(total_cores)

@@ -104,37 +104,6 @@ class CountingKeyed:
         return 1.0 + 0.1 * busy_cores
 
 
-class CountingRows(CountingKeyed):
-    """CountingKeyed that also answers an op's slowdowns at several busy counts in one call."""
-
-    def corun_slowdowns(self, op: Op, busy_cores: Sequence[int], total_cores: int) -> list[float]:
-        self.asked.append(("row", op.id, len(busy_cores)))
-        return [1.0 + 0.1 * b for b in busy_cores]
-
-
-def test_a_cost_model_with_rows_is_asked_one_row_per_key_for_the_columns_the_table_lacks() -> None:
-    g = random_dag(120, 5, window=8, view_share=0.2)
-    cost = CountingRows()
-    table = CostTable(g, cost, 4)
-    targets = sorted({op.target for op in g.ops})
-    assert np.isnan(table.slowdown(4, 1)[:, 1:]).all()  # one column: asked entry by entry
-    assert table.slowdown(4, 3).shape == (len(g.ops), 5)  # columns 1 and 2: a row each
-    later = table.slowdown(4, 5)  # columns 3 and 4 are new; 0 to 2 are kept
-    assert later.tolist() == [[1.0 + 0.1 * b for b in range(5)]] * len(g.ops)
-    rows = [(g.ops[o].target, n) for what, o, n in cost.asked if what == "row"]
-    assert sorted(rows) == sorted([(t, 2) for t in targets] * 2)
-    assert sorted(g.ops[o].target for what, o, b in cost.asked if what == "slowdown") == targets  # column 0 only
-
-
-def test_a_profile_s_row_of_slowdowns_is_its_slowdown_at_each_count() -> None:
-    g = tiny_graph("transformer")
-    p = profile_for(g).for_graph(g).for_slots(2)
-    for op in g.ops[::7]:
-        for total in (1, 2, 4):
-            counts = [0, 1, total - 1, total, total + 2]
-            assert p.corun_slowdowns(op, counts, total) == [p.corun_slowdown(op, b, total) for b in counts]
-
-
 def test_a_keyed_cost_model_is_asked_once_per_key() -> None:
     g = random_dag(200, 3, window=8, view_share=0.2)
     cost = CountingKeyed()
