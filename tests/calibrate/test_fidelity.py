@@ -274,9 +274,12 @@ def test_one_device_fidelity_in_rounds_scores_each_plan_on_every_rounds_steps(  
         assert len(row["round_medians_s"]) == 2 and lo <= row["measured_s"] <= hi
     overall = stored["overall"]["profile_only"]
     assert overall["one_round_mape"] >= 0 and overall["round_to_round_mape"] >= 0
+    # two rounds: each half is one round, so the halves are one round against the other
+    assert overall["halves_mape"] == pytest.approx(overall["round_to_round_mape"])
     print_held_out(stored, "Test CPU", out)
     text = capsys.readouterr().out
     assert "against a single round's medians" in text and "one round per plan" not in text
+    assert "the first half of the rounds' medians against the second half's" in text
 
 
 def test_round_robin_measures_every_plan_once_a_round_in_plan_order(monkeypatch: pytest.MonkeyPatch) -> None:
