@@ -177,10 +177,9 @@ class Profile:
         workers take it from the ready heap like any op, so there it waits as they do
         (where the wait was fitted so: `CorunFigures.views_wait`).
         """
-        if op.is_view:
-            waits = self.dispatch_slots > 1 and self.corun.views_wait
-            return self.corun.latency(max(1, int(threads))) if waits else 0.0
         n = max(1, int(threads))
+        if op.is_view:
+            return self.corun.latency(n) if self.dispatch_slots > 1 and self.corun.views_wait else 0.0
         alone = self._alone_us(op, n)
         if self.dispatch_slots <= 1:
             return alone + self.team_us(n)
