@@ -9,7 +9,11 @@ For each size, a random synthetic DAG (views included) is simulated under a plan
 - cold: a new `simulate()` call per run, the simulator's set-up and the cost model's
   per-op lookups included (the graph object's flat arrays and one-device structure, kept
   on the graph, are warm);
-- first: a graph object never simulated before, so nothing at all is warm.
+- first: a graph object never simulated before, so nothing of the graph is warm. The
+  compiled engine's machine code is loaded once per process (a fraction of a second,
+  `sim.compiled`), before the first row: timed inside it, the 1,000-op one-slot row's
+  first call read 4-5 thousand ops/s where every other row read 160-320 thousand
+  (2026-11-29, 2-core VM; loaded first, 363 thousand).
 
 The Python reference engine ("fast") is timed too on sizes up to 20k ops, for the ratio.
 
@@ -151,6 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--python-up-to", type=int, default=20000, help="largest size the Python reference engine runs")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
+    for slots in (int(s) for s in args.slots.split(",")):
+        measure(24, slots, args.cores, "compiled", 1)  # load the compiled engine: once per process, not per graph
     print(f"random DAGs, {args.cores} cores, record=False, median of {args.repeats}; simulated ops per second")
     print(f"{'ops':>8} {'slots':>5} {'engine':>9} {'reused':>12} {'cold':>12} {'first':>12} {'step ms':>10}")
     for n in sizes:
