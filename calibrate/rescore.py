@@ -41,6 +41,8 @@ from schedlab.calibrate.fidelity import (
     predict,
     resolve_all,
     shape_errors,
+    sim_cost,
+    sim_cost_overall,
 )
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.rank_fidelity import ONE_DEVICE, StepOf, rank_cases, rank_plan_spread
@@ -231,6 +233,7 @@ def rescore(runs: SavedRuns, profile: Profile, machine: Machine, plans_of: Plans
             "workload": workload, "ops": len(saved[0].graph.ops) if saved else 0, "profile_only": error_summary(mine),
             **({"trace_calibrated": error_summary(scored)} if theirs else {}),
             "run_spread": [statistics.fmean(x) if x else 0.0 for x in own],
+            "sim_cost": sim_cost(mine),  # simulated here, against the saved median steps
         })
     profile_rows = [r for r in rows if r.method == PROFILE_ONLY]
     overall: dict[str, Any] = {
@@ -257,6 +260,7 @@ def rescore(runs: SavedRuns, profile: Profile, machine: Machine, plans_of: Plans
         "models": models,
         "trace_calibration_skipped": skipped,
         "plan_shapes": shape_errors(profile_rows + learnt_rows),
+        "sim_cost": sim_cost_overall(models),
         "plans": [{**r.__dict__, "error": r.error, "scored": not r.in_calibration} for r in rows],
     }
 

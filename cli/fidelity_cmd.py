@@ -585,6 +585,7 @@ def run_rescore(args: argparse.Namespace) -> int:
     for workload, why in result.get("trace_calibration_skipped", {}).items():
         print(f"{workload}: profile-only (its calibration trace left out: {why})")
     print(TAU_RESOLVED_NOTE)
+    print_sim_cost(result)
     print_plan_shapes(result.get("plan_shapes", []))
     print(f"results: {out}")
     return 0
@@ -703,6 +704,25 @@ def print_op_classes(classes: list[dict[str, Any]], cal: str) -> None:
               f"{ratio}{c['mean_abs_log']:>11.2f}")
 
 
+def print_sim_cost(result: dict[str, Any]) -> None:
+    """Per model, the measured step over the simulation time (`calibrate.fidelity.sim_cost`):
+    the search's reused Simulator and a cold `simulate()` call, median over the plans, and
+    the cold call's least over them."""
+    models = [m for m in result["models"] if m.get("sim_cost", {}).get("plans")]
+    if not models:
+        return
+    print("simulating a step against running it (measured step / simulation time, profile-only predictions):")
+    print(f"{'workload':<24}{'reused':>9}{'cold':>8}{'cold, least (its plan)':>25}")
+    for m in models:
+        c = m["sim_cost"]
+        print(f"{m['workload'].removeprefix(PREFIX):<24}{c['exec_over_sim']:>8.0f}x{c['exec_over_sim_cold']:>7.0f}x"
+              f"{c['exec_over_sim_cold_min']:>8.0f}x ({c['least_plan']})")
+    least = result.get("sim_cost") or {}
+    if least.get("least_model"):
+        print(f"least: the reused simulator {least['exec_over_sim_min']:.0f}x, a cold call "
+              f"{least['exec_over_sim_cold_min']:.0f}x ({least['least_model'].removeprefix(PREFIX)}) cheaper than running")
+
+
 def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
     cal = result["calibration_plan"]
     print(f"held-out fidelity on {cpu} ({result['cores']} cores), size {result['size']}, "
@@ -741,6 +761,7 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
     print(TAU_RESOLVED_NOTE)
     print(ROUNDS_NOTE)
     print("others: share of the CPU other processes used while the plan was measured")
+    print_sim_cost(result)
     print_op_classes(result.get("op_classes", []), cal)
     print_plan_shapes(result.get("plan_shapes", []))
     print_host_scaling(result.get("host_scaling"))

@@ -32,6 +32,8 @@ from schedlab.calibrate.fidelity import (
     round_spread,
     round_to_round_mape,
     shape_errors,
+    sim_cost,
+    sim_cost_overall,
 )
 from schedlab.cli import main
 from schedlab.cli.fidelity_cmd import chosen_models, print_held_out
@@ -191,8 +193,20 @@ def test_held_out_command_json_and_table(capsys, tmp_path: Path, profile_file: P
     assert sum(s["n_plans"] for (method, _), s in shapes.items() if method == PROFILE_ONLY) == n
     assert shapes[(TRACE_CALIBRATED, "s1-t1")]["n_plans"] == shapes[(PROFILE_ONLY, "s1-t1")]["n_plans"] - 1
 
+    # what simulating each plan cost against running it, over the profile-only rows (every plan once)
+    alone = [p for p in stored["plans"] if p["method"] == PROFILE_ONLY]
+    cold = {p["plan"]: p["measured_s"] / p["sim_cold_s"] for p in alone}
+    cost = m["sim_cost"]
+    assert cost["plans"] == n and cost["least_plan"] == min(cold, key=cold.__getitem__)
+    assert cost["exec_over_sim_cold_min"] == pytest.approx(min(cold.values()))
+    assert cost["exec_over_sim_cold_min"] <= cost["exec_over_sim_cold"]
+    assert cost["exec_over_sim_min"] == pytest.approx(min(p["measured_s"] / p["sim_wall_s"] for p in alone))
+    assert stored["sim_cost"]["least_model"] == MODEL
+    assert stored["sim_cost"]["exec_over_sim_cold_min"] == cost["exec_over_sim_cold_min"]
+
     print_held_out(stored, "Test CPU", out)
     text = capsys.readouterr().out
+    assert "simulating a step against running it" in text and f"({cost['least_plan']})" in text
     assert "by plan shape" in text and "s1-t1" in text
     assert "profile-only" in text and "trace-calibrated" in text and "mixer" in text
     assert "ops whose signature it never measured" in text and stored["op_classes"][0]["op_class"] in text
@@ -250,7 +264,10 @@ def test_a_held_out_run_cut_short_keeps_its_models_and_resume_measures_only_the_
     run = {(p["workload"], p["plan"], p["method"]): p["predicted_s"] for p in done["plans"]}
     assert {(p["workload"], p["plan"], p["method"]): p["predicted_s"] for p in again["plans"]} == run
     assert again["overall"]["trace_calibrated"]["mape"] == pytest.approx(done["overall"]["trace_calibrated"]["mape"])
-    assert "trace-calibrated" in capsys.readouterr().out
+    assert [m["sim_cost"]["plans"] for m in again["models"]] == [n, n]  # simulated again here, each plan once
+    assert again["sim_cost"]["least_model"] in {MODEL, "heldout:conv1d-two-branch"}
+    printed = capsys.readouterr().out
+    assert "trace-calibrated" in printed and "simulating a step against running it" in printed
 
     # another setting than the file's: one clear error, the file left as it was
     assert main([*argv[:-4], "--steps", "2", "--profile", str(profile_file), "--out", str(out), "--resume"]) == 2
@@ -552,6 +569,26 @@ def test_the_host_probe_table_says_how_much_slower_the_host_ran_than_at_calibrat
     print_host_scaling({"calibration": None, "models": models})  # a profile from before the probe: speedups only
     out = capsys.readouterr().out
     assert "mixer" in out and "x ->" not in out and "against calibration" not in out
+
+
+def test_sim_cost_is_the_measured_step_over_the_simulation_median_and_least_over_plans() -> None:
+    def row(plan: str, measured_s: float, sim_wall_s: float, sim_cold_s: float) -> FidelityRow:
+        return FidelityRow(workload="m", plan=plan, measured_s=measured_s, measured_spread_s=(measured_s, measured_s),
+                           predicted_s=measured_s, sim_wall_s=sim_wall_s, sim_cold_s=sim_cold_s, ops=1,
+                           in_calibration=False)
+
+    rows = [row("fast", 0.010, 1e-4, 1e-3), row("slow", 0.040, 1e-4, 1e-3), row("mid", 0.020, 4e-4, 4e-3)]
+    cost = sim_cost(rows)  # reused 100, 400, 50; cold 10, 40, 5
+    assert cost["plans"] == 3 and cost["least_plan"] == "mid"
+    assert cost["exec_over_sim"] == pytest.approx(100.0) and cost["exec_over_sim_cold"] == pytest.approx(10.0)
+    assert cost["exec_over_sim_min"] == pytest.approx(50.0) and cost["exec_over_sim_cold_min"] == pytest.approx(5.0)
+    assert sim_cost([row("untimed", 0.01, 0.0, 0.0)])["exec_over_sim"] is None  # nothing simulated: no figure
+    other = sim_cost([row("a", 0.010, 1e-4, 5e-4)])  # reused 100, cold 20
+    least = sim_cost_overall([{"workload": "m", "sim_cost": cost}, {"workload": "n", "sim_cost": other},
+                              {"workload": "old", "ops": 3}])  # a file from before: no sim_cost, left out
+    assert least == {"exec_over_sim_min": pytest.approx(50.0), "exec_over_sim_cold_min": pytest.approx(5.0),
+                     "least_model": "m"}
+    assert sim_cost_overall([])["least_model"] is None
 
 
 def test_halves_mape_is_the_first_half_of_the_rounds_against_the_second_both_ways() -> None:
