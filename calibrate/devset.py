@@ -139,7 +139,7 @@ def _groups(rows: dict[str, dict[str, float]]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from schedlab.allocator import tune_malloc
+    from schedlab.allocator import ensure_tuned
     from schedlab.calibrate.host_load import foreign_cpu_frac, snapshot
 
     p = argparse.ArgumentParser(prog="python -m schedlab.calibrate.devset", description=__doc__.splitlines()[0])
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
-    tune_malloc()
+    ensure_tuned()
     start = snapshot()
     results = dev_check(args.profile, tuple(args.models.split(",")), args.steps)
     busy = foreign_cpu_frac(start, snapshot())

@@ -116,12 +116,12 @@ def main(argv: list[str]) -> int:
         pin_process([core])  # before torch starts its thread pools, as a rank
     import torch
 
-    from schedlab.allocator import tune_malloc
+    from schedlab.allocator import ensure_tuned
     from schedlab.exec import Executor, run_steps
     from schedlab.machine import detect_host
     from schedlab.plan import Plan, resolve
 
-    tune_malloc()
+    ensure_tuned()
     torch.set_num_threads(1)
     graph = Graph.load(folder / "graph.json")
     inputs = torch.load(folder / "inputs.pt", weights_only=True)

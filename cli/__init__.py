@@ -60,9 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Before any worker thread exists: executor, eager baseline and calibration all run
     # with freed tensor memory kept in the process (see schedlab/allocator.py).
-    from schedlab.allocator import tune_malloc
+    from schedlab.allocator import ensure_tuned
 
-    tune_malloc()
+    ensure_tuned()
     try:
         return int(args.handler(args) or 0)
     except SchedlabError as e:

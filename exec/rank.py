@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from schedlab.allocator import tune_malloc
+from schedlab.allocator import ensure_tuned
 from schedlab.exec.ddp import DdpStepper, stepper_for_job
 from schedlab.exec.dist import CommFailed, RankExecutor, clock_offset_ns, rank_device
 from schedlab.exec.job import (
@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m schedlab.exec.rank JOB_DIR", file=sys.stderr)
         return 2
     env = read_env(os.environ)
-    tune_malloc()  # the allocator the CLI runs under, and the profile was calibrated under
+    ensure_tuned()  # the allocator the CLI runs under, and the profile was calibrated under
     die_with_parent()
     if os.environ.get(CPUS_ENV):
         pin_process([int(c) for c in os.environ[CPUS_ENV].split(",")])

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from schedlab.allocator import ensure_tuned
 from schedlab.errors import SchedlabError
 from schedlab.exec.program import Program, compile_graph
 from schedlab.exec.workers import ReadyLoop, freeing
@@ -57,6 +58,7 @@ class Executor:
     """A Graph compiled once and bound to one resolved Plan; `step()` runs it."""
 
     def __init__(self, graph: Graph, resolved: ResolvedPlan, program: Program | None = None) -> None:
+        ensure_tuned()  # the allocator the CLI runs under, also for a step timed from Python (schedlab.allocator)
         self.graph = graph
         self.resolved = resolved
         self.program = program or compile_graph(graph)
