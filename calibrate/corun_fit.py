@@ -18,10 +18,8 @@ co-run plan, views included: `Profile.kernel_us`) is fitted so that the simulato
 times match the measured ones (least absolute log error of predicted / measured, fastest
 of the timed steps), over a grid of latencies. Its residuals per graph are kept in the
 Profile's meta, as the error of this part of the model on graphs it was fitted on, with the
-median of the same steps beside each fastest (`median_ms`) and, for two slots, the fastest
-block of consecutive steps lasting `BLOCK_S` together (`block_ms`, per step, of
-`block_steps`), so that a fit on either can be tried on a saved profile without calibrating
-again.
+median of the same steps beside each fastest (`median_ms`), so that a fit on the median can
+be tried on a saved profile without calibrating again.
 
 The fastest, not the median: a held-out plan is measured as its median step, but on these
 1-10 ms steps the median was 1.06-2.66x the fastest (one quick calibration of 2026-11-29), and
@@ -63,7 +61,6 @@ measured ratio).
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -79,9 +76,6 @@ from schedlab.plan import Plan, resolve
 MAX_LATENCY_US = 200.0
 MAX_STEP_S = 0.05  # graphs whose one-slot step takes longer are left out (calibration time)
 TEAM_ROUNDS = 3  # one-slot rounds, one thread and each team in turn, that share the timed steps
-# A block: consecutive two-slot steps of one graph lasting at least this long together (the
-# one-slot step sets how many), timed as many times as single steps are (`CorunRun.block_s`)
-BLOCK_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -99,13 +93,6 @@ class CorunRun:
     # the median timed steps, reported beside the fastest (a fit on them can be tried offline)
     median_s: float | None = None
     one_thread_median_s: float | None = None
-    # two slots: the fastest block of `block_steps` consecutive steps lasting `BLOCK_S` or more,
-    # per step (a graph's steps of 1-3 ms are fastest in a spell whose cores never halt, which
-    # a held-out step of 20-80 ms does not have: the recurrent coverage graph unrolled 3 or 48
-    # steps, 2026-11-29, predicted 17% and 38% under its fastest two-slot step); reported
-    # beside the fastest, so a fit on it can be tried offline
-    block_s: float | None = None
-    block_steps: int = 1
 
 
 def measure_corun_runs(
@@ -130,12 +117,9 @@ def measure_corun_runs(
         def steps_s(slots: int, n: int, k: int, graph: Graph = graph, inputs: dict[int, Any] = inputs) -> list[float]:
             return list(run_steps(graph, inputs, Plan(slots=slots, threads=n), machine, steps=k, warmup=1).step_times_s)
 
-        k = max(1, math.ceil(BLOCK_S / min(one.step_times_s)))  # steps per block (two slots run no faster than one)
         for n in threads:
             timed = steps_s(2, n, steps)
-            block = fastest_block_s(steps_s(2, n, k * steps), k) if k > 1 else min(timed)
-            runs.append(CorunRun(source, graph, n, min(timed), median_s=statistics.median(timed), block_s=block,
-                                 block_steps=k))
+            runs.append(CorunRun(source, graph, n, min(timed), median_s=statistics.median(timed)))
         if teams:  # one thread and each team in turn, TEAM_ROUNDS times: the two steps' ratio is what is fitted
             per_round = max(1, steps // TEAM_ROUNDS)
             taken: dict[int, list[float]] = {n: [] for n in (1, *teams)}
@@ -149,15 +133,6 @@ def measure_corun_runs(
                 for n in teams
             ]  # fmt: skip
     return runs
-
-
-def fastest_block_s(times_s: Sequence[float], k: int) -> float:
-    """The fastest of the blocks of `k` consecutive steps of `times_s` (whole blocks only),
-    per step."""
-    blocks = [sum(times_s[i:i + k]) / k for i in range(0, len(times_s) - k + 1, k)]
-    if not blocks:
-        raise ValueError(f"{len(times_s)} steps hold no block of {k}")
-    return min(blocks)
 
 
 def _predict_s(profile: Profile, run: CorunRun, machine: Machine, threads: int | None = None) -> float:
@@ -228,9 +203,6 @@ def _report_row(fitted: Profile, r: CorunRun, machine: Machine, target_s: float)
     }
     if r.median_s is not None:
         row["median_ms"] = round(r.median_s * 1e3, 3)
-    if r.block_s is not None:
-        row["block_ms"] = round(r.block_s * 1e3, 3)
-        row["block_steps"] = r.block_steps
     if r.one_thread_s is not None:  # what the fit matched: the ratio, at the predicted one-thread level
         row["one_thread_measured_ms"] = round(r.one_thread_s * 1e3, 3)
         row["target_ms"] = round(target_s * 1e3, 3)

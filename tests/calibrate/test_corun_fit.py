@@ -135,30 +135,25 @@ def test_the_team_wait_is_fitted_to_the_ratio_of_the_two_steps_not_their_level()
 def test_the_runs_carry_the_fastest_step_which_the_fit_matches_and_the_median_beside_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The fit matches the fastest of the timed steps; the median of the same steps and the
-    fastest block of steps lasting `BLOCK_S` together are kept in the report, so that a fit
-    on either can be tried offline on a saved profile."""
+    """The fit matches the fastest of the timed steps; the median of the same steps is
+    kept in the report, so that a fit on it can be tried offline on a saved profile."""
     import schedlab.exec as exec_pkg
-    from schedlab.calibrate.corun_fit import BLOCK_S, measure_corun_runs
+    from schedlab.calibrate.corun_fit import measure_corun_runs
     from schedlab.exec import ExecResult
 
     g, machine = make_graph(), cpu_machine(2)
-    one_s = BLOCK_S / 2.5  # the one-slot step: blocks of three steps last BLOCK_S or more
-    # what each call returns, in turn, by (slots, threads): the first one-slot one-thread call is the
-    # size check, then per thread count the timed steps and the blocks' steps; then the team rounds
-    returns = {
-        (1, 1): [[one_s], [0.002], [0.004], [0.003]],
-        (2, 1): [[0.009, 0.004, 0.006], [0.010, 0.010, 0.010, 0.008, 0.008, 0.011, 0.009, 0.009, 0.009]],
-        (2, 2): [[0.012, 0.010, 0.030], [0.02] * 9],
-        (1, 2): [[0.005], [0.008], [0.004]],
-    }
+    # step times by (slots, threads), handed out in turn; the first one-slot one-thread call is the size check
+    times = {(1, 1): [0.001], (2, 1): [0.009, 0.004, 0.006], (2, 2): [0.012, 0.010, 0.030]}
+    team = {(1, 1): [0.002, 0.004, 0.003], (1, 2): [0.005, 0.008, 0.004]}  # one step per round, three rounds
     calls: list[tuple[int, int, int]] = []
 
     def fake_run_steps(graph: Graph, inputs: object, plan: Plan, machine: object, steps: int, warmup: int) -> ExecResult:
         key = (plan.slots, plan.threads or 1)
         calls.append((*key, steps))
-        taken = returns[key].pop(0)
-        assert len(taken) == steps
+        if times.get(key):
+            taken, times[key] = times[key], []
+        else:
+            taken = [team[key].pop(0)]
         return ExecResult(step_times_s=tuple(taken), trace=Trace(events=()), outputs={})
 
     monkeypatch.setattr(exec_pkg, "run_steps", fake_run_steps)
@@ -166,21 +161,8 @@ def test_the_runs_carry_the_fastest_step_which_the_fit_matches_and_the_median_be
     assert [(r.slots, r.threads) for r in runs] == [(2, 1), (2, 2), (1, 2)]
     assert [r.measured_s for r in runs] == [0.004, 0.010, 0.004]  # the fastest of each
     assert [r.median_s for r in runs] == [0.006, 0.012, 0.005]
-    assert runs[0].block_steps == 3 and runs[0].block_s == pytest.approx(0.009)  # blocks of 10.0, 9.0, 9.0 ms a step
-    assert runs[1].block_s == pytest.approx(0.02) and runs[2].block_s is None  # one slot: no blocks
     assert runs[2].one_thread_s == 0.002 and runs[2].one_thread_median_s == 0.003
-    assert calls == [(1, 1, 1), (2, 1, 3), (2, 1, 9), (2, 2, 3), (2, 2, 9),
-                     (1, 1, 1), (1, 2, 1), (1, 1, 1), (1, 2, 1), (1, 1, 1), (1, 2, 1)]
+    assert calls == [(1, 1, 1), (2, 1, 3), (2, 2, 3), (1, 1, 1), (1, 2, 1), (1, 1, 1), (1, 2, 1), (1, 1, 1), (1, 2, 1)]
     _, report = fit_corun_latency(make_profile(), runs, machine)
     assert report[0]["measured_ms"] == 4.0 and report[0]["median_ms"] == 6.0
-    assert report[0]["block_ms"] == 9.0 and report[0]["block_steps"] == 3 and "block_ms" not in report[2]
     assert report[2]["one_thread_measured_ms"] == 2.0 and report[2]["one_thread_median_ms"] == 3.0
-
-
-def test_the_fastest_block_is_of_whole_blocks_of_consecutive_steps() -> None:
-    from schedlab.calibrate.corun_fit import fastest_block_s
-
-    assert fastest_block_s([1.0, 5.0, 2.0, 2.0, 0.1], 2) == pytest.approx(2.0)  # the odd step out ends no block
-    assert fastest_block_s([3.0, 1.0], 1) == 1.0
-    with pytest.raises(ValueError, match="no block of 3"):
-        fastest_block_s([1.0, 1.0], 3)
