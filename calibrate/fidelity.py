@@ -637,11 +637,11 @@ def overall_summary(errors: Sequence[float], per_model: Sequence[dict[str, Any]]
 def sim_cost(rows: Sequence[FidelityRow]) -> dict[str, Any]:
     """What simulating one model's step costs against running it, over its plans `rows`
     (each measured and predicted once): the measured step over the simulation time, median
-    over the plans and the least over them (`_min`, and the plan of the cold call's least,
-    usually the fastest step), for the search's reused Simulator (`exec_over_sim`) and a cold
-    `simulate()` call (`exec_over_sim_cold`). Issue 9's target reads it per model: at least 20x on every
-    model but the unrolled recurrent ones, which must be cheaper than running (above 1).
-    None where no row has a simulation time."""
+    over the plans and the least over them (`_min`, with the plan of the cold call's least),
+    for the search's reused Simulator (`exec_over_sim`) and a cold `simulate()` call
+    (`exec_over_sim_cold`). Issue 9's target reads it per model: at least 20x on every model
+    but the unrolled recurrent ones, which must be cheaper than running (above 1). None
+    where no row has a simulation time."""
     timed = [r for r in rows if r.sim_wall_s > 0.0 and r.sim_cold_s > 0.0]
     if not timed:
         return {"plans": 0, "exec_over_sim": None, "exec_over_sim_cold": None, "exec_over_sim_min": None,
