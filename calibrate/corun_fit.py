@@ -29,7 +29,10 @@ too slow: in one held-out run scored on both (2-core VM), gru-tagger's two slots
 threads +40% to +59% against +5% to +13%, while the mean errors of the other plan shapes
 (one slot of two threads, two of one, two of two) went from -3.3%, -8.9%, -8.0% to -2.1%,
 +1.8%, +1.5% (trace-calibrated). Profile-only 10.5% against 8.5%, trace-calibrated 9.2%
-against 9.0% (session 37 found the same before views waited).
+against 9.0% (session 37 found the same before views waited). Fitting only the one-thread
+wait to the median moved four held-out runs' trace-calibrated MAPE from 9.65% to 9.63% on
+average; fitting it to the fastest block of steps lasting 20 ms moved two runs from 9.0%
+to 8.4% and from 8.4% to 10.7% (docs/heldout-fidelity-log.md, session 40).
 
 Views wait too: the workers take every op from the ready heap, a reshape as a matmul.
 Charged to non-view ops only, the wait fitted on the calibration graphs carried their

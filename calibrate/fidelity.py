@@ -272,9 +272,10 @@ def halves_mape(rows: Sequence[FidelityRow]) -> float | None:
     again moves a pooled median by. One round against another counts one round's noise; on
     this host the rounds of a run share its slow spells, so pooling them does not remove it:
     the pooled medians of four rounds of five steps measured again minutes later moved by
-    10.9% (mean |log| over 16 plans of four held-out models, three repeats each, 2-core VM,
-    2026-11-29), where one round predicted another at 14.0% and these halves at 11.6% in the
-    held-out run of the same hour. None where some plan was measured in fewer than two rounds."""
+    8.7% (mean |log| over 16 plans of four held-out models, three repeats each, with the
+    CLI's allocator settings, 2-core VM, 2026-11-29 02:44-02:48), and in the six held-out
+    runs of that day one round predicted another at 10.7-14.1% and these halves at 8.8-11.6%.
+    None where some plan was measured in fewer than two rounds."""
     if not _all_in_rounds(rows):
         return None
 
@@ -287,6 +288,12 @@ def halves_mape(rows: Sequence[FidelityRow]) -> float | None:
     return statistics.fmean(both_ways(r) for r in rows)
 
 
+def exec_over_sim(rows: Sequence[FidelityRow]) -> tuple[list[float], list[float]]:
+    """Per row, the measured step over the simulation time: with the search's reused
+    Simulator, and with a cold `simulate()` call."""
+    return [r.measured_s / r.sim_wall_s for r in rows], [r.measured_s / r.sim_cold_s for r in rows]
+
+
 def summarise(rows: Sequence[FidelityRow]) -> list[WorkloadSummary]:
     out: list[WorkloadSummary] = []
     for w in dict.fromkeys(r.workload for r in rows):
@@ -294,6 +301,7 @@ def summarise(rows: Sequence[FidelityRow]) -> list[WorkloadSummary]:
         errs = [r.error for r in rs]
         tau = kendalltau([r.predicted_s for r in rs], [r.measured_s for r in rs]).statistic if len(rs) > 1 else 1.0
         tau_r, told, pairs = resolved_tau(rs)
+        reused, cold = exec_over_sim(rs)
         out.append(
             WorkloadSummary(
                 workload=w,
@@ -301,8 +309,8 @@ def summarise(rows: Sequence[FidelityRow]) -> list[WorkloadSummary]:
                 worst_error=max(errs, key=abs),
                 kendall_tau=float(tau),
                 sim_ops_per_s=statistics.median(r.ops / r.sim_wall_s for r in rs),
-                exec_over_sim=statistics.median(r.measured_s / r.sim_wall_s for r in rs),
-                exec_over_sim_cold=statistics.median(r.measured_s / r.sim_cold_s for r in rs),
+                exec_over_sim=statistics.median(reused),
+                exec_over_sim_cold=statistics.median(cold),
                 kendall_tau_resolved=tau_r,
                 resolved_pairs=told,
                 pairs=pairs,
@@ -646,8 +654,7 @@ def sim_cost(rows: Sequence[FidelityRow]) -> dict[str, Any]:
     if not timed:
         return {"plans": 0, "exec_over_sim": None, "exec_over_sim_cold": None, "exec_over_sim_min": None,
                 "exec_over_sim_cold_min": None, "least_plan": None}
-    reused = [r.measured_s / r.sim_wall_s for r in timed]
-    cold = [r.measured_s / r.sim_cold_s for r in timed]
+    reused, cold = exec_over_sim(timed)
     least = min(range(len(timed)), key=cold.__getitem__)
     return {"plans": len(timed), "exec_over_sim": statistics.median(reused),
             "exec_over_sim_cold": statistics.median(cold), "exec_over_sim_min": min(reused),
