@@ -51,6 +51,9 @@ from schedlab.graph import Graph
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
 
+# The sets of models the held-out protocol runs on: their results files keep calibration traces
+PROTOCOL_SETS = ("held-out", "dev")
+
 
 @dataclass(frozen=True)
 class SavedRuns:
@@ -65,7 +68,7 @@ class SavedRuns:
     rounds_s: dict[tuple[str, str], tuple[float, ...]] = field(default_factory=dict)
     conditions: dict[str, Any] = field(default_factory=dict)  # the first file's machine, versions, steps per plan
     devices: int = 1  # local ranks the plans ran on (1: the one-device spread)
-    set_name: str = "held-out"  # "held-out" or "built-in" models
+    set_name: str = "held-out"  # "held-out", "dev" (the held-out protocol's two sets) or "built-in" models
     # workload -> (results file, its calibration trace relative to it): the first file naming one
     traces: dict[str, tuple[Path, str]] = field(default_factory=dict)
 
@@ -117,7 +120,7 @@ def load_runs(paths: Sequence[str | Path]) -> SavedRuns:
         paths=tuple(str(p) for p in paths), size=size, optimizer=optimizer, cores=cores,
         times_s={k: tuple(f[k] for f in per_file) for k in common}, conditions=first,
         rounds_s={k: tuple(rounds[k]) for k in common},
-        devices=devices, set_name=set_name, traces=traces if devices == 1 and set_name == "held-out" else {},
+        devices=devices, set_name=set_name, traces=traces if devices == 1 and set_name in PROTOCOL_SETS else {},
     )
 
 
@@ -136,9 +139,9 @@ def _read(path: Path) -> dict[str, Any]:
         raise SchedlabError(f"no results file {path}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SchedlabError(f"{path} is not a readable JSON results file: {e}") from e
-    if not isinstance(d, dict) or d.get("set") not in ("held-out", "built-in") or d.get("rescored"):
-        raise SchedlabError(f"{path} is not a fidelity results file of measured runs (its 'set' is not 'held-out' "
-                            "or 'built-in', or it is a re-scored one); write one with `schedlab fidelity`")
+    if not isinstance(d, dict) or d.get("set") not in (*PROTOCOL_SETS, "built-in") or d.get("rescored"):
+        raise SchedlabError(f"{path} is not a fidelity results file of measured runs (its 'set' is not 'held-out', "
+                            "'dev' or 'built-in', or it is a re-scored one); write one with `schedlab fidelity`")
     if d.get("backend", "torch") != "torch":
         raise SchedlabError(f"{path} measured the {d['backend']} backend; re-scoring predicts schedlab's executor")
     missing = [k for k in ("size", "optimizer", "cores", "plans") if k not in d]

@@ -6,6 +6,8 @@ Two protocols share the measuring loop (`schedlab.calibrate.fidelity`):
   runs, every plan predicted. Calibration also fits on these models: a training-set error.
 - `--held-out`: models calibration never sees, each plan predicted twice, from the Profile
   alone and trace-calibrated on one plan shape (left out of that error).
+- `--dev`: the same protocol on the dev set (`schedlab.workloads.devset`), the models a
+  change to the simulator is judged on before the held-out set is measured.
 
 With `--devices N` (N >= 2) the spread is of plans over N local ranks instead
 (`schedlab.calibrate.rank_fidelity`: placed, data-parallel, reverse-first-k), run on the
@@ -26,24 +28,59 @@ from typing import TYPE_CHECKING, Any
 
 from schedlab.cli.common import TRACES_DIR, print_json
 from schedlab.errors import SchedlabError
-from schedlab.workloads import BUILTIN_WORKLOADS
-from schedlab.workloads.heldout import HELDOUT_WORKLOADS, PREFIX, is_heldout
+from schedlab.workloads import BUILTIN_WORKLOADS, devset
+from schedlab.workloads.heldout import HELDOUT_WORKLOADS, PREFIX
 
 if TYPE_CHECKING:
     from schedlab.calibrate.profile import Profile
 
 DEFAULT_OUT = TRACES_DIR / "fidelity.json"
 DEFAULT_HELDOUT_OUT = TRACES_DIR / "fidelity-heldout.json"
+DEFAULT_DEV_OUT = TRACES_DIR / "fidelity-dev.json"
 DEFAULT_RANKS_OUT = TRACES_DIR / "fidelity-ranks.json"
 DEFAULT_HELDOUT_RANKS_OUT = TRACES_DIR / "fidelity-heldout-ranks.json"
 DEFAULT_TF_OUT = TRACES_DIR / "fidelity-tf.json"
 DEFAULT_TF_HELDOUT_OUT = TRACES_DIR / "fidelity-tf-heldout.json"
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelSet:
+    """Models the held-out protocol runs on (`run_held_out`): the held-out set, the test set
+    judged once, or the dev set, which changes to the simulator are chosen on."""
+
+    label: str  # the results file's "set"
+    flag: str
+    prefix: str  # of its MODEL specs
+    specs: tuple[str, ...]  # every model, in the order a run measures them
+    default_out: Path
+    file_tag: str  # in the default results file names: fidelity-<tag>[-ranks]-rescored.json
+
+
+HELD_OUT_SET = ModelSet("held-out", "--held-out", PREFIX, HELDOUT_WORKLOADS, DEFAULT_HELDOUT_OUT, "heldout")
+DEV_SET = ModelSet("dev", "--dev", devset.PREFIX, devset.DEV_WORKLOADS, DEFAULT_DEV_OUT, "dev")
+MODEL_SETS = (HELD_OUT_SET, DEV_SET)
+
+
+def model_set(args: argparse.Namespace) -> ModelSet | None:
+    """The set the command line asks the held-out protocol to run on; None: the built-ins."""
+    if getattr(args, "dev", False):
+        return DEV_SET
+    return HELD_OUT_SET if args.held_out else None
+
+
+def short(workload: str) -> str:
+    """A workload's name without its set's prefix, for tables."""
+    for s in MODEL_SETS:
+        if workload.startswith(s.prefix):
+            return workload.removeprefix(s.prefix)
+    return workload
+
+
 def rescored_out(set_name: str, devices: int) -> Path:
-    """Where re-scored runs go by default: the measured file's name (fidelity[-heldout][-ranks])
+    """Where re-scored runs go by default: the measured file's name (fidelity[-heldout|-dev][-ranks])
     with -rescored."""
-    return TRACES_DIR / f"fidelity{'-heldout' if set_name == 'held-out' else ''}{'-ranks' if devices > 1 else ''}-rescored.json"
+    tag = next((f"-{s.file_tag}" for s in MODEL_SETS if s.label == set_name), "")
+    return TRACES_DIR / f"fidelity{tag}{'-ranks' if devices > 1 else ''}-rescored.json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -72,6 +109,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--held-out", action="store_true",
         help="the held-out models: profile-only and trace-calibrated errors side by side",
+    )
+    p.add_argument(
+        "--dev", action="store_true",
+        help="the held-out protocol on the dev set instead "
+        f"({', '.join(devset.DEV_WORKLOADS)}; schedlab.workloads.devset): the models to judge a change to the "
+        f"simulator on, so that the held-out set stays a test; results in {DEFAULT_DEV_OUT.name}",
     )
     p.add_argument("--size", choices=("tiny", "default", "gpu"), default="default",
                    help="workload size (default: default; gpu, with --cuda: the default models at 16x their batch)")
@@ -163,17 +206,18 @@ def named_models(args: argparse.Namespace) -> list[str]:
 def chosen_models(args: argparse.Namespace) -> list[str]:
     """The MODELs to run: those named, else the protocol's default set."""
     named = named_models(args)
-    if not args.held_out:
+    chosen = model_set(args)
+    if chosen is None:
         return named or list(BUILTIN_WORKLOADS)
     if not named:
-        return list(HELDOUT_WORKLOADS)
+        return list(chosen.specs)
     out: list[str] = []
     for name in named:
-        spec = name if is_heldout(name) else PREFIX + name
-        if spec not in HELDOUT_WORKLOADS:
+        spec = name if name.startswith(chosen.prefix) else chosen.prefix + name
+        if spec not in chosen.specs:
             raise SchedlabError(
-                f"{name!r} is not a held-out model; with --held-out choose from "
-                f"{', '.join(h.removeprefix(PREFIX) for h in HELDOUT_WORKLOADS)} "
+                f"{name!r} is not a {chosen.label} model; with {chosen.flag} choose from "
+                f"{', '.join(short(h) for h in chosen.specs)} "
                 "(the built-in workloads are what calibration fits on)"
             )
         out.append(spec)
@@ -185,8 +229,16 @@ def run(args: argparse.Namespace) -> int:
         raise SchedlabError("--steps must be >= 1")
     if args.rounds < 1:
         raise SchedlabError(f"--rounds must be >= 1, got {args.rounds}")
-    if args.held_out and args.no_trace_calibration:
-        raise SchedlabError("--held-out reports profile-only and trace-calibrated errors both; drop --no-trace-calibration")
+    if getattr(args, "dev", False):
+        if args.held_out:
+            raise SchedlabError("--dev and --held-out are two sets of models for one protocol: give one")
+        if args.backend != "torch" or getattr(args, "cuda", False) or args.devices is not None:
+            raise SchedlabError("--dev runs the one-device protocol on schedlab's executor: drop --backend, --cuda "
+                                "and --devices")
+    chosen = model_set(args)
+    if chosen is not None and args.no_trace_calibration:
+        raise SchedlabError(f"{chosen.flag} reports profile-only and trace-calibrated errors both; "
+                            "drop --no-trace-calibration")
     if args.backend == "tensorflow":
         from schedlab.cli.fidelity_tf import run_tf
 
@@ -219,7 +271,8 @@ def run(args: argparse.Namespace) -> int:
         return run_ranks(args, models)
     if args.plan_list:
         raise SchedlabError("--plans chooses plans of the multi-rank spread; give --devices N too")
-    return run_held_out(args, models) if args.held_out else run_builtin(args, models)
+    chosen = model_set(args)
+    return run_held_out(args, models, chosen) if chosen is not None else run_builtin(args, models)
 
 
 RESUMED_KEYS = (
@@ -442,7 +495,7 @@ def calibration_drift(workload: str, cal_steps: dict[int, float], rows: list[Any
 # ---- --held-out ------------------------------------------------------------------------------
 
 
-def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
+def run_held_out(args: argparse.Namespace, models: list[str], chosen: ModelSet = HELD_OUT_SET) -> int:
     from tqdm import tqdm
 
     from schedlab.calibrate import cal_traces
@@ -459,13 +512,13 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
     from schedlab.machine import detect_host
 
     t0 = time.perf_counter()
-    out = Path(args.out) if args.out else DEFAULT_HELDOUT_OUT
+    out = Path(args.out) if args.out else chosen.default_out
     check_writable(out)  # before minutes of measuring, not after
     check_writable(cal_traces.traces_dir(out) / "trace.json")  # and the calibration traces beside it
     machine = detect_host()
     profile = load_profile(args.profile)
     plans = plan_spread(machine.default_device.cores)
-    fresh = {**conditions("held-out", args, machine), "profile": str(args.profile or DEFAULT_PROFILE_PATH),
+    fresh = {**conditions(chosen.label, args, machine), "profile": str(args.profile or DEFAULT_PROFILE_PATH),
              "profile_created_unix_s": profile.created_unix_s}
     before = resumed(out, fresh, args) or {}
     results = [r for r in (held_out_from_json(before) if before else []) if r.workload in models]
@@ -497,7 +550,7 @@ def run_held_out(args: argparse.Namespace, models: list[str]) -> int:
 
     say_resuming(out, done, todo)
     result: dict[str, Any] | None = None
-    with tqdm(total=len(todo) * len(plans) * args.rounds, desc="held-out fidelity", unit="plan", file=sys.stderr,
+    with tqdm(total=len(todo) * len(plans) * args.rounds, desc=f"{chosen.label} fidelity", unit="plan", file=sys.stderr,
               disable=None) as bar:
         for model in todo:
             bar.set_postfix_str(model)
@@ -530,8 +583,9 @@ def run_rescore(args: argparse.Namespace) -> int:
     from schedlab.machine import detect_host
 
     runs = load_runs(args.rescore)
-    if args.held_out and runs.set_name != "held-out":
-        raise SchedlabError(f"--held-out: the results files measured the {runs.set_name} models")
+    chosen = model_set(args)
+    if chosen is not None and runs.set_name != chosen.label:
+        raise SchedlabError(f"{chosen.flag}: the results files measured the {runs.set_name} models")
     if args.devices is not None and args.devices != runs.devices:
         raise SchedlabError(f"--devices {args.devices}: the results files were measured on {runs.devices} rank(s)")
     out = Path(args.out) if args.out else rescored_out(runs.set_name, runs.devices)
@@ -577,7 +631,7 @@ def run_rescore(args: argparse.Namespace) -> int:
         return f"{pct(a['mape'], 8)}{pct(a['worst_error'], 8)}{tau(a[tau_key], 7)}{tau(a.get(tau_key + '_resolved'), 7)}"
 
     for m in result["models"]:
-        print(f"{m['workload'].removeprefix(PREFIX):<24}{m['ops']:>6}" + "".join(cells(m.get(k)) for k in methods)
+        print(f"{short(m['workload']):<24}{m['ops']:>6}" + "".join(cells(m.get(k)) for k in methods)
               + f"   {' '.join(pct(x, 7) for x in m['run_spread'])}")
     print(f"{'all (tau: median)':<30}" + "".join(cells(result["overall"][k], "median_kendall_tau") for k in methods)
           + f"   {' '.join(pct(x, 7) for x in result['overall']['run_spread'])}")
@@ -637,7 +691,7 @@ def print_host_scaling(scaling: dict[str, Any] | None) -> None:
     print(f"  {'at calibration':<26}{pair(scaling.get('calibration'))}")
     ratios: list[float] = []
     for m in scaling["models"]:
-        line = f"  {m['workload'].removeprefix(PREFIX):<26}{pair(m.get('before'))}  ->  {pair(m.get('after'))}"
+        line = f"  {short(m['workload']):<26}{pair(m.get('before'))}  ->  {pair(m.get('after'))}"
         if cal is not None:
             here = [slower(m.get("before")), slower(m.get("after"))]
             ratios += [x for x in here if x is not None]
@@ -715,17 +769,17 @@ def print_sim_cost(result: dict[str, Any]) -> None:
     print(f"{'workload':<24}{'reused':>9}{'cold':>8}{'cold, least (its plan)':>25}")
     for m in models:
         c = m["sim_cost"]
-        print(f"{m['workload'].removeprefix(PREFIX):<24}{c['exec_over_sim']:>8.0f}x{c['exec_over_sim_cold']:>7.0f}x"
+        print(f"{short(m['workload']):<24}{c['exec_over_sim']:>8.0f}x{c['exec_over_sim_cold']:>7.0f}x"
               f"{c['exec_over_sim_cold_min']:>8.0f}x ({c['least_plan']})")
     least = result.get("sim_cost") or {}
     if least.get("least_model"):
         print(f"least: the reused simulator {least['exec_over_sim_min']:.0f}x, a cold call "
-              f"{least['exec_over_sim_cold_min']:.0f}x ({least['least_model'].removeprefix(PREFIX)}) cheaper than running")
+              f"{least['exec_over_sim_cold_min']:.0f}x ({short(least['least_model'])}) cheaper than running")
 
 
 def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
     cal = result["calibration_plan"]
-    print(f"held-out fidelity on {cpu} ({result['cores']} cores), size {result['size']}, "
+    print(f"{result['set']} fidelity on {cpu} ({result['cores']} cores), size {result['size']}, "
           f"{result['steps_per_plan']} steps/plan, profile {result['profile']}")
     print(f"{'workload':<30}{'plan':<22}{'measured ms':>12}{'profile-only ms':>16}{'error':>8}"
           f"{'trace-cal ms':>13}{'error':>8}{'others':>8}")
@@ -744,7 +798,7 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
           f"{'tau*':>7}{'other shapes':>13}{'seen ops':>10}{'rounds':>8}")
     for m in result["models"]:
         a, t = m["profile_only"], m["trace_calibrated"]
-        print(f"{m['workload'].removeprefix(PREFIX):<24}{m['ops']:>6}{pct(a['mape'], 8)}{pct(a['worst_error'], 8)}"
+        print(f"{short(m['workload']):<24}{m['ops']:>6}{pct(a['mape'], 8)}{pct(a['worst_error'], 8)}"
               f"{tau(a['kendall_tau'], 7)}{tau(a.get('kendall_tau_resolved'), 7)}   {pct(t['mape'], 8)}"
               f"{pct(t['worst_error'], 8)}{tau(t['kendall_tau'], 7)}{tau(t.get('kendall_tau_resolved'), 7)}"
               f"{pct(t['other_shapes']['mape'], 13)}{pct(m['profile_seen_ops'], 10)}{pct(a.get('round_spread'), 8)}")

@@ -1,4 +1,4 @@
-"""Resolve a workload spec (a built-in name, ``heldout:NAME`` or ``package.module:function``)
+"""Resolve a workload spec (a built-in name, ``heldout:NAME``, ``dev:NAME`` or ``package.module:function``)
 to a Workload.
 
 Every way a spec can go wrong raises `SchedlabError` with one message saying what to fix.
@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from schedlab.errors import SchedlabError
-from schedlab.workloads import cnn, heldout, mlp, nmt, transformer
+from schedlab.workloads import cnn, devset, heldout, mlp, nmt, transformer
 from schedlab.workloads.sizes import PAPER_SIZE, SIZES
 
 Builder = Callable[[str], tuple[nn.Module, tuple[Tensor, ...]]]
@@ -48,9 +48,12 @@ def load_workload(spec: str, size: str = "default", seed: int = 0) -> Workload:
     if size == PAPER_SIZE and spec != "nmt":
         raise SchedlabError(f"size {PAPER_SIZE!r} (the placement paper's model size) exists for nmt only; "
                             f"{spec} has sizes tiny, default and gpu")
-    if heldout.is_heldout(spec):  # a reserved prefix, checked before user factories
+    if heldout.is_heldout(spec):  # reserved prefixes, checked before user factories
         torch.manual_seed(seed)
         module, inputs = heldout.build(spec, size)
+    elif devset.is_dev(spec):
+        torch.manual_seed(seed)
+        module, inputs = devset.build(spec, size)
     elif ":" in spec:
         factory = resolve_factory(spec)
         torch.manual_seed(seed)
@@ -61,7 +64,7 @@ def load_workload(spec: str, size: str = "default", seed: int = 0) -> Workload:
     else:
         raise SchedlabError(
             f"unknown workload {spec!r}; built-in workloads are {', '.join(BUILTIN_WORKLOADS)}, "
-            f"held-out ones {', '.join(heldout.HELDOUT_WORKLOADS)}, or give your own model factory as 'package.module:function'"
+            f"held-out ones {', '.join(heldout.HELDOUT_WORKLOADS)}, dev ones {', '.join(devset.DEV_WORKLOADS)}, or give your own model factory as 'package.module:function'"
         )
     module.train()
     _check_loss(spec, module, inputs)

@@ -8,8 +8,6 @@ import pytest
 import torch
 
 from schedlab.calibrate.coverage import COVERAGE_MODELS, SHAPES, build
-from schedlab.calibrate.devset import DEV_MODELS, _groups
-from schedlab.calibrate.devset import build as build_dev
 from schedlab.calibrate.run import _capture_jobs, full_config, quick_config
 
 CALIBRATE_DIR = Path(__file__).resolve().parents[2] / "calibrate"
@@ -43,7 +41,8 @@ def test_calibration_never_names_the_held_out_models() -> None:
     for cfg in (quick_config(), full_config()):
         for source, _, _ in _capture_jobs(cfg):
             assert not source.startswith(("heldout", "dev:")), source  # nor the dev models
-    names = ("workloads.heldout", "import heldout", "\"heldout:", "HELDOUT", "held_out_fidelity")
+    names = ("workloads.heldout", "import heldout", "\"heldout:", "HELDOUT", "held_out_fidelity", "workloads.devset",
+             "DEV_WORKLOADS", "\"dev:")
     for path in CALIBRATE_DIR.glob("*.py"):
         if path.name in ("fidelity.py", "cuda_fidelity.py"):  # the protocols that judge on them
             continue
@@ -87,19 +86,3 @@ def test_coverage_graphs_hold_the_classes_users_models_lower_to() -> None:
         "unbind",
         "split",
     } <= classes
-
-
-@pytest.mark.parametrize("name", DEV_MODELS)
-def test_each_dev_model_trains_to_a_scalar_loss(name: str) -> None:
-    module, inputs = build_dev(name)
-    loss = module(*inputs)
-    assert loss.dim() == 0 and torch.isfinite(loss)
-
-
-def test_dev_errors_are_grouped_by_slots_and_threads() -> None:
-    rows = {
-        "s1-t1-topo": {"measured_s": 1.0, "predicted_s": 1.1},
-        "s1-t1-critical-path": {"measured_s": 1.0, "predicted_s": 0.7},
-        "s2-t1-random:0": {"measured_s": 2.0, "predicted_s": 1.0},
-    }
-    assert _groups(rows) == pytest.approx({"s1-t1": 20.0, "s2-t1": 50.0})

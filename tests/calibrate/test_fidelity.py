@@ -275,6 +275,51 @@ def test_a_held_out_run_cut_short_keeps_its_models_and_resume_measures_only_the_
     assert json.loads(out.read_text()) == done
 
 
+def test_the_dev_set_runs_the_held_out_protocol_and_rescores_on_its_own(  # type: ignore[no-untyped-def]
+    capsys, tmp_path: Path, profile_file: Path
+) -> None:
+    out = tmp_path / "d.json"
+    assert main(["fidelity", "--dev", "--models", "lstm", "--size", "tiny", "--steps", "1",
+                 "--profile", str(profile_file), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("dev fidelity on ") and "trace-calibrated" in printed
+    stored = json.loads(out.read_text())
+    n = len(plan_spread(detect_host().default_device.cores))
+    assert stored["set"] == "dev" and stored["calibration_plan"] == CALIBRATION_PLAN.name
+    (m,) = stored["models"]
+    assert m["workload"] == "dev:lstm" and m["trace_calibrated"]["n_plans"] == n - 1
+    assert (tmp_path / m["calibration_trace"]).is_file()
+    # re-scored as a dev run (its calibration trace too), never as the held-out set's
+    rescored = tmp_path / "r.json"
+    assert main(["fidelity", "--dev", "--rescore", str(out), "--profile", str(profile_file),
+                 "--out", str(rescored)]) == 0
+    again = json.loads(rescored.read_text())
+    assert again["set"] == "dev" and again["overall"]["trace_calibrated"]["n_plans"] == n - 1
+    assert again["overall"]["trace_calibrated"]["mape"] == pytest.approx(stored["overall"]["trace_calibrated"]["mape"])
+    capsys.readouterr()
+    assert main(["fidelity", "--held-out", "--rescore", str(out), "--profile", str(profile_file),
+                 "--out", str(tmp_path / "h.json")]) == 2
+    assert "--held-out: the results files measured the dev models" in capsys.readouterr().err
+    assert not (tmp_path / "h.json").exists()
+
+
+@pytest.mark.parametrize(
+    "extra, msg",
+    [
+        (["--models", "mixer"], "'mixer' is not a dev model; with --dev choose from gru, gru-big"),
+        (["--held-out"], "give one"),
+        (["--devices", "2"], "drop --backend, --cuda and --devices"),
+        (["--no-trace-calibration"], "--dev reports profile-only and trace-calibrated errors both"),
+    ],
+)
+def test_dev_command_errors(capsys, tmp_path: Path, profile_file: Path, extra: list[str], msg: str) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "d.json"
+    rc = main(["fidelity", "--dev", "--size", "tiny", "--profile", str(profile_file), "--out", str(out), *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and msg in err and "Traceback" not in err
+    assert not out.exists()
+
+
 def test_one_device_fidelity_in_rounds_scores_each_plan_on_every_rounds_steps(  # type: ignore[no-untyped-def]
     capsys, tmp_path: Path, profile_file: Path
 ) -> None:
