@@ -51,6 +51,9 @@ from schedlab.trace import Trace
 DEFAULT_ORDERS = ("topo", "critical-path", "w-last", "random:0")
 PROFILE_ONLY = "profile-only"  # the stored Profile alone
 TRACE_CALIBRATED = "trace-calibrated"  # the Profile plus op times from traces of the same model
+# The sets of models the held-out protocol (`held_out_fidelity`) runs on: the held-out test set
+# and the dev set that changes are judged on (`schedlab fidelity --held-out` / `--dev`)
+PROTOCOL_SETS = ("held-out", "dev")
 
 
 def plan_spread(cores: int, orders: Sequence[str] = DEFAULT_ORDERS) -> list[Plan]:

@@ -33,6 +33,7 @@ from schedlab.calibrate import cal_traces
 from schedlab.calibrate.fidelity import (
     CALIBRATION_PLAN,
     PROFILE_ONLY,
+    PROTOCOL_SETS,
     TRACE_CALIBRATED,
     FidelityRow,
     error_summary,
@@ -50,9 +51,6 @@ from schedlab.errors import SchedlabError
 from schedlab.graph import Graph
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
-
-# The sets of models the held-out protocol runs on: their results files keep calibration traces
-PROTOCOL_SETS = ("held-out", "dev")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from schedlab.calibrate import coverage
-from schedlab.calibrate.rescore import PROTOCOL_SETS
+from schedlab.calibrate.fidelity import PROTOCOL_SETS
 from schedlab.cli.fidelity_cmd import MODEL_SETS
 from schedlab.errors import SchedlabError
 from schedlab.workloads import BUILTIN_WORKLOADS, load_workload
@@ -59,5 +59,5 @@ def test_unknown_dev_name_is_one_clear_error() -> None:
     assert "unknown dev workload" in str(info.value) and DEV_WORKLOADS[0] in str(info.value)
 
 
-def test_the_command_and_the_rescorer_know_the_same_sets() -> None:
+def test_the_command_knows_every_set_of_the_protocol() -> None:
     assert {s.label for s in MODEL_SETS} == set(PROTOCOL_SETS)

@@ -26,17 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schedlab.calibrate.fidelity import PROFILE_ONLY, TRACE_CALIBRATED
+from schedlab.calibrate.fidelity import PROFILE_ONLY, PROTOCOL_SETS, TRACE_CALIBRATED
 from schedlab.errors import SchedlabError
 from schedlab.io import read_json
 from schedlab.reports import style
 from schedlab.reports.figures import BOTH, FigureRecord, FigureSkipped, describe_conditions
 from schedlab.reports.figures.pred_vs_meas import BAND, identity_band, square_limits
 from schedlab.reports.load import host_text
+from schedlab.workloads import devset, heldout
 
 NAME = "fidelity"
 METHODS = (PROFILE_ONLY, TRACE_CALIBRATED)
-HELDOUT_PREFIX = "heldout:"
 LOG_SPAN = 8.0  # log axes when the largest time is more than this many times the smallest
 # A marker per model as well as a colour: the palette has 7 colours, the held-out set 8 models.
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
@@ -65,7 +65,7 @@ class FidelityData:
     """A `schedlab fidelity` results file, reduced to what the figure draws."""
 
     path: Path
-    held_out: bool
+    held_out: bool  # the held-out protocol (two predictions per plan): on the held-out set or the dev set
     points: tuple[FidelityPoint, ...]
     host: str
     versions: dict[str, str] = field(default_factory=dict)
@@ -73,6 +73,7 @@ class FidelityData:
     optimizer: str = "?"
     steps_per_plan: int | None = None
     calibration_plan: str | None = None  # held-out files: the plan the trace calibration used
+    set_name: str = "built-in"  # the file's "set": "built-in", "held-out" or "dev"
     foreign_cpu_fracs: tuple[float, ...] = ()  # per measured plan: the CPU share other processes used
     runs: int = 1  # a re-scored file (`schedlab fidelity --held-out --rescore`): the runs its medians are over
 
@@ -96,7 +97,8 @@ def fidelity_from_json(d: Any, p: Path) -> FidelityData:
     hint = "write one with `schedlab fidelity` or `schedlab fidelity --held-out`"
     if not isinstance(d, dict) or not isinstance(d.get("plans"), list):
         raise SchedlabError(f"{p} is not a fidelity results file (no list of plans); {hint}")
-    held_out = d.get("set") == "held-out"
+    set_name = str(d.get("set", "built-in"))
+    held_out = set_name in PROTOCOL_SETS
     # Older built-in files name no method per plan: the file says how all were predicted.
     default_method = TRACE_CALIBRATED if d.get("trace_calibration", True) else PROFILE_ONLY
     points: list[FidelityPoint] = []
@@ -138,6 +140,7 @@ def fidelity_from_json(d: Any, p: Path) -> FidelityData:
     return FidelityData(
         path=p,
         held_out=held_out,
+        set_name=set_name,
         points=tuple(points),
         host=host_text({"host": machine, "devices": [{"cores": cores}] if isinstance(cores, int) else []}),
         versions={str(k): str(v) for k, v in versions.items()},
@@ -172,7 +175,10 @@ def median_tau(points: Sequence[FidelityPoint]) -> float | None:
 
 
 def short(workload: str) -> str:
-    return workload.removeprefix(HELDOUT_PREFIX)
+    for prefix in (heldout.PREFIX, devset.PREFIX):
+        if workload.startswith(prefix):
+            return workload.removeprefix(prefix)
+    return workload
 
 
 # ---- the figure -----------------------------------------------------------------------------------
@@ -235,13 +241,13 @@ def draw(data: FidelityData, out_stem: Path) -> FigureRecord:
     ]
     return FigureRecord(
         name=NAME,
-        title=f"Simulator fidelity per plan: {'held-out' if data.held_out else 'built-in'} models",
+        title=f"Simulator fidelity per plan: {data.set_name} models",
         files=(png, pdf),
         sources=(data.path,),
         caption=_caption(data, methods, panels),
         basis=BOTH,
         conditions={
-            "set": "held-out" if data.held_out else "built-in",
+            "set": data.set_name,
             "host": data.host,
             "versions": data.versions,
             "size": data.size,
@@ -298,10 +304,10 @@ def _panel_title(data: FidelityData, method: str) -> str:
 
 
 def _caption(data: FidelityData, methods: list[str], panels: dict[str, dict[str, Any]]) -> str:
-    kind = (
-        "held-out models (never used by calibration)" if data.held_out
-        else "built-in workloads (also calibration's training set)"
-    )
+    kind = {
+        "held-out": "held-out models (never used by calibration)",
+        "dev": "dev models (never used by calibration; where changes to the simulator are judged)",
+    }.get(data.set_name, "built-in workloads (also calibration's training set)")
     parts = [
         f"Step time the simulator predicted (x, simulated) against the median measured on the executor (y) for "
         f"every plan of the spread, {len(data.workloads)} {kind}, coloured by model; whiskers: min to max of the "

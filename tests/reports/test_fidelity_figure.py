@@ -68,6 +68,20 @@ def test_held_out_file_draws_two_panels_with_the_calibration_plan_left_out(tmp_p
     assert rec.conditions["foreign_cpu_frac"] == {"median": pytest.approx(0.1), "max": pytest.approx(0.5)}
 
 
+def test_a_dev_set_file_draws_as_the_held_out_protocol_and_names_its_set(tmp_path: Path) -> None:
+    path = held_out_file(tmp_path)
+    d = json.loads(path.read_text())
+    d["set"] = "dev"
+    for r in d["plans"]:
+        r["workload"] = r["workload"].replace("heldout:", "dev:")
+    path.write_text(json.dumps(d))
+    data = fidelity.load_fidelity(path)
+    assert data.held_out and data.set_name == "dev" and data.methods == ["profile-only", "trace-calibrated"]
+    rec = fidelity.draw(data, tmp_path / "out" / "fidelity")
+    assert rec.title.endswith("dev models") and "dev models" in rec.caption and "left out" in rec.caption
+    assert rec.conditions["set"] == "dev" and set(rec.conditions["models"]) == {"gru-tagger", "mixer"}
+
+
 def test_builtin_file_without_methods_draws_one_panel(tmp_path: Path) -> None:
     # A built-in file as `schedlab fidelity` wrote it before rows named their method.
     rows = [_row("mlp", p, "", 0.1 + 0.001 * i, 0.1 + 0.001 * i, p.startswith("s1-") and p.endswith("topo"))
