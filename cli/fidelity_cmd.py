@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from schedlab.cli.common import TRACES_DIR, print_json
 from schedlab.errors import SchedlabError
 from schedlab.workloads import BUILTIN_WORKLOADS, devset
+from schedlab.workloads import short_name as short
 from schedlab.workloads.heldout import HELDOUT_WORKLOADS, PREFIX
 
 if TYPE_CHECKING:
@@ -66,14 +67,6 @@ def model_set(args: argparse.Namespace) -> ModelSet | None:
     if getattr(args, "dev", False):
         return DEV_SET
     return HELD_OUT_SET if args.held_out else None
-
-
-def short(workload: str) -> str:
-    """A workload's name without its set's prefix, for tables."""
-    for s in MODEL_SETS:
-        if workload.startswith(s.prefix):
-            return workload.removeprefix(s.prefix)
-    return workload
 
 
 def rescored_out(set_name: str, devices: int) -> Path:

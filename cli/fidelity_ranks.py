@@ -29,7 +29,7 @@ from schedlab.cli.fidelity_cmd import (
     tau,
 )
 from schedlab.errors import SchedlabError
-from schedlab.workloads.heldout import PREFIX
+from schedlab.workloads import short_name
 
 
 def run_ranks(args: argparse.Namespace, models: list[str]) -> int:
@@ -168,7 +168,7 @@ def print_ranks(result: dict[str, Any], cpu: Any, out: Path) -> None:
     for (workload, plan), per in by_key.items():
         first = per[methods[0]]
         cells = "".join(f"{per[m]['predicted_s'] * 1e3:>20.2f}{pct(per[m]['error'], 8)}" for m in methods)
-        print(f"{workload.removeprefix(PREFIX):<26}{plan:<22}{first['plan_kind']:<17}{first['measured_s'] * 1e3:>12.2f}"
+        print(f"{short_name(workload):<26}{plan:<22}{first['plan_kind']:<17}{first['measured_s'] * 1e3:>12.2f}"
               f"{cells}{pct(first.get('foreign_cpu_frac'), 8)}")
     print()
     print(f"{'workload':<26}{'kind':<17}" + "".join(f"{m + ': MAPE':>24}{'worst':>8}{'tau':>7}{'tau*':>7}" for m in methods))
@@ -180,7 +180,7 @@ def print_ranks(result: dict[str, Any], cpu: Any, out: Path) -> None:
                 e = m[key] if k == "all" else m[key]["kinds"][k]
                 cells += (f"{pct(e['mape'], 24)}{pct(e['worst_error'], 8)}{tau(e['kendall_tau'], 7)}"
                           f"{tau(e.get('kendall_tau_resolved'), 7)}")
-            print(f"{m['workload'].removeprefix(PREFIX) if k == 'all' else '':<26}{k:<17}{cells}")
+            print(f"{short_name(m['workload']) if k == 'all' else '':<26}{k:<17}{cells}")
     for key, method in zip(keys, methods, strict=True):
         o = result["overall"][key]
         per_kind = ", ".join(f"{k} {pct(v['mape'], 6).strip()} (tau {tau(v['median_kendall_tau'], 4).strip()})"

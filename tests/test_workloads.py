@@ -31,7 +31,10 @@ def test_facade() -> None:
         "BUILTIN_WORKLOADS",
         "SIZES",
         "load_workload",
+        "short_name",
     }
+    assert workloads.short_name("heldout:mixer") == "mixer" and workloads.short_name("dev:gru") == "gru"
+    assert workloads.short_name("mlp") == "mlp" and workloads.short_name("pkg.mod:fn") == "pkg.mod:fn"
     assert BUILTIN_WORKLOADS == ("mlp", "cnn", "transformer", "nmt")
     assert SIZES == ("tiny", "default", "paper", "gpu")
 

@@ -33,7 +33,7 @@ from schedlab.reports import style
 from schedlab.reports.figures import BOTH, FigureRecord, FigureSkipped, describe_conditions
 from schedlab.reports.figures.pred_vs_meas import BAND, identity_band, square_limits
 from schedlab.reports.load import host_text
-from schedlab.workloads import devset, heldout
+from schedlab.workloads import short_name
 
 NAME = "fidelity"
 METHODS = (PROFILE_ONLY, TRACE_CALIBRATED)
@@ -174,13 +174,6 @@ def median_tau(points: Sequence[FidelityPoint]) -> float | None:
     return statistics.median(taus) if taus else None
 
 
-def short(workload: str) -> str:
-    for prefix in (heldout.PREFIX, devset.PREFIX):
-        if workload.startswith(prefix):
-            return workload.removeprefix(prefix)
-    return workload
-
-
 # ---- the figure -----------------------------------------------------------------------------------
 
 
@@ -222,7 +215,7 @@ def draw(data: FidelityData, out_stem: Path) -> FigureRecord:
             ax.text(fx, fy, text, transform=ax.transAxes, ha=ha, va=va, fontsize=7, zorder=6,
                     bbox={"boxstyle": "round,pad=0.3", "fc": "white", "ec": style.GREY, "lw": 0.5})
         axes[0].set_ylabel("measured step time (ms, median)")
-        handles = [_model_handle(style.colour(i), short(w), MARKERS[i % len(MARKERS)]) for i, w in enumerate(workloads)]
+        handles = [_model_handle(style.colour(i), short_name(w), MARKERS[i % len(MARKERS)]) for i, w in enumerate(workloads)]
         handles.append(_model_handle("white", "calibration plan shape" if not data.held_out
                                      else "calibration plan (not scored)", edge=style.INK))
         # On the axes, below them (a figure legend is outside the box `style.save` puts the note under).
@@ -231,10 +224,10 @@ def draw(data: FidelityData, out_stem: Path) -> FigureRecord:
         png, pdf = style.save(fig, out_stem, note=_footnote(data))
     per_model: dict[str, dict[str, Any]] = {}
     for w in workloads:
-        per_model[short(w)] = {}
+        per_model[short_name(w)] = {}
         for m in methods:
             scored = [p for p in data.points if p.workload == w and p.method == m and p.scored]
-            per_model[short(w)][m] = {"mape_pct": round(mape_pct(scored), 3) if scored else None, "n_scored": len(scored)}
+            per_model[short_name(w)][m] = {"mape_pct": round(mape_pct(scored), 3) if scored else None, "n_scored": len(scored)}
     stats = [
         f"{m}: MAPE " + ("–" if panels[m]["mape_pct"] is None else f"{panels[m]['mape_pct']:.1f}%")
         for m in methods

@@ -7,6 +7,6 @@ Either way ``workload.module(*workload.inputs)`` is a scalar loss tensor.
 
 from __future__ import annotations
 
-from schedlab.workloads.loader import BUILTIN_WORKLOADS, SIZES, Workload, load_workload
+from schedlab.workloads.loader import BUILTIN_WORKLOADS, SIZES, Workload, load_workload, short_name
 
-__all__ = ["BUILTIN_WORKLOADS", "SIZES", "Workload", "load_workload"]
+__all__ = ["BUILTIN_WORKLOADS", "SIZES", "Workload", "load_workload", "short_name"]

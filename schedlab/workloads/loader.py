@@ -41,6 +41,15 @@ class Workload:
     inputs: tuple[Tensor, ...]
 
 
+def short_name(spec: str) -> str:
+    """A held-out (``heldout:NAME``) or dev (``dev:NAME``) workload's NAME, for tables and
+    figures; any other spec as it is."""
+    for prefix in (heldout.PREFIX, devset.PREFIX):
+        if spec.startswith(prefix):
+            return spec.removeprefix(prefix)
+    return spec
+
+
 def load_workload(spec: str, size: str = "default", seed: int = 0) -> Workload:
     """Build the workload `spec` at `size` with parameters and inputs seeded by `seed`."""
     if size not in SIZES:
