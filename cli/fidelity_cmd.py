@@ -264,7 +264,6 @@ def run(args: argparse.Namespace) -> int:
         return run_ranks(args, models)
     if args.plan_list:
         raise SchedlabError("--plans chooses plans of the multi-rank spread; give --devices N too")
-    chosen = model_set(args)
     return run_held_out(args, models, chosen) if chosen is not None else run_builtin(args, models)
 
 

@@ -12,8 +12,8 @@ For each size, a random synthetic DAG (views included) is simulated under a plan
 - first: a graph object never simulated before, so nothing of the graph is warm. The
   compiled engine's machine code is loaded once per process (a fraction of a second,
   `sim.compiled`), before the first row: timed inside it, the 1,000-op one-slot row's
-  first call read 4-5 thousand ops/s where every other row read 160-320 thousand
-  (2026-11-29, 2-core VM; loaded first, 363 thousand).
+  first call read 3.9 thousand ops/s (2026-11-29 02:25, 2-core VM; loaded first, 363
+  thousand).
 
 The Python reference engine ("fast") is timed too on sizes up to 20k ops, for the ratio.
 

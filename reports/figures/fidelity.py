@@ -65,7 +65,6 @@ class FidelityData:
     """A `schedlab fidelity` results file, reduced to what the figure draws."""
 
     path: Path
-    held_out: bool  # the held-out protocol (two predictions per plan): on the held-out set or the dev set
     points: tuple[FidelityPoint, ...]
     host: str
     versions: dict[str, str] = field(default_factory=dict)
@@ -83,6 +82,12 @@ class FidelityData:
         return [m for m in METHODS if m in present]
 
     @property
+    def held_out(self) -> bool:
+        """Whether the file is of the held-out protocol (two predictions per plan), on the
+        held-out set or the dev set."""
+        return self.set_name in PROTOCOL_SETS
+
+    @property
     def workloads(self) -> list[str]:
         return list(dict.fromkeys(p.workload for p in self.points))
 
@@ -98,7 +103,6 @@ def fidelity_from_json(d: Any, p: Path) -> FidelityData:
     if not isinstance(d, dict) or not isinstance(d.get("plans"), list):
         raise SchedlabError(f"{p} is not a fidelity results file (no list of plans); {hint}")
     set_name = str(d.get("set", "built-in"))
-    held_out = set_name in PROTOCOL_SETS
     # Older built-in files name no method per plan: the file says how all were predicted.
     default_method = TRACE_CALIBRATED if d.get("trace_calibration", True) else PROFILE_ONLY
     points: list[FidelityPoint] = []
@@ -139,7 +143,6 @@ def fidelity_from_json(d: Any, p: Path) -> FidelityData:
     steps = d.get("steps_per_plan")
     return FidelityData(
         path=p,
-        held_out=held_out,
         set_name=set_name,
         points=tuple(points),
         host=host_text({"host": machine, "devices": [{"cores": cores}] if isinstance(cores, int) else []}),
