@@ -52,6 +52,7 @@ from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.roofline import Roofline, measure_roofline
 from schedlab.calibrate.signature import base_class, signature
 from schedlab.calibrate.sweep import SWEEP_SOURCE, SweepConfig, sweep_cases, sweep_specs
+from schedlab.calibrate.thread_wake import WakeLevel, idle_state, measure_thread_wake
 from schedlab.calibrate.threads import thread_counts
 from schedlab.calibrate.timing import RetryBudget, TimingConfig, time_point
 from schedlab.calibrate.trace_cal import robust_low
@@ -93,6 +94,9 @@ class CalibrationConfig:
     dispatch_ops: int = 1000  # ops per chain of the executor probe (see dispatch.py)
     corun_s: float = 0.25  # per alone/together run of each co-run op
     corun_rounds: int = 3
+    # time the wakes of a blocked co-run worker (calibrate.thread_wake), a host condition kept
+    # in the Profile's meta beside the co-run figures
+    thread_wake: bool = True
     links: LinkConfig | None = None  # the link benchmark between local ranks (links.py); None: none
     seed: int = 0
 
@@ -353,6 +357,11 @@ def run_calibration(
         with bars.bar(1, "co-run", "step") as bar:
             corun = measure_corun(cores, cfg.corun_s, cfg.corun_rounds)
             bar.update()
+        wake_levels: list[WakeLevel] = []
+        if cfg.thread_wake and cores > 1:  # how long a blocked co-run worker takes to run again (recorded)
+            with bars.bar(1, "thread wake", "step") as bar:
+                wake_levels = measure_thread_wake()
+                bar.update()
         scaling = probe_host_scaling(max(threads))  # the host's two-core state this hour (host_scaling.py)
         with bars.bar(1, "roofline", "step") as bar:
             roofline = measure_roofline(threads, set_intra_op_threads)
@@ -398,6 +407,7 @@ def run_calibration(
         "failures": acc.failures,
         "contended_points": acc.contended,
         "n_wake_points": len(acc.wake),
+        "thread_wake": {"levels": [lv.to_json() for lv in wake_levels], "idle_state": idle_state()} if wake_levels else None,
         "host_scaling": None if scaling is None else scaling.to_json(),
         "foreign_cpu_frac": _round(foreign_cpu_frac(cpu_start, snapshot())),
         "loadavg_1m_start": _round(load_start),

@@ -120,6 +120,7 @@ def summary(profile: Any, path: Path, wall_s: float) -> dict[str, Any]:
         "coverage_models": profile.meta.get("coverage", []),
         "links": None if profile.links is None else links_summary(profile.links),
         "wake": _wake_summary(profile),
+        "thread_wake": profile.meta.get("thread_wake"),
         "cold": None if profile.cold is None else _cold_summary(profile.cold),
         "signatures": len(profile.signatures),
         "view_signatures": len(profile.views.signatures),
@@ -216,6 +217,12 @@ def _print_table(s: dict[str, Any]) -> None:
         print(f"waking throttled OpenMP helpers (co-run plans): {p['base_us']:.1f} us + {p['per_work']:.4f} x work at "
               f"{p['threads']} threads (pooled over {p['n_points']} cases; {w['classes']} classes of their own)"
               + (f"; {scale}" if scale else ""))
+    if s.get("thread_wake"):
+        from schedlab.calibrate.thread_wake import WakeLevel
+        from schedlab.calibrate.thread_wake import describe as describe_thread_wake
+
+        t = s["thread_wake"]
+        print(describe_thread_wake([WakeLevel(**lv) for lv in t["levels"]], t["idle_state"]))
     if s.get("cold"):
         c = s["cold"]
         per_mib = ", ".join(f"{v:.1f} us/MiB at {k} thr" for k, v in c["pooled_us_per_mib"].items()) or "none measured"

@@ -33,6 +33,7 @@ TINY = CalibrationConfig(
     dispatch_ops=200,
     corun_s=0.01,
     corun_rounds=1,
+    thread_wake=False,
 )
 
 
