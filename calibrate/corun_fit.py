@@ -196,9 +196,40 @@ def fit_corun_latency(profile: Profile, runs: Sequence[CorunRun], machine: Machi
     return fitted, [_report_row(fitted, r, machine, target[id(r)]) for r in runs]
 
 
+def runs_from_report(rows: Sequence[dict[str, Any]], graphs: dict[str, Graph]) -> list[CorunRun]:
+    """The runs a fit's report rows (`fit_corun_latency`, kept in a Profile's meta as
+    `corun_fit`) were measured as, on `graphs` (source -> the graph captured again): what
+    re-fitting a saved profile reads. A row that names its graph's hash must match it."""
+    from schedlab.errors import SchedlabError
+
+    runs = []
+    for r in rows:
+        g = graphs[r["source"]]
+        kept = r.get("graph")
+        if kept is not None and kept != g.hash:
+            raise SchedlabError(
+                f"calibration graph {r['source']} captured now (hash {g.hash}) is not the one the profile measured "
+                f"({kept}): torch, schedlab or the workload changed since; calibrate again"
+            )
+
+        def s(key: str, r: dict[str, Any] = r) -> float | None:
+            v = r.get(key)
+            return None if v is None else float(v) / 1e3
+
+        measured = s("measured_ms")
+        if measured is None:
+            raise SchedlabError(f"a co-run fit row of {r['source']} has no measured_ms")
+        runs.append(CorunRun(
+            r["source"], g, int(r["threads"]), measured, slots=int(r["slots"]), one_thread_s=s("one_thread_measured_ms"),
+            median_s=s("median_ms"), one_thread_median_s=s("one_thread_median_ms"),
+        ))  # fmt: skip
+    return runs
+
+
 def _report_row(fitted: Profile, r: CorunRun, machine: Machine, target_s: float) -> dict[str, Any]:
     row: dict[str, Any] = {
         "source": r.source,
+        "graph": r.graph.hash,
         "slots": r.slots,
         "threads": r.threads,
         "measured_ms": round(r.measured_s * 1e3, 3),

@@ -39,7 +39,7 @@ from schedlab.calibrate.cold import (
 )
 from schedlab.calibrate.context import ContextCosts, Occurrence, bounded_warm, first_uses, fit_context
 from schedlab.calibrate.corun import measure_corun
-from schedlab.calibrate.corun_fit import CorunRun, fit_corun_latency, measure_corun_runs
+from schedlab.calibrate.corun_fit import CorunRun, fit_corun_latency, measure_corun_runs, runs_from_report
 from schedlab.calibrate.coverage import COLD_PROBE, COVERAGE_MODELS, SHAPES, Shape
 from schedlab.calibrate.coverage import build as build_coverage
 from schedlab.calibrate.dispatch import DispatchFigures, measure_dispatch
@@ -167,6 +167,33 @@ def _capture_jobs(cfg: CalibrationConfig) -> list[tuple[str, Callable[[], Worklo
             for m in models
         ]
     return jobs
+
+
+def refit_waits(profile: Profile, machine: Machine, progress: bool = False) -> Profile:
+    """`profile` with the executor's waits fitted again (`corun_fit.fit_corun_latency`) on
+    the calibration steps it kept (`meta["corun_fit"]`), by the simulator as it is now: its
+    graphs captured again, nothing run. A change to the simulator's co-run model is judged
+    so on the measurements that fitted the old one (then `schedlab fidelity --rescore`)."""
+    from schedlab.capture import capture
+
+    rows = profile.meta.get("corun_fit")
+    if not rows:
+        raise SchedlabError("the profile kept no co-run calibration steps (meta.corun_fit) to fit again: calibrate again")
+    cfg = quick_config() if profile.quick else full_config()
+    jobs = {source: (make, optimizer) for source, make, optimizer in _capture_jobs(cfg)}
+    sources = list(dict.fromkeys(r["source"] for r in rows))
+    unknown = [s for s in sources if s not in jobs]
+    if unknown:
+        raise SchedlabError(f"the profile's co-run steps ran graphs this version does not calibrate: {', '.join(unknown)}")
+    graphs = {}
+    with _Progress(progress).bar(len(sources), "capture calibration graphs", "graph") as bar:
+        for source in sources:
+            make, optimizer = jobs[source]
+            graphs[source] = capture(make(), optimizer).graph
+            bar.update()
+    fitted, report = fit_corun_latency(profile, runs_from_report(rows, graphs), machine)
+    before = {"latency_us": profile.corun.to_json()["latency_us"], "team_latency_us": profile.corun.to_json()["team_latency_us"]}
+    return replace(fitted, meta={**profile.meta, "corun_fit": report, "refit_from": before})
 
 
 def _coverage_workload(name: str, shape: Shape, seed: int) -> Workload:

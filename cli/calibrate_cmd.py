@@ -5,6 +5,7 @@
     schedlab calibrate --quick --out /tmp/p.json --json
     schedlab calibrate --links         # only the links between local ranks, into the existing profile
     schedlab calibrate --cuda          # a GPU's costs (calibrate.cuda_calibrate), into the existing profile
+    schedlab calibrate --refit-waits --out Q.json   # the executor's waits fitted again on Q's own steps
 """
 
 from __future__ import annotations
@@ -62,6 +63,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "after an eviction, and the share of that a replayed step pays), which the profile then charges to "
         "memory-bound ops; about 6 s more with --quick. Off by default: it did not predict the held-out models' "
         "steps better (README, \"Cold data\")",
+    )
+    p.add_argument(
+        "--refit-waits", action="store_true",
+        help="measure nothing: fit the co-run executor's waits of the existing profile --out again, on the "
+        "calibration steps it kept, with the simulator as it is now (the calibration graphs are captured again, "
+        "about 20 s with a quick profile), and write them into it; the waits it had are kept in its meta "
+        "(refit_from). Judge a change to the simulator's co-run model on the same measurements with "
+        "`schedlab fidelity --rescore RUN.json --profile PROFILE`",
     )
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
@@ -390,6 +399,36 @@ def run_links(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_refit_waits(args: argparse.Namespace) -> int:
+    """Fit the co-run waits of the existing Profile at --out again on its kept steps."""
+    from schedlab.calibrate.profile import Profile
+    from schedlab.calibrate.run import refit_waits
+    from schedlab.machine import detect_host
+
+    out = existing_profile(args.out, "co-run waits", "which measures the steps they are fitted on")
+    t0 = time.perf_counter()
+    profile = Profile.load(out, check_machine=False)
+    fitted = refit_waits(profile, detect_host(), progress=not getattr(args, "no_progress", False))
+    fitted.save(out)
+    before, after = fitted.meta["refit_from"], fitted.corun.to_json()
+    wall_s = round(time.perf_counter() - t0, 1)
+    rows = fitted.meta["corun_fit"]
+    if args.json:
+        print(json.dumps({"path": str(out), "wall_s": wall_s, "before": before,
+                          "after": {k: after[k] for k in before}, "corun_fit": rows}, indent=1))
+        return 0
+    print(f"co-run waits fitted again in {out} ({wall_s} s, {len(rows)} steps kept by the profile)")
+    for key, what in (("latency_us", "co-run wait per op"), ("team_latency_us", "one slot's team wait per op")):
+        was = ", ".join(f"{v:.1f} us ({k} thr)" for k, v in before[key].items()) or "none"
+        now = ", ".join(f"{v:.1f} us ({k} thr)" for k, v in after[key].items()) or "none"
+        print(f"{what}: {was} -> {now}")
+    print(f"{'graph':34s} {'slots':>5s} {'thr':>4s} {'target ms':>10s} {'predicted ms':>13s}")
+    for r in rows:
+        target = r.get("target_ms", r["measured_ms"])
+        print(f"{r['source']:34s} {r['slots']:5d} {r['threads']:4d} {target:10.3f} {r['predicted_ms']:13.3f}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the calibration and write the Profile; print a summary."""
     from schedlab.calibrate.run import run_calibration
@@ -400,6 +439,11 @@ def run(args: argparse.Namespace) -> int:
         raise SchedlabError("--links and --cuda each re-measure one part of the profile: give one of them")
     if getattr(args, "cold", False) and (getattr(args, "links", False) or getattr(args, "cuda", False)):
         raise SchedlabError("--cold goes with the CPU calibration: --links and --cuda measure other parts of the profile")
+    given = [f for f in ("links", "cuda", "cold", "refit_waits") if getattr(args, f, False)]
+    if ("refit_waits" in given and len(given) > 1) or ("refit_waits" in given and getattr(args, "threads", None)):
+        raise SchedlabError("--refit-waits measures nothing: it goes alone (with --out, --json, --no-progress)")
+    if getattr(args, "refit_waits", False):
+        return run_refit_waits(args)
     if getattr(args, "links", False):
         return run_links(args)
     if getattr(args, "size", None) is not None and not getattr(args, "cuda", False):
