@@ -211,19 +211,21 @@ def runs_from_report(rows: Sequence[dict[str, Any]], graphs: dict[str, Graph]) -
                 f"calibration graph {r['source']} captured now (hash {g.hash}) is not the one the profile measured "
                 f"({kept}): torch, schedlab or the workload changed since; calibrate again"
             )
-
-        def s(key: str, r: dict[str, Any] = r) -> float | None:
-            v = r.get(key)
-            return None if v is None else float(v) / 1e3
-
-        measured = s("measured_ms")
+        measured = _seconds(r, "measured_ms")
         if measured is None:
             raise SchedlabError(f"a co-run fit row of {r['source']} has no measured_ms")
         runs.append(CorunRun(
-            r["source"], g, int(r["threads"]), measured, slots=int(r["slots"]), one_thread_s=s("one_thread_measured_ms"),
-            median_s=s("median_ms"), one_thread_median_s=s("one_thread_median_ms"),
+            r["source"], g, int(r["threads"]), measured, slots=int(r["slots"]),
+            one_thread_s=_seconds(r, "one_thread_measured_ms"), median_s=_seconds(r, "median_ms"),
+            one_thread_median_s=_seconds(r, "one_thread_median_ms"),
         ))  # fmt: skip
     return runs
+
+
+def _seconds(row: dict[str, Any], key: str) -> float | None:
+    """A report row's milliseconds at `key` in seconds, or None where it has none."""
+    v = row.get(key)
+    return None if v is None else float(v) / 1e3
 
 
 def _report_row(fitted: Profile, r: CorunRun, machine: Machine, target_s: float) -> dict[str, Any]:

@@ -192,7 +192,8 @@ def refit_waits(profile: Profile, machine: Machine, progress: bool = False) -> P
             graphs[source] = capture(make(), optimizer).graph
             bar.update()
     fitted, report = fit_corun_latency(profile, runs_from_report(rows, graphs), machine)
-    before = {"latency_us": profile.corun.to_json()["latency_us"], "team_latency_us": profile.corun.to_json()["team_latency_us"]}
+    was = profile.corun.to_json()
+    before = {k: was[k] for k in ("latency_us", "team_latency_us")}
     return replace(fitted, meta={**profile.meta, "corun_fit": report, "refit_from": before})
 
 

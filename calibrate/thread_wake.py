@@ -22,7 +22,9 @@ Measured on the 2-core development VM (AMD EPYC, KVM, the guest's `haltpoll` idl
 with `guest_halt_poll_ns` 0, so an idle virtual CPU halts at once; 2026-12-01, two runs
 back to back): 22-25 µs after about 20 µs blocked, 25-31 after 100, 37-42 after 330, 51-56
 after 1 ms and 74-81 after 3 ms. With `guest_halt_poll_ns` set to 200000 for a probe (then
-set back): 9.5 µs after 52 µs blocked, 23 after 124, 49 after 333, 74 after 1 ms. Against
+set back; an earlier version of this benchmark, whose notifier ran a 96x96 mm, so no
+blocked time under 50 µs): 9.5 µs after 52 µs blocked, 23 after 124, 49 after 333, 74 after
+1 ms. Against
 it the small dev models' two-slot steps of one thread measured 16-23 µs an op more than
 their one-slot steps (`schedlab fidelity --dev`, same day).
 """

@@ -439,10 +439,10 @@ def run(args: argparse.Namespace) -> int:
         raise SchedlabError("--links and --cuda each re-measure one part of the profile: give one of them")
     if getattr(args, "cold", False) and (getattr(args, "links", False) or getattr(args, "cuda", False)):
         raise SchedlabError("--cold goes with the CPU calibration: --links and --cuda measure other parts of the profile")
-    given = [f for f in ("links", "cuda", "cold", "refit_waits") if getattr(args, f, False)]
-    if ("refit_waits" in given and len(given) > 1) or ("refit_waits" in given and getattr(args, "threads", None)):
-        raise SchedlabError("--refit-waits measures nothing: it goes alone (with --out, --json, --no-progress)")
     if getattr(args, "refit_waits", False):
+        others = [f for f in ("links", "cuda", "cold", "threads") if getattr(args, f, None)]
+        if others:
+            raise SchedlabError("--refit-waits measures nothing: it goes alone (with --out, --json, --no-progress)")
         return run_refit_waits(args)
     if getattr(args, "links", False):
         return run_links(args)
