@@ -99,6 +99,7 @@ from schedlab.calibrate.dispatch import DispatchFigures
 from schedlab.calibrate.fit import ClassFit
 from schedlab.calibrate.links import LinkFits, collective_s
 from schedlab.calibrate.model import WorkThreadsModel
+from schedlab.calibrate.profile_columns import ProfileColumns
 from schedlab.calibrate.roofline import Roofline
 from schedlab.calibrate.signature import base_class, fit_class, graph_signatures, signature
 from schedlab.calibrate.trace_cal import trace_figures, trace_slots
@@ -163,6 +164,9 @@ class Profile:
     # op identity -> what is looked up of it (`_OpLookup`, its `_alone_us` per thread count
     # among it): the simulator asks often, kernel_us, serial_us and dispatch_us all read it
     _lookups: dict[int, _OpLookup] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # id of an op-id array -> its ops' answers as arrays (`calibrate.profile_columns`), for
+    # the simulator's cost table, which asks one column of its ops at a time
+    _columns: dict[int, ProfileColumns] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # ---- CostModel ---------------------------------------------------------------------
 
@@ -184,6 +188,32 @@ class Profile:
         if self.dispatch_slots <= 1:
             return alone + self.team_us(n)
         return max(0.0, alone - self.serial_us(op)) + self.corun.latency(n)
+
+    # ---- many ops at once (sim.cost_table.ColumnCostModel) -------------------------------
+
+    def kernel_column(self, graph: Graph, ids: np.ndarray, threads: int) -> np.ndarray:
+        """`kernel_us(op, threads)` of the ops `ids` of `graph`, as an array (`calibrate.profile_columns`)."""
+        return self._columns_of(graph, ids).kernel_us(threads)
+
+    def dispatch_column(self, graph: Graph, ids: np.ndarray) -> np.ndarray:
+        """`dispatch_us(op)` of the ops `ids` of `graph`, as an array."""
+        return self._columns_of(graph, ids).dispatch_us()
+
+    def corun_slowdown_column(self, graph: Graph, ids: np.ndarray, busy_cores: int, total_cores: int) -> np.ndarray:
+        """`corun_slowdown(op, busy_cores, total_cores)` of the ops `ids` of `graph`, as an array."""
+        return self._columns_of(graph, ids).corun_slowdown(busy_cores, total_cores)
+
+    def wake_column(self, graph: Graph, ids: np.ndarray, threads: int) -> np.ndarray:
+        """`wake_us(op, threads)` of the ops `ids` of `graph`, as an array."""
+        return self._columns_of(graph, ids).wake_us(threads)
+
+    def _columns_of(self, graph: Graph, ids: np.ndarray) -> ProfileColumns:
+        """The kept `ProfileColumns` of (`graph`, `ids`): the same array object asked
+        again finds its per-op reads done."""
+        hit = self._columns.get(id(ids))
+        if hit is None or hit.ids is not ids or hit.graph is not graph:
+            hit = self._columns[id(ids)] = ProfileColumns(self, graph, ids)
+        return hit
 
     def team_us(self, threads: int) -> float:
         """What a non-view op of a one-slot step with `threads` intra-op threads pays beyond
@@ -451,12 +481,15 @@ class Profile:
         trusted: a transposed operand makes a memory-bound kernel several times slower at the
         same bytes. Likewise a 1-D convolution's own model (``convolution[1d]``). Otherwise
         (a profile calibrated before such cases) the class's model."""
-        key = fit_class(op.op_class, op.strided, op.args)
-        if key != op.op_class:
-            fit = self.classes.get(key)
+        return self.class_key_of(fit_class(op.op_class, op.strided, op.args), op.op_class)
+
+    def class_key_of(self, fit_key: str, op_class: str) -> str:
+        """`class_key` of an op of `op_class` whose `fit_class` is `fit_key`."""
+        if fit_key != op_class:
+            fit = self.classes.get(fit_key)
             if fit is not None and fit.trusted:
-                return key
-        return op.op_class
+                return fit_key
+        return op_class
 
     def model_of(self, op: Op) -> WorkThreadsModel | Roofline:
         """`class_model` of `op`'s `class_key`."""

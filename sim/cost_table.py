@@ -21,6 +21,12 @@ the graph object, and `content_groups(graph)` numbers them. Two ops with equal c
 keys have equal `calibrate.signature`s, so a cost model that reads an op only through its
 content can use them as they are; one that also reads its identity (a Profile bound to a
 graph charges the first op of each target its first-use extra) adds what it reads.
+
+A cost model that answers a whole column at once (`ColumnCostModel`: a Profile does,
+`calibrate.profile_columns`) is asked so: dispatch of every key's op, kernel of every
+key's op at one thread count, co-run slowdown at one busy count, one call each, the same
+floats as its per-op methods give. A column is then filled whole where a plan misses any
+of it; a per-op cost model is asked only for the missing entries.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from schedlab.sim.cost import CostModel
 from schedlab.sim.wake import wake_cost
 
 I64 = np.int64
+_COLUMN_METHODS = ("dispatch_column", "kernel_column", "corun_slowdown_column")  # ColumnCostModel's
 
 
 @runtime_checkable
@@ -45,6 +52,21 @@ class KeyedCostModel(Protocol):
         docstring), as hashable values or as an integer array (grouped without hashing
         each key: `content_groups` helps build one); None: no keys, ask every op."""
         ...
+
+
+@runtime_checkable
+class ColumnCostModel(Protocol):
+    """A cost model that answers for many ops of a graph at once (`ids`, an array of op
+    ids), as arrays holding the same floats its `dispatch_us`, `kernel_us` and
+    `corun_slowdown` give one op at a time. One table passes the same `ids` array object on
+    every call, so the model may keep what it reads of those ops. Where the model has
+    `wake_us` (`sim.wake`) it may add `wake_column(graph, ids, threads)` likewise."""
+
+    def dispatch_column(self, graph: Graph, ids: np.ndarray) -> np.ndarray: ...
+
+    def kernel_column(self, graph: Graph, ids: np.ndarray, threads: int) -> np.ndarray: ...
+
+    def corun_slowdown_column(self, graph: Graph, ids: np.ndarray, busy_cores: int, total_cores: int) -> np.ndarray: ...
 
 
 def content_keys(graph: Graph) -> tuple[Hashable, ...]:
@@ -160,19 +182,25 @@ class CostTable:
         self._wake_us: np.ndarray | None = None  # [group, threads], once asked
         self._slowdown: dict[int, np.ndarray] = {}  # total cores -> [group, busy cores of the others]
         self._slowdown_ops: dict[int, np.ndarray] = {}  # the same per op (keyed: expanded when filled)
+        # a ColumnCostModel is asked whole columns of the groups' ops (`reps`); else op by op
+        self._columns = all(callable(getattr(cost, m, None)) for m in _COLUMN_METHODS)
 
     def dispatch_us(self) -> np.ndarray:
         """Dispatch µs of every op."""
         if self._dispatch_us is None:
-            ops, ask = self.graph.ops, self.cost.dispatch_us
-            per_group = np.fromiter((ask(ops[r]) for r in self.reps.tolist()), dtype=np.float64, count=len(self.reps))
+            if self._columns:
+                per_group = np.asarray(self.cost.dispatch_column(self.graph, self.reps), dtype=np.float64)  # type: ignore[attr-defined]
+            else:
+                ops, ask = self.graph.ops, self.cost.dispatch_us
+                per_group = np.fromiter((ask(ops[r]) for r in self.reps.tolist()), dtype=np.float64, count=len(self.reps))
             self._dispatch_us = per_group[self.group]
         return self._dispatch_us
 
     def kernel_us(self, threads: np.ndarray, ops: np.ndarray | None = None) -> np.ndarray:
         """Kernel µs of every op at its thread count (`threads[op]`, 1..max_threads); with
         `ops`, of op `ops[i]` at `threads[i]` for each i."""
-        return self._by_threads(self._kernel_us, self.cost.kernel_us, threads, ops)
+        column = self.cost.kernel_column if self._columns else None  # type: ignore[attr-defined]
+        return self._by_threads(self._kernel_us, self.cost.kernel_us, threads, ops, column)
 
     def wake_us(self, threads: np.ndarray, ops: np.ndarray | None = None) -> np.ndarray:
         """What each op pays to wake throttled OpenMP helpers (`sim.wake`), as `kernel_us`
@@ -182,19 +210,26 @@ class CostTable:
             return np.zeros(len(threads), dtype=np.float64)
         if self._wake_us is None:
             self._wake_us = np.full_like(self._kernel_us, np.nan)
-        return self._by_threads(self._wake_us, ask, threads, ops)
+        column = getattr(self.cost, "wake_column", None) if self._columns else None
+        return self._by_threads(self._wake_us, ask, threads, ops, column if callable(column) else None)
 
     def _by_threads(
-        self, table: np.ndarray, ask: Callable[[Op, int], float], threads: np.ndarray, ops: np.ndarray | None
+        self, table: np.ndarray, ask: Callable[[Op, int], float], threads: np.ndarray, ops: np.ndarray | None,
+        column: Callable[[Graph, np.ndarray, int], np.ndarray] | None = None,
     ) -> np.ndarray:
         """`ask(op, threads)` of each op (or of `ops[i]` at `threads[i]`), filling the
-        [group, threads] `table` where it has no answer yet."""
+        [group, threads] `table` where it has no answer yet; with `column`, the whole
+        thread-count column of each missing entry at once."""
         if threads.size and (threads.min() < 1 or threads.max() > self.max_threads):
             raise SchedlabError(f"thread counts must be 1..{self.max_threads}, got {threads.min()}..{threads.max()}")
         group = self.group if ops is None else self.group[ops]
         out = table[group, threads]
         missing = np.flatnonzero(np.isnan(out))
-        if missing.size:
+        if missing.size and column is not None:
+            for k in np.unique(threads[missing]).tolist():
+                table[:, k] = column(self.graph, self.reps, k)
+            out = table[group, threads]
+        elif missing.size:
             # Each missing (group, threads) pair once.
             stride = self.max_threads + 1
             g_of, k_of = np.divmod(np.unique(group[missing] * stride + threads[missing]), stride)
@@ -216,7 +251,10 @@ class CostTable:
         filled = False
         for b in range(min(busy_cols, total_cores + 1)):
             if reps and np.isnan(table[0, b]):
-                table[:, b] = np.fromiter((ask(ops[r], b, total_cores) for r in reps), dtype=np.float64, count=len(reps))
+                if self._columns:
+                    table[:, b] = self.cost.corun_slowdown_column(self.graph, self.reps, b, total_cores)  # type: ignore[attr-defined]
+                else:
+                    table[:, b] = np.fromiter((ask(ops[r], b, total_cores) for r in reps), dtype=np.float64, count=len(reps))
                 filled = True
         if not self.keyed:
             return table

@@ -8,7 +8,9 @@
   warm), cold (a new cost model object; the graph's own structure kept) and reused, for
   the Profile as it is (keyed, `sim.cost_table`) and unkeyed (`tests.sim.keyed_profile`),
   at one slot, two slots, and two slots of two threads (where calls that run inline hold
-  one core and pay no wake: `sim.cost.team_or_inline`).
+  one core and pay no wake: `sim.cost.team_or_inline`);
+- a cold call on two held-out models with the Profile answering whole columns against one
+  op at a time: target at least 1.3x.
 """
 
 from __future__ import annotations
@@ -79,6 +81,37 @@ def test_simulated_ops_per_second(benchmark, slots: int) -> None:  # type: ignor
     assert row.reused_ops_per_s >= 1e6 and row.cold_ops_per_s >= 3e5
 
 
+@pytest.mark.parametrize("model", ["heldout:dropout-encoder", "heldout:mha-regressor"])
+def test_a_cold_call_reads_the_profile_in_columns(benchmark, model: str) -> None:  # type: ignore[no-untyped-def]
+    """A cold call on a held-out model of a few hundred ops, two slots of two threads (every
+    column a plan can ask: kernels at one and two threads, wakes, three slowdown columns),
+    with the Profile answering in columns (`calibrate.profile_columns`) and one op at a
+    time (`tests.sim.keyed_profile.columnless`), one after the other in the same run."""
+    from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH, Profile
+    from schedlab.plan import Plan
+    from schedlab.sim.bench import measure_cold
+    from schedlab.sim.testing import cpu_machine
+    from tests.calibrate.factories import make_profile
+    from tests.sim.keyed_profile import columnless
+
+    profile = Profile.load(check_machine=False) if DEFAULT_PROFILE_PATH.exists() else make_profile()
+    _, c = captured_workload(model, "sgd", "default")
+    graph, machine, plan = c.graph, cpu_machine(2), Plan(slots=2, threads=2)
+    by_column = benchmark.pedantic(
+        lambda: measure_cold(graph, machine, plan, lambda g: profile.for_graph(g).for_slots(2), repeats=15),
+        rounds=1, iterations=1,
+    )
+    by_op = measure_cold(graph, machine, plan, lambda g: columnless(profile).for_graph(g).for_slots(2), repeats=15)
+    ratio = by_column.cold_ops_per_s / by_op.cold_ops_per_s
+    benchmark.extra_info.update({"columns": by_column.__dict__, "one_op_at_a_time": by_op.__dict__, "ratio": ratio})
+    print(f"\n{model} ({by_column.ops} ops), {by_column.plan}: cold {by_column.cold_ops_per_s:,.0f} simulated ops/s "
+          f"in columns, {by_op.cold_ops_per_s:,.0f} one op at a time ({ratio:.2f}x); first {by_column.first_ops_per_s:,.0f} "
+          f"and {by_op.first_ops_per_s:,.0f}")
+    assert by_column.step_s == by_op.step_s  # the same floats
+    # 1.8x measured (2-core VM, 2026-12-02); a ratio of the same run, so a noisy host hits both
+    assert ratio >= 1.3
+
+
 @pytest.mark.parametrize(("slots", "threads"), [(1, 1), (2, 1), (2, 2)])  # 2 x 2: inline calls and wake costs
 def test_cold_simulate_on_a_real_graph(benchmark, slots: int, threads: int) -> None:  # type: ignore[no-untyped-def]
     from schedlab.calibrate.profile import DEFAULT_PROFILE_PATH, Profile
@@ -86,7 +119,7 @@ def test_cold_simulate_on_a_real_graph(benchmark, slots: int, threads: int) -> N
     from schedlab.sim.bench import measure_cold
     from schedlab.sim.testing import cpu_machine
     from tests.calibrate.factories import make_profile
-    from tests.sim.keyed_profile import unkeyed
+    from tests.sim.keyed_profile import bare, unkeyed
 
     profile = Profile.load(check_machine=False) if DEFAULT_PROFILE_PATH.exists() else make_profile()
     _, c = captured_workload("transformer", "sgd", "default")
@@ -97,12 +130,14 @@ def test_cold_simulate_on_a_real_graph(benchmark, slots: int, threads: int) -> N
 
     key = benchmark.pedantic(lambda: measure_cold(graph, machine, plan, cost_for(profile)), rounds=1, iterations=1)
     plain = measure_cold(graph, machine, plan, cost_for(unkeyed(profile)))
-    benchmark.extra_info.update({"plain": plain.__dict__, "keyed": key.__dict__})
-    for name, r in (("profile, unkeyed", plain), ("profile", key)):
+    one_by_one = measure_cold(graph, machine, plan, cost_for(bare(profile)))
+    benchmark.extra_info.update({"plain": plain.__dict__, "keyed": key.__dict__, "bare": one_by_one.__dict__})
+    for name, r in (("profile, every op one at a time", one_by_one), ("profile, unkeyed", plain), ("profile", key)):
         print(f"\ntransformer ({r.ops} ops), {r.plan}, {name}: first {r.first_ops_per_s:,.0f}, "
               f"cold {r.cold_ops_per_s:,.0f} (target 300,000), reused {r.reused_ops_per_s:,.0f} simulated ops/s")
-    assert plain.step_s == key.step_s  # keys change no answer
-    # asking once per key is most of what makes a cold call cheap (1.7-2.2x, once the graph keeps
-    # its signatures and the Profile each op's kernel time); the issue's target is 300 thousand
-    assert key.cold_ops_per_s >= 1.4 * plain.cold_ops_per_s
+    assert plain.step_s == key.step_s == one_by_one.step_s  # keys and columns change no answer
+    # asking once per key and a column at a time is what makes a cold call cheap: keys gave
+    # 1.7-2.2x over asking every op one at a time (once the graph keeps its signatures);
+    # with columns, asking every op costs little more than asking one per key
+    assert key.cold_ops_per_s >= 1.4 * one_by_one.cold_ops_per_s
     assert key.cold_ops_per_s >= 3e5 and key.reused_ops_per_s >= 1e6

@@ -1,9 +1,11 @@
-"""A Profile that does not key its ops, for tests and benchmarks of `Profile.cost_keys`.
+"""Profiles that do not key their ops or answer in columns, for tests and benchmarks of
+`Profile.cost_keys` and `Profile.kernel_column`.
 
 `Profile.cost_keys` lets the simulator ask one op per key (`sim.cost_table`); an
 `UnkeyedProfile` answers None, so every op is asked, as before keys existed. The tests
 check that both give the same answers, and the benchmark how much cheaper keys make a
-cold call.
+cold call. A `ColumnlessProfile` keys its ops but is asked one op at a time, as before a
+Profile answered whole columns (`calibrate.profile_columns`).
 """
 
 from __future__ import annotations
@@ -22,3 +24,25 @@ class UnkeyedProfile(Profile):
 def unkeyed(profile: Profile) -> UnkeyedProfile:
     """`profile` without cost keys (its binding and slots kept)."""
     return UnkeyedProfile(**{f.name: getattr(profile, f.name) for f in dataclasses.fields(profile) if f.init})
+
+
+class ColumnlessProfile(Profile):
+    """A Profile that keys its ops but answers one op at a time: no columns."""
+
+    kernel_column = dispatch_column = corun_slowdown_column = wake_column = None  # type: ignore[assignment]
+
+
+def columnless(profile: Profile) -> ColumnlessProfile:
+    """`profile` keyed but without columns (its binding and slots kept)."""
+    return ColumnlessProfile(**{f.name: getattr(profile, f.name) for f in dataclasses.fields(profile) if f.init})
+
+
+class BareProfile(UnkeyedProfile):
+    """A Profile asked for every op, one op at a time: neither keys nor columns."""
+
+    kernel_column = dispatch_column = corun_slowdown_column = wake_column = None  # type: ignore[assignment]
+
+
+def bare(profile: Profile) -> BareProfile:
+    """`profile` without cost keys or columns (its binding and slots kept)."""
+    return BareProfile(**{f.name: getattr(profile, f.name) for f in dataclasses.fields(profile) if f.init})
