@@ -581,22 +581,27 @@ def test_trace_calibration_learns_from_every_round_of_the_calibration_plan() -> 
 
 def test_the_simulators_cost_is_the_median_of_several_timed_calls(monkeypatch: pytest.MonkeyPatch) -> None:
     import dataclasses
+    import types
 
+    import schedlab.calibrate.fidelity as fidelity_mod
     import schedlab.sim as sim
     from schedlab.calibrate.fidelity import SIM_TIMINGS, predict
 
     _, c = captured_workload("mlp")
     machine = detect_host()
     resolved = resolve_all(c.graph, plan_spread(2)[:1], machine)  # type: ignore[attr-defined]
-    # the first reused run fills the caches (not timed); then SIM_TIMINGS reused runs and as many cold calls
-    walls = iter([9.9, 5.0, 1.0, 3.0, 40.0, 20.0, 30.0])
+    # the first reused run fills the caches (not timed); then SIM_TIMINGS reused runs, their own
+    # sim_wall_s, and as many cold calls, each timed whole around simulate() (its set-up included)
+    walls = iter([9.9, 5.0, 1.0, 3.0])
+    clock = iter([0.0, 40.0, 100.0, 120.0, 200.0, 230.0])
     cold = sim.simulate(c.graph, resolved[0], machine, make_profile(), record=False)  # type: ignore[attr-defined]
     run = sim.Simulator.run
     monkeypatch.setattr(sim.Simulator, "run", lambda *a, **kw: dataclasses.replace(run(*a, **kw), sim_wall_s=next(walls)))
-    monkeypatch.setattr(sim, "simulate", lambda *a, **kw: dataclasses.replace(cold, sim_wall_s=next(walls)))
+    monkeypatch.setattr(sim, "simulate", lambda *a, **kw: dataclasses.replace(cold, sim_wall_s=1e-9))
+    monkeypatch.setattr(fidelity_mod, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
     (pred,) = predict(c.graph, resolved, make_profile(), machine)  # type: ignore[attr-defined]
     assert SIM_TIMINGS == 3 and (pred.sim_wall_s, pred.sim_cold_s) == (3.0, 30.0)
-    assert next(walls, None) is None
+    assert next(walls, None) is None and next(clock, None) is None
 
 
 def test_the_host_probe_table_says_how_much_slower_the_host_ran_than_at_calibration(capsys) -> None:  # type: ignore[no-untyped-def]
