@@ -66,6 +66,17 @@ def first_uses(graph: Graph) -> frozenset[int]:
     return kept
 
 
+def first_use_objects(graph: Graph) -> frozenset[int]:
+    """`id()` of each op of `first_uses(graph)`: what a Profile bound to `graph` keys its
+    first uses by (`Profile.for_graph`), kept on the graph object (its ops live as long)."""
+    kept = graph.__dict__.get("_cal_first_use_objects")
+    if kept is None:
+        ops = graph.ops
+        kept = graph.__dict__["_cal_first_use_objects"] = frozenset(id(ops[i]) for i in first_uses(graph))
+    assert isinstance(kept, frozenset)
+    return kept
+
+
 @dataclass(frozen=True)
 class Occurrence:
     """One op of a replayed graph: its signature, class, whether it is its target's first

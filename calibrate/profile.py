@@ -92,7 +92,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from schedlab.calibrate.cold import ColdCosts
-from schedlab.calibrate.context import NO_CONTEXT, ContextCosts, first_uses
+from schedlab.calibrate.context import NO_CONTEXT, ContextCosts, first_use_objects, first_uses
 from schedlab.calibrate.corun import CorunFigures
 from schedlab.calibrate.cuda_costs import CudaCosts
 from schedlab.calibrate.dispatch import DispatchFigures
@@ -304,8 +304,7 @@ class Profile:
         """This Profile bound to `graph`: the first op of each target in its program order
         pays its class's first-use extra (`calibrate.context`). Bind the graph whose ops
         the simulator is given; `for_slots` keeps the binding."""
-        ops = graph.ops
-        return dataclasses.replace(self, bound=(graph, frozenset(id(ops[i]) for i in first_uses(graph))))
+        return dataclasses.replace(self, bound=(graph, first_use_objects(graph)))
 
     def serial_us(self, op: Op) -> float:
         """The part of `op`'s kernel (one thread) that another worker cannot overlap.

@@ -149,11 +149,24 @@ def cost_groups(graph: Graph, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
     elif keys.ndim != 1 or keys.dtype.kind not in "iu":
         raise SchedlabError(f"cost model gave cost keys of dtype {keys.dtype}, shape {keys.shape}; "
                             "integer keys must be a 1-D integer array")
+    # The grouping is a function of the keys alone: kept on the graph per key array, as a
+    # Profile bound to the graph gives the same keys to every cold call
+    kept: dict[bytes, tuple[np.ndarray, np.ndarray]] = graph.__dict__.setdefault("_sim_cost_groups", {})
+    tag = keys.dtype.str.encode() + keys.tobytes()
+    hit = kept.get(tag)
+    if hit is not None:
+        return hit
     _, reps, inverse = np.unique(keys, return_index=True, return_inverse=True)
     order = np.argsort(reps, kind="stable")  # groups numbered by their first op
     number = np.empty_like(order)
     number[order] = np.arange(len(order), dtype=order.dtype)
-    return number[inverse].astype(I64), reps[order].astype(I64)
+    out = (number[inverse].astype(I64), reps[order].astype(I64))
+    for a in out:
+        a.flags.writeable = False
+    if len(kept) >= 8:
+        kept.pop(next(iter(kept)))
+    kept[tag] = out
+    return out
 
 
 def _numbered(keys: Sequence[Hashable]) -> np.ndarray:

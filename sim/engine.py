@@ -80,6 +80,7 @@ class Simulator:
         # threads) and co-run slowdown per (op, busy cores of the others), asked as needed.
         self._flat_one: FlatStructure | None = None  # every op on one device (sim.flatgraph)
         self._costs = CostTable(graph, cost, self._stride - 1)
+        self._sources: dict[int, str] = {}  # device index -> `cost_source`
 
     def run(self, resolved: ResolvedPlan, *, record: bool = True, engine: str = "auto") -> SimResult:
         """Predict one step under `resolved`; see `simulate`."""
@@ -142,6 +143,13 @@ class Simulator:
         )
 
     # ---- the compiled engine (sim.compiled) ----------------------------------------------
+
+    def _cost_source(self, dev: int) -> str:
+        """`cost_source` of the machine's device `dev`, kept (a runtime Protocol check costs µs)."""
+        src = self._sources.get(dev)
+        if src is None:
+            src = self._sources[dev] = cost_source(self.cost, self.machine.devices[dev])
+        return src
 
     def _uniform_cpu_device(self, resolved: ResolvedPlan) -> int | None:
         """The index of the one CPU device every op runs on, or None."""
@@ -216,7 +224,7 @@ class Simulator:
             oom_devices=oom,
             engine="compiled",
             ranks=ranks,
-            cost_sources={device.id: cost_source(self.cost, device)},
+            cost_sources={device.id: self._cost_source(dev)},
         )
 
     def _compiled_timeline(
