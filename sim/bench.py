@@ -1,7 +1,6 @@
 """Simulator speed over graph sizes: simulated ops per second, cold and reused.
 
     python -m schedlab.sim.bench [--sizes 1000,5000,20000,100000] [--repeats 5] [--slots 1,2] [--cores 2]
-                                 [--profile PROFILE]
 
 For each size, a random synthetic DAG (views included) is simulated under a plan of
 `--slots` co-run slots on `--cores` cores, with record=False (the search's call):
@@ -20,10 +19,10 @@ The Python reference engine ("fast") is timed too on sizes up to 20k ops, for th
 
 The random cost model answers one op at a time in Python (a CRC of the op's name per
 answer), so a cold row above is mostly its own cost: 95% of a cold call at 20k ops
-(2026-12-02). With `--profile`, the same graphs are timed again with that calibrated
-Profile as the cost model, the one users run, which answers the cost table a column at a
-time (`calibrate.profile_columns`): its cold, first and reused rows are the simulator's
-cost with a real cost model (`measure_cold`).
+(2026-12-02). `python -m schedlab.calibrate.sim_bench --profile PROFILE` times the same
+graphs with a calibrated Profile as the cost model, the one users run, which answers the
+cost table a column at a time (`calibrate.profile_columns`): its cold, first and reused
+rows are the simulator's cost with a real cost model (`print_cost_model_rows`).
 
 `measure_cold` times the same three on a real graph with a real cost model (a Profile;
 `tests/bench`), where the cost model's own answers, not the loop, are most of a cold call.
@@ -44,6 +43,8 @@ from schedlab.plan import Plan, resolve
 from schedlab.sim.cost import CostModel
 from schedlab.sim.engine import Simulator, simulate
 from schedlab.sim.testing import cpu_machine, random_cost, random_dag
+
+HEADER = f"{'ops':>8} {'slots':>5} {'engine':>9} {'reused':>12} {'cold':>12} {'first':>12} {'step ms':>10}"
 
 
 @dataclass(frozen=True)
@@ -156,24 +157,14 @@ def measure_cold(
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m schedlab.sim.bench", description=(__doc__ or "").split("\n")[0])
-    ap.add_argument("--sizes", default="1000,5000,20000,100000", help="graph sizes in ops, comma-separated")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--slots", default="1,2", help="co-run slots, comma-separated")
-    ap.add_argument("--cores", type=int, default=2)
+    size_args(ap)
     ap.add_argument("--python-up-to", type=int, default=20000, help="largest size the Python reference engine runs")
-    ap.add_argument("--profile", default=None, metavar="PROFILE",
-                    help="also time the graphs with this calibrated Profile as the cost model (cold, first, reused)")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
-    profile = None
-    if args.profile is not None:
-        from schedlab.calibrate.profile import Profile
-
-        profile = Profile.load(args.profile, check_machine=False)
     for slots in (int(s) for s in args.slots.split(",")):
         measure(24, slots, args.cores, "compiled", 1)  # load the compiled engine: once per process, not per graph
     print(f"random DAGs, {args.cores} cores, record=False, median of {args.repeats}; simulated ops per second")
-    print(f"{'ops':>8} {'slots':>5} {'engine':>9} {'reused':>12} {'cold':>12} {'first':>12} {'step ms':>10}")
+    print(HEADER)
     for n in sizes:
         for slots in (int(s) for s in args.slots.split(",")):
             engines = ["compiled"] + (["fast"] if n <= args.python_up_to else [])
@@ -181,19 +172,29 @@ def main(argv: list[str] | None = None) -> None:
                 r = measure(n, slots, args.cores, engine, args.repeats)
                 print(f"{r.ops:>8} {r.slots:>5} {r.engine:>9} {r.reused_ops_per_s:>12,.0f} {r.cold_ops_per_s:>12,.0f} "
                       f"{r.first_ops_per_s:>12,.0f} {r.step_ms:>10.3f}", flush=True)
-    if profile is None:
-        return
-    prof = profile
-    print(f"\nthe same DAGs, cost model: the Profile {args.profile} (a new Profile object per cold call)")
-    print(f"{'ops':>8} {'slots':>5} {'engine':>9} {'reused':>12} {'cold':>12} {'first':>12} {'step ms':>10}")
+
+
+def print_cost_model_rows(
+    sizes: list[int], slots: list[int], cores: int, repeats: int, cost_for: Callable[[Graph, int], CostModel]
+) -> None:
+    """The random DAGs of `main`, timed with `cost_for(graph, slots)` as the cost model (a
+    new object per call: `measure_cold`): reused, cold and first simulated ops per second."""
+    print(HEADER)
     for n in sizes:
-        for slots in (int(s) for s in args.slots.split(",")):
-            plan = Plan(slots=slots, threads=max(1, args.cores // slots), order="critical-path")
+        for k in slots:
+            plan = Plan(slots=k, threads=max(1, cores // k), order="critical-path")
             g = random_dag(n, seed=1, window=24, view_share=0.2)
-            c = measure_cold(g, cpu_machine(args.cores), plan, lambda g, k=slots: prof.for_graph(g).for_slots(k),
-                             repeats=args.repeats)
-            print(f"{c.ops:>8} {slots:>5} {'compiled':>9} {c.reused_ops_per_s:>12,.0f} {c.cold_ops_per_s:>12,.0f} "
+            c = measure_cold(g, cpu_machine(cores), plan, lambda g, k=k: cost_for(g, k), repeats=repeats)  # type: ignore[misc]
+            print(f"{c.ops:>8} {k:>5} {'compiled':>9} {c.reused_ops_per_s:>12,.0f} {c.cold_ops_per_s:>12,.0f} "
                   f"{c.first_ops_per_s:>12,.0f} {c.step_s * 1e3:>10.3f}", flush=True)
+
+
+def size_args(ap: argparse.ArgumentParser) -> None:
+    """The flags `main` and `calibrate.sim_bench` share."""
+    ap.add_argument("--sizes", default="1000,5000,20000,100000", help="graph sizes in ops, comma-separated")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--slots", default="1,2", help="co-run slots, comma-separated")
+    ap.add_argument("--cores", type=int, default=2)
 
 
 if __name__ == "__main__":

@@ -44,19 +44,3 @@ def test_bench_runs(capsys) -> None:  # type: ignore[no-untyped-def]
     by_key = {(r[0], r[1], r[2]): r[-1] for r in rows}
     assert all(by_key[(n, s, "compiled")] == by_key[(n, s, "fast")] for n in ("40", "60") for s in ("1", "2"))
 
-
-def test_bench_times_the_same_graphs_with_a_profile(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    import json
-
-    from tests.calibrate.factories import make_profile
-
-    path = tmp_path / "p.json"
-    path.write_text(json.dumps(make_profile().to_json()))
-    bench_main(["--sizes", "40", "--repeats", "1", "--slots", "1,2", "--python-up-to", "0", "--profile", str(path)])
-    out = capsys.readouterr().out
-    random_rows, _, tail = out.partition("cost model: the Profile")
-    assert "random DAGs" in random_rows
-    assert str(path) in tail
-    rows = [line.split() for line in tail.splitlines()[2:]]
-    assert [(r[0], r[1]) for r in rows] == [("40", "1"), ("40", "2")]
-    assert all(float(r[-1]) > 0 and float(r[4].replace(",", "")) > 0 for r in rows)  # a step, and cold ops per second
