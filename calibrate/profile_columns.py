@@ -16,7 +16,7 @@ faster (median over plans), 1.3x on the 4,675-op GRU, where the compiled loop is
 The floats are the scalar methods' own (`Profile.kernel_us`, `dispatch_us`, `wake_us`,
 `corun_slowdown`): the same IEEE operations in the same order on each element, so a cost
 table filled either way holds the same numbers (`tests/calibrate/test_profile_columns.py`
-checks every op of held-out and development graphs for equality, not closeness). Only the
+checks every op of built-in and held-out graphs for equality, not closeness). Only the
 ops whose class model is a `WorkThreadsModel` are computed in arrays; an op the roofline
 costs, one whose signature row lacks the thread count asked (interpolated there), and
 the cold extra of a Profile that has cold costs are asked of the scalar methods, op by

@@ -1,6 +1,6 @@
 """A Profile's columns (`calibrate.profile_columns`) are its per-op answers, float for float.
 
-Every op of the development models and of held-out models, at every thread count and busy
+Every op of the built-in models and of held-out models (tiny), at every thread count and busy
 count a 4-core plan can ask, with one slot and with two, on a Profile that takes every
 branch: class models and the roofline, signature rows that hold the count asked and rows
 that must be interpolated, first uses, cold costs, view costs, wake fits, team and co-run
