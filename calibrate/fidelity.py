@@ -39,7 +39,7 @@ from typing import Any
 from scipy.stats import kendalltau
 
 from schedlab.backend import BackendRun
-from schedlab.calibrate.host_load import foreign_cpu_frac, snapshot
+from schedlab.calibrate.host_load import foreign_cpu_frac, snapshot, steal_frac
 from schedlab.calibrate.op_errors import ClassError, op_class_errors, pooled
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.signature import signature
@@ -126,6 +126,7 @@ class FidelityRow:
     # placed, data-parallel, reverse-first-k)
     plan_kind: str = "one-device"
     round_medians_s: tuple[float, ...] = ()  # per measuring round, when there were several
+    steal_frac: float | None = None  # share of the CPU the hypervisor took while it was measured (`host_load`)
 
     @property
     def error(self) -> float:
@@ -173,6 +174,7 @@ class Measurement:
     round_medians_s: tuple[float, ...] = ()
     # Per round, its trace, in order (`pooled_rounds`; `run.trace` is the typical round's).
     round_traces: tuple[Trace, ...] = field(default=(), compare=False, repr=False)
+    steal_frac: float | None = None  # the hypervisor's share of the CPU meanwhile (`host_load.steal_frac`)
 
 
 @dataclass(frozen=True)
@@ -357,7 +359,9 @@ def measure(
         for resolved, taken in zip(plans, per_round, strict=True):
             before = snapshot()
             run = executor.run(graph, resolved, machine, steps=steps)
-            taken.append(Measurement(run=run, foreign_cpu_frac=foreign_cpu_frac(before, snapshot())))
+            after = snapshot()
+            taken.append(Measurement(run=run, foreign_cpu_frac=foreign_cpu_frac(before, after),
+                                     steal_frac=steal_frac(before, after)))
             if progress is not None:
                 progress()
     return [pooled_rounds(taken) for taken in per_round]
@@ -376,15 +380,16 @@ def pooled_steps(rounds_steps: Sequence[Sequence[float]]) -> tuple[tuple[float, 
 
 def pooled_rounds(taken: Sequence[Measurement]) -> Measurement:
     """One plan's rounds as one Measurement (`pooled_steps`): every round's timed steps, the
-    trace of the typical round, the busiest round's foreign CPU share, each round's
-    median and each round's trace. One round is returned as it is."""
+    trace of the typical round, the busiest round's foreign CPU share and steal, each
+    round's median and each round's trace. One round is returned as it is."""
     if len(taken) == 1:
         return taken[0]
     steps, typical, medians = pooled_steps([m.run.step_times_s for m in taken])
     foreign = [m.foreign_cpu_frac for m in taken if m.foreign_cpu_frac is not None]
+    stolen = [m.steal_frac for m in taken if m.steal_frac is not None]
     return Measurement(run=dataclasses.replace(taken[typical].run, step_times_s=steps),
                        foreign_cpu_frac=max(foreign, default=None), round_medians_s=medians,
-                       round_traces=tuple(m.run.trace for m in taken))
+                       round_traces=tuple(m.run.trace for m in taken), steal_frac=max(stolen, default=None))
 
 
 def calibration_trace(m: Measurement) -> Trace:
@@ -450,6 +455,7 @@ def fidelity_rows(
             in_calibration=in_calibration(r.plan),
             method=method,
             foreign_cpu_frac=meas.foreign_cpu_frac,
+            steal_frac=meas.steal_frac,
             round_medians_s=meas.round_medians_s,
         )
         for r, meas, pred in zip(plans, measured, predicted, strict=True)
@@ -594,6 +600,7 @@ def held_out_from_json(d: dict[str, Any]) -> list[HeldOutResult]:
 # ---- the held-out figures -------------------------------------------------------------------
 
 BUSY_FRAC = 0.25  # a plan measured while other processes used more of the CPU than this is flagged
+STEAL_FRAC = 0.10  # a plan measured while the hypervisor took more of the CPU than this is flagged
 
 
 def _finite(x: float) -> float | None:
@@ -712,8 +719,12 @@ def held_out_summary(results: Sequence[HeldOutResult]) -> dict[str, Any]:
     busy = [  # one measurement per plan: the profile-only rows hold each once
         f"{r.workload}/{r.plan}" for res in results for r in res.profile_only if (r.foreign_cpu_frac or 0.0) > BUSY_FRAC
     ]
+    stolen = [
+        f"{r.workload}/{r.plan}" for res in results for r in res.profile_only if (r.steal_frac or 0.0) > STEAL_FRAC
+    ]
     classes = [c.to_json() for c in pooled(res.op_classes for res in results)]
     shapes = shape_errors([r for res in results for method in (PROFILE_ONLY, TRACE_CALIBRATED)
                            for r in res.scored(method)])
     return {"overall": overall, "models": models, "op_classes": classes, "plan_shapes": shapes, "plans": plans,
-            "busy_frac": BUSY_FRAC, "busy_plans": busy, "sim_cost": sim_cost_overall(models)}
+            "busy_frac": BUSY_FRAC, "busy_plans": busy, "steal_frac": STEAL_FRAC, "steal_plans": stolen,
+            "sim_cost": sim_cost_overall(models)}

@@ -44,7 +44,7 @@ from schedlab.calibrate.coverage import COLD_PROBE, COVERAGE_MODELS, SHAPES, Sha
 from schedlab.calibrate.coverage import build as build_coverage
 from schedlab.calibrate.dispatch import DispatchFigures, measure_dispatch
 from schedlab.calibrate.fit import ClassFit, Point, fit_all
-from schedlab.calibrate.host_load import foreign_cpu_frac, snapshot
+from schedlab.calibrate.host_load import foreign_cpu_frac, snapshot, steal_frac
 from schedlab.calibrate.host_scaling import probe_host_scaling
 from schedlab.calibrate.links import LinkConfig, LinkFits, measure_links, quick_link_config
 from schedlab.calibrate.model import WorkThreadsModel
@@ -421,6 +421,7 @@ def run_calibration(
     signatures: dict[str, dict[int, float]] = {}
     for c, k, call_us in ops:
         signatures.setdefault(c.signature, {})[k] = max(0.0, call_us - floor)
+    cpu_end = snapshot()
     meta: dict[str, Any] = {
         "workloads": list(cfg.workloads),
         "sizes": list(cfg.sizes),
@@ -437,7 +438,8 @@ def run_calibration(
         "n_wake_points": len(acc.wake),
         "thread_wake": {"levels": [lv.to_json() for lv in wake_levels], "idle_state": idle_state()} if wake_levels else None,
         "host_scaling": None if scaling is None else scaling.to_json(),
-        "foreign_cpu_frac": _round(foreign_cpu_frac(cpu_start, snapshot())),
+        "foreign_cpu_frac": _round(foreign_cpu_frac(cpu_start, cpu_end)),
+        "steal_frac": _round(steal_frac(cpu_start, cpu_end)),  # the hypervisor's share meanwhile
         "loadavg_1m_start": _round(load_start),
         "host": {k: host.host.get(k) for k in ("hostname", "cpu_model", "python", "torch", "platform")},
     }

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 BUSY_MACHINE_FRAC = 0.10  # other processes' CPU share above which timings are suspect
+STEAL_MACHINE_FRAC = 0.10  # the hypervisor's share (steal time) above which two-thread timings are suspect
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -134,6 +135,7 @@ def summary(profile: Any, path: Path, wall_s: float) -> dict[str, Any]:
         "signatures": len(profile.signatures),
         "view_signatures": len(profile.views.signatures),
         "foreign_cpu_frac": profile.meta.get("foreign_cpu_frac"),
+        "steal_frac": profile.meta.get("steal_frac"),
         "failures": len(profile.meta.get("failures", [])),
         "contended_points": profile.meta.get("contended_points", 0),
         "points": profile.meta.get("n_points", 0),
@@ -344,6 +346,15 @@ def _busy_warning(busy: float | None, what: str) -> None:
         )
 
 
+def _steal_warning(steal: float | None, what: str) -> None:
+    if steal is not None and steal > STEAL_MACHINE_FRAC:
+        print(
+            f"warning: the hypervisor took {steal:.0%} of this virtual machine's CPU while {what} (steal time): "
+            "two-thread and co-run timings read the host's load; calibrate again when it is quieter",
+            file=sys.stderr,
+        )
+
+
 def existing_profile(out: Path, what: str, why: str) -> Path:
     """The profile at `out` that a partial calibration adds `what` to: it must exist (else
     one error saying to run `schedlab calibrate` first, `why`), be writable, and load (a
@@ -470,6 +481,7 @@ def run(args: argparse.Namespace) -> int:
                               config=config)
     s = summary(profile, args.out, time.perf_counter() - t0)
     _busy_warning(s["foreign_cpu_frac"], "calibrating (two-thread and co-run timings above all)")
+    _steal_warning(s["steal_frac"], "calibrating")
     if s["contended_points"]:
         print(
             f"note: {s['contended_points']} multi-thread point(s) stayed slow while another process held a core "

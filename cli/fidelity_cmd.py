@@ -774,7 +774,7 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
     print(f"{result['set']} fidelity on {cpu} ({result['cores']} cores), size {result['size']}, "
           f"{result['steps_per_plan']} steps/plan, profile {result['profile']}")
     print(f"{'workload':<30}{'plan':<22}{'measured ms':>12}{'profile-only ms':>16}{'error':>8}"
-          f"{'trace-cal ms':>13}{'error':>8}{'others':>8}")
+          f"{'trace-cal ms':>13}{'error':>8}{'others':>8}{'steal':>7}")
     by_key: dict[tuple[str, str], dict[str, Any]] = {}
     for r in result["plans"]:
         by_key.setdefault((r["workload"], r["plan"]), {})[r["method"]] = r
@@ -783,7 +783,7 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
         mark = "*" if learnt["in_calibration"] else " "
         print(f"{workload:<30}{plan:<22}{alone['measured_s'] * 1e3:>12.2f}{alone['predicted_s'] * 1e3:>16.2f}"
               f"{pct(alone['error'], 8)}{learnt['predicted_s'] * 1e3:>13.2f}{pct(learnt['error'], 8)}{mark}"
-              f"{pct(alone.get('foreign_cpu_frac'), 7)}")
+              f"{pct(alone.get('foreign_cpu_frac'), 7)}{pct(alone.get('steal_frac'), 7)}")
     print()
     print(f"{'':<30}{'--- profile-only ---':>24}   {'--- trace-calibrated ---':>36}")
     print(f"{'workload':<24}{'ops':>6}{'MAPE':>8}{'worst':>8}{'tau':>7}{'tau*':>7}   {'MAPE':>8}{'worst':>8}{'tau':>7}"
@@ -806,7 +806,8 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
     print("seen ops: share of the model's kernel ops whose exact signature the profile measured in calibration")
     print(TAU_RESOLVED_NOTE)
     print(ROUNDS_NOTE)
-    print("others: share of the CPU other processes used while the plan was measured")
+    print("others: share of the CPU other processes used while the plan was measured; steal: share the hypervisor "
+          "gave to something else (a virtual machine's /proc/stat steal)")
     print_sim_cost(result)
     print_op_classes(result.get("op_classes", []), cal)
     print_plan_shapes(result.get("plan_shapes", []))
@@ -816,4 +817,9 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
         named = ", ".join(busy[:5]) + (f" and {len(busy) - 5} more" if len(busy) > 5 else "")
         print(f"warning: {len(busy)} of {len(by_key)} plans measured while other processes used over "
               f"{result['busy_frac']:.0%} of the CPU (column 'others'); their times are unreliable: {named}")
+    stolen = result.get("steal_plans") or []
+    if stolen:
+        named = ", ".join(stolen[:5]) + (f" and {len(stolen) - 5} more" if len(stolen) > 5 else "")
+        print(f"warning: {len(stolen)} of {len(by_key)} plans measured while the hypervisor took over "
+              f"{result['steal_frac']:.0%} of the CPU (column 'steal'); their times are the host's: {named}")
     print(f"results: {out}   (draw them: schedlab report {out})")

@@ -170,7 +170,8 @@ def test_held_out_command_json_and_table(capsys, tmp_path: Path, profile_file: P
     assert [(p["plan"], p["method"]) for p in unscored] == [(CALIBRATION_PLAN.name, TRACE_CALIBRATED)]
     assert stored["size"] == "tiny" and stored["steps_per_plan"] == 1 and stored["versions"]["torch"]
     assert all(p["foreign_cpu_frac"] is None or 0.0 <= p["foreign_cpu_frac"] <= 1.0 for p in stored["plans"])
-    assert isinstance(stored["busy_plans"], list)
+    assert all(p["steal_frac"] is None or 0.0 <= p["steal_frac"] <= 1.0 for p in stored["plans"])
+    assert isinstance(stored["busy_plans"], list) and isinstance(stored["steal_plans"], list)
     scaling = stored["host_scaling"]
     assert scaling["calibration"] is None  # a hand-made profile: never probed
     (probe,) = scaling["models"]
@@ -213,10 +214,14 @@ def test_held_out_command_json_and_table(capsys, tmp_path: Path, profile_file: P
     assert text.count("*") >= 1 and f"other {n - 1} plans" in text and "others" in text and "seen ops" in text
     assert "one round per plan" in text and "--rounds 3" in text  # its noise unknown: the table says how to know it
 
-    print_held_out({**stored, "busy_plans": [f"{MODEL}/p{i}" for i in range(7)]}, "Test CPU", out)
+    print_held_out({**stored, "busy_plans": [f"{MODEL}/p{i}" for i in range(7)], "steal_plans": []}, "Test CPU", out)
     text = capsys.readouterr().out
     assert f"warning: 7 of {n} plans measured while other processes used over 25%" in text
     assert f"{MODEL}/p4 and 2 more" in text and f"{MODEL}/p5" not in text
+    assert "hypervisor took" not in text
+    print_held_out({**stored, "steal_plans": [f"{MODEL}/p{i}" for i in range(2)]}, "Test CPU", out)
+    text = capsys.readouterr().out
+    assert f"warning: 2 of {n} plans measured while the hypervisor took over 10% of the CPU (column 'steal')" in text
 
 
 def test_a_held_out_run_cut_short_keeps_its_models_and_resume_measures_only_the_rest(
@@ -371,10 +376,11 @@ def test_round_robin_measures_every_plan_once_a_round_in_plan_order(monkeypatch:
 
 
 def test_plans_measured_on_a_busy_machine_are_flagged() -> None:
-    from schedlab.calibrate.fidelity import BUSY_FRAC, FidelityRow, held_out_summary
+    from schedlab.calibrate.fidelity import BUSY_FRAC, STEAL_FRAC, FidelityRow, held_out_summary
 
     def row(plan: str, method: str, busy: float | None, cal: bool = False) -> FidelityRow:
-        return FidelityRow(MODEL, plan, 0.01, (0.01, 0.02), 0.012, 1e-4, 2e-4, 10, cal, method, busy)
+        steal = 0.5 if plan == "s2-t2-topo" else 0.01  # the hypervisor's share, apart from other processes'
+        return FidelityRow(MODEL, plan, 0.01, (0.01, 0.02), 0.012, 1e-4, 2e-4, 10, cal, method, busy, steal_frac=steal)
 
     busy = {"s1-t1-topo": 0.0, "s1-t2-topo": BUSY_FRAC + 0.3, "s2-t2-topo": None}
     res = HeldOutResult(
@@ -385,6 +391,7 @@ def test_plans_measured_on_a_busy_machine_are_flagged() -> None:
     )
     d = held_out_summary([res])
     assert d["busy_plans"] == [f"{MODEL}/s1-t2-topo"] and d["busy_frac"] == BUSY_FRAC
+    assert d["steal_plans"] == [f"{MODEL}/s2-t2-topo"] and d["steal_frac"] == STEAL_FRAC
     assert d["models"][0]["ops"] == 10
     assert d["models"][0]["trace_calibrated"]["n_plans"] == 2
     assert d["models"][0]["trace_calibrated"]["other_shapes"]["n_plans"] == 2

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from schedlab.calibrate.corun import measure_corun
-from schedlab.calibrate.host_load import CpuSnapshot, foreign_cpu_frac, snapshot
+from schedlab.calibrate.host_load import CpuSnapshot, foreign_cpu_frac, snapshot, steal_frac
 from schedlab.calibrate.threads import thread_counts
 from schedlab.calibrate.timing import TimingConfig, looks_contended, time_call, time_point
 from schedlab.exec.threads import set_intra_op_threads
@@ -93,7 +93,28 @@ def test_foreign_cpu_frac() -> None:
     assert foreign_cpu_frac(None, b) is None
     assert foreign_cpu_frac(a, a) is None
     s = snapshot()
-    assert s is None or s.total_s >= s.busy_s
+    assert s is None or s.total_s >= s.busy_s >= s.steal_s >= 0.0
+
+
+def test_the_hypervisors_steal_is_not_another_process() -> None:
+    a = CpuSnapshot(busy_s=10.0, total_s=100.0, own_s=5.0, steal_s=1.0)
+    b = CpuSnapshot(busy_s=16.0, total_s=110.0, own_s=8.0, steal_s=3.0)  # 6 busy: 3 ours, 2 stolen, 1 theirs
+    assert foreign_cpu_frac(a, b) == pytest.approx(0.1)
+    assert steal_frac(a, b) == pytest.approx(0.2)
+    assert steal_frac(None, b) is None and steal_frac(a, a) is None
+
+
+def test_steal_is_read_from_proc_stat(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import builtins
+    import os
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 20 0 5 25 0 0\ncpu0 50 0 25 400 10 0 2 12 0 0\n")
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **kw: real_open(stat if path == "/proc/stat" else path, *a, **kw))
+    s = snapshot()
+    hz = os.sysconf("SC_CLK_TCK")
+    assert s is not None and s.steal_s == 25 / hz and s.total_s == 1000 / hz and s.busy_s == (1000 - 820) / hz
 
 
 def test_corun_on_one_core_is_neutral() -> None:
