@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from schedlab.graph import Graph
+from schedlab.graph import Graph, kept_on
 from schedlab.io import json_number
 
 
@@ -53,28 +53,23 @@ def first_uses(graph: Graph) -> frozenset[int]:
     Computed once per graph object and kept on it, as the simulator keeps the graph's other
     derived structure (`sim.cost_table.content_keys`): a Profile binds it in every cold
     simulation (`Profile.for_graph`)."""
-    kept = graph.__dict__.get("_cal_first_uses")
-    if kept is None:
-        seen: set[str] = set()
-        out: set[int] = set()
-        for op in graph.ops:
-            if not op.is_view and op.target not in seen:
-                seen.add(op.target)
-                out.add(op.id)
-        kept = graph.__dict__["_cal_first_uses"] = frozenset(out)
-    assert isinstance(kept, frozenset)
-    return kept
+    return kept_on(graph, "_cal_first_uses", _first_uses)
+
+
+def _first_uses(graph: Graph) -> frozenset[int]:
+    seen: set[str] = set()
+    out: set[int] = set()
+    for op in graph.ops:
+        if not op.is_view and op.target not in seen:
+            seen.add(op.target)
+            out.add(op.id)
+    return frozenset(out)
 
 
 def first_use_objects(graph: Graph) -> frozenset[int]:
     """`id()` of each op of `first_uses(graph)`: what a Profile bound to `graph` keys its
     first uses by (`Profile.for_graph`), kept on the graph object (its ops live as long)."""
-    kept = graph.__dict__.get("_cal_first_use_objects")
-    if kept is None:
-        ops = graph.ops
-        kept = graph.__dict__["_cal_first_use_objects"] = frozenset(id(ops[i]) for i in first_uses(graph))
-    assert isinstance(kept, frozenset)
-    return kept
+    return kept_on(graph, "_cal_first_use_objects", lambda g: frozenset(id(g.ops[i]) for i in first_uses(g)))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import numpy as np
 
 from schedlab.calibrate.context import first_uses
 from schedlab.calibrate.signature import fit_class, graph_signatures
-from schedlab.graph import Graph
+from schedlab.graph import Graph, kept_on
 
 
 @dataclass(frozen=True)
@@ -35,11 +35,7 @@ class OpFeatures:
 
 def op_features(graph: Graph) -> OpFeatures:
     """`graph`'s `OpFeatures`, computed on the first call and kept on the graph object."""
-    kept = graph.__dict__.get("_cal_op_features")
-    if kept is None:
-        kept = graph.__dict__["_cal_op_features"] = _build(graph)
-    assert isinstance(kept, OpFeatures)
-    return kept
+    return kept_on(graph, "_cal_op_features", _build)
 
 
 def _build(graph: Graph) -> OpFeatures:

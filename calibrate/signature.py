@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from schedlab.graph import Graph, Op
+from schedlab.graph import Graph, Op, kept_on
 
 STRIDED_MARK = "|strided"
 STRIDED_CLASS = "[strided]"  # a class model's name for the strided cases of a class (`Profile.class_key`)
@@ -88,17 +88,17 @@ def graph_signatures(graph: Graph) -> tuple[str, ...]:
     and kept on it, as the simulator keeps the graph's other derived structure
     (`sim.cost_table.content_keys`). Ops with equal content keys have equal signatures, so
     each content key is encoded once."""
-    sigs = graph.__dict__.get("_cal_signatures")
-    if sigs is None:
-        from schedlab.sim.cost_table import content_keys
+    return kept_on(graph, "_cal_signatures", _signatures)
 
-        by_key: dict[object, str] = {}
-        out: list[str] = []
-        for key, op in zip(content_keys(graph), graph.ops, strict=True):
-            sig = by_key.get(key)
-            if sig is None:
-                sig = by_key[key] = signature(op)
-            out.append(sig)
-        sigs = graph.__dict__["_cal_signatures"] = tuple(out)
-    assert isinstance(sigs, tuple)
-    return sigs
+
+def _signatures(graph: Graph) -> tuple[str, ...]:
+    from schedlab.sim.cost_table import content_keys
+
+    by_key: dict[object, str] = {}
+    out: list[str] = []
+    for key, op in zip(content_keys(graph), graph.ops, strict=True):
+        sig = by_key.get(key)
+        if sig is None:
+            sig = by_key[key] = signature(op)
+        out.append(sig)
+    return tuple(out)

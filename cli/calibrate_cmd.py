@@ -338,21 +338,20 @@ def _pct(x: float | None) -> str:
 
 
 def _busy_warning(busy: float | None, what: str) -> None:
-    if busy is not None and busy > BUSY_MACHINE_FRAC:
-        print(
-            f"warning: other processes used {busy:.0%} of the CPU while {what}; timings are unreliable: "
-            "re-run on an idle machine",
-            file=sys.stderr,
-        )
+    _share_warning(busy, BUSY_MACHINE_FRAC, f"other processes used {{:.0%}} of the CPU while {what}; timings are "
+                   "unreliable: re-run on an idle machine")
 
 
 def _steal_warning(steal: float | None, what: str) -> None:
-    if steal is not None and steal > STEAL_MACHINE_FRAC:
-        print(
-            f"warning: the hypervisor took {steal:.0%} of this virtual machine's CPU while {what} (steal time): "
-            "two-thread and co-run timings read the host's load; calibrate again when it is quieter",
-            file=sys.stderr,
-        )
+    _share_warning(steal, STEAL_MACHINE_FRAC, f"the hypervisor took {{:.0%}} of this virtual machine's CPU while {what} "
+                   "(steal time): two-thread and co-run timings read the host's load; calibrate again when it is quieter")
+
+
+def _share_warning(share: float | None, limit: float, message: str) -> None:
+    """A warning on stderr where `share` (of the CPU, 0..1) is over `limit`; `message` has
+    one `{}` for the share."""
+    if share is not None and share > limit:
+        print("warning: " + message.format(share), file=sys.stderr)
 
 
 def existing_profile(out: Path, what: str, why: str) -> Path:

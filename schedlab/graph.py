@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cache, cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from schedlab.errors import SchedlabError
+
+T = TypeVar("T")
 
 GRAPH_SCHEMA_VERSION = 1
 
@@ -339,6 +341,19 @@ class Graph:
             return Graph.from_json(d)
         except SchedlabError as e:
             raise SchedlabError(f"graph file {path}: {e}") from None
+
+
+def kept_on(graph: Graph, key: str, build: Callable[[Graph], T]) -> T:
+    """`build(graph)`, computed on the first call and kept on the graph object under `key`
+    (as `functools.cached_property` keeps its value): what the simulator and calibration
+    derive from a graph alone (its flat arrays, content keys, signatures, first uses), so
+    that every cold simulation of the same graph object finds it. A Graph is frozen; what
+    is kept is not one of its fields, and a new Graph object (`dataclasses.replace`) starts
+    without it."""
+    kept = graph.__dict__.get(key)
+    if kept is None:
+        kept = graph.__dict__[key] = build(graph)
+    return kept  # type: ignore[no-any-return]
 
 
 def storage_root(values: Sequence[TensorMeta | None], v: int) -> int:

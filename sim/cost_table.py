@@ -37,7 +37,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph, Op
+from schedlab.graph import Graph, Op, kept_on
 from schedlab.sim.cost import CostModel
 from schedlab.sim.wake import wake_cost
 
@@ -73,15 +73,15 @@ def content_keys(graph: Graph) -> tuple[Hashable, ...]:
     """Per op of `graph`: its target, kind, FLOPs, bytes, view-ness, numbers of inputs and
     outputs, its arguments with every tensor written as one tag (as `calibrate.signature`
     writes them "T"), and whether it reads a strided input. Computed once per graph object and kept on it."""
-    keys = graph.__dict__.get("_sim_content_keys")
-    if keys is None:
-        keys = graph.__dict__["_sim_content_keys"] = tuple(
-            (op.target, op.kind.value, repr(float(op.flops)), int(op.bytes_moved), op.is_view, len(op.inputs),
-             len(op.outputs), _frozen(op.args), _frozen(op.kwargs) if op.kwargs else None, op.strided)
-            for op in graph.ops
-        )  # fmt: skip
-    assert isinstance(keys, tuple)
-    return keys
+    return kept_on(graph, "_sim_content_keys", _content_keys)
+
+
+def _content_keys(graph: Graph) -> tuple[Hashable, ...]:
+    return tuple(
+        (op.target, op.kind.value, repr(float(op.flops)), int(op.bytes_moved), op.is_view, len(op.inputs),
+         len(op.outputs), _frozen(op.args), _frozen(op.kwargs) if op.kwargs else None, op.strided)
+        for op in graph.ops
+    )  # fmt: skip
 
 
 def content_groups(graph: Graph) -> np.ndarray:
@@ -89,12 +89,12 @@ def content_groups(graph: Graph) -> np.ndarray:
     appearance): ops with equal numbers have equal content keys. Computed once per graph
     object and kept on it; a cost model that keys its ops by content and a little more
     builds integer keys from it, which `cost_groups` groups in arrays."""
-    groups = graph.__dict__.get("_sim_content_groups")
-    if groups is None:
-        groups = _numbered(content_keys(graph))
-        groups.flags.writeable = False
-        graph.__dict__["_sim_content_groups"] = groups
-    assert isinstance(groups, np.ndarray)
+    return kept_on(graph, "_sim_content_groups", _content_groups)
+
+
+def _content_groups(graph: Graph) -> np.ndarray:
+    groups = _numbered(content_keys(graph))
+    groups.flags.writeable = False
     return groups
 
 
@@ -151,7 +151,7 @@ def cost_groups(graph: Graph, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
                             "integer keys must be a 1-D integer array")
     # The grouping is a function of the keys alone: kept on the graph per key array, as a
     # Profile bound to the graph gives the same keys to every cold call
-    kept: dict[bytes, tuple[np.ndarray, np.ndarray]] = graph.__dict__.setdefault("_sim_cost_groups", {})
+    kept: dict[bytes, tuple[np.ndarray, np.ndarray]] = kept_on(graph, "_sim_cost_groups", lambda _: {})
     tag = keys.dtype.str.encode() + keys.tobytes()
     hit = kept.get(tag)
     if hit is not None:

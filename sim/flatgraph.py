@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph, alias_roots
+from schedlab.graph import Graph, alias_roots, kept_on
 from schedlab.sim.compiled import FlatStructure, csr
 from schedlab.sim.prepare import PINNED
 
@@ -41,11 +41,7 @@ class GraphArrays:
 
 def graph_arrays(graph: Graph) -> GraphArrays:
     """The flat arrays of `graph`, computed once per graph object and kept on it."""
-    arrays = graph.__dict__.get("_sim_flat_arrays")
-    if arrays is None:
-        arrays = graph.__dict__["_sim_flat_arrays"] = _build_arrays(graph)  # as functools.cached_property does
-    assert isinstance(arrays, GraphArrays)
-    return arrays
+    return kept_on(graph, "_sim_flat_arrays", _build_arrays)
 
 
 def _build_arrays(graph: Graph) -> GraphArrays:
@@ -73,11 +69,7 @@ def flat_single_device(graph: Graph) -> FlatStructure:
     """The Structure of `graph` with every op on one device, as `sim.compiled.flatten` gives it;
     built once per graph object and kept on it (it depends on the graph alone, and the
     compiled loop copies what it changes)."""
-    flat = graph.__dict__.get("_sim_flat_one")
-    if flat is None:
-        flat = graph.__dict__["_sim_flat_one"] = _flat_single_device(graph)
-    assert isinstance(flat, FlatStructure)
-    return flat
+    return kept_on(graph, "_sim_flat_one", _flat_single_device)
 
 
 def _flat_single_device(graph: Graph) -> FlatStructure:
