@@ -121,6 +121,7 @@ PROFILE_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1: no view costs, no roofline (the fitted fallback stands in)
 DEFAULT_PROFILE_PATH = default_profile_path()
 _MODEL_NAMES = ("work_threads", "work_threads_scaled")
+MAX_KEPT_COLUMNS = 16  # `ProfileColumns` a Profile object keeps, one per cost table that asked it
 
 
 class ProfileMachineWarning(UserWarning):
@@ -212,6 +213,8 @@ class Profile:
         again finds its per-op reads done."""
         hit = self._columns.get(id(ids))
         if hit is None or hit.ids is not ids or hit.graph is not graph:
+            if len(self._columns) >= MAX_KEPT_COLUMNS:  # a long-lived Profile asked by many tables: keep the latest
+                self._columns.pop(next(iter(self._columns)))
             hit = self._columns[id(ids)] = ProfileColumns(self, graph, ids)
         return hit
 

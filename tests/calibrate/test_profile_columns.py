@@ -18,7 +18,7 @@ from schedlab.calibrate.cold import ColdCosts
 from schedlab.calibrate.context import ContextCosts
 from schedlab.calibrate.corun import CorunFigures
 from schedlab.calibrate.model import WorkThreadsModel
-from schedlab.calibrate.profile import Profile
+from schedlab.calibrate.profile import MAX_KEPT_COLUMNS, Profile
 from schedlab.calibrate.roofline import Roofline
 from schedlab.calibrate.signature import signature
 from schedlab.calibrate.views import ViewCosts, ViewFit
@@ -152,6 +152,10 @@ def test_a_profile_reads_each_ids_array_once_and_keys_by_identity() -> None:
     assert bound._columns_of(g, ids) is first
     assert bound._columns_of(g, ids.copy()) is not first  # another array object: read again
     assert bound._columns_of(graph_of("cnn"), ids[:5]) is not first
+    kept = [np.arange(3) for _ in range(MAX_KEPT_COLUMNS + 4)]  # many tables asking one long-lived Profile
+    for k in kept:
+        bound._columns_of(g, k)
+    assert len(bound._columns) == MAX_KEPT_COLUMNS and bound._columns_of(g, kept[-1]) is bound._columns[id(kept[-1])]
 
 
 @pytest.mark.parametrize("model", ("cnn", "heldout:gru-tagger"))
