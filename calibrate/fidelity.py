@@ -716,12 +716,12 @@ def held_out_summary(results: Sequence[HeldOutResult]) -> dict[str, Any]:
         for scored in [res.scored(method)]
         for r in rows
     ]
-    busy = [  # one measurement per plan: the profile-only rows hold each once
-        f"{r.workload}/{r.plan}" for res in results for r in res.profile_only if (r.foreign_cpu_frac or 0.0) > BUSY_FRAC
-    ]
-    stolen = [
-        f"{r.workload}/{r.plan}" for res in results for r in res.profile_only if (r.steal_frac or 0.0) > STEAL_FRAC
-    ]
+    def flagged(share: Callable[[FidelityRow], float | None], limit: float) -> list[str]:
+        # one measurement per plan: the profile-only rows hold each once
+        return [f"{r.workload}/{r.plan}" for res in results for r in res.profile_only if (share(r) or 0.0) > limit]
+
+    busy = flagged(lambda r: r.foreign_cpu_frac, BUSY_FRAC)
+    stolen = flagged(lambda r: r.steal_frac, STEAL_FRAC)
     classes = [c.to_json() for c in pooled(res.op_classes for res in results)]
     shapes = shape_errors([r for res in results for method in (PROFILE_ONLY, TRACE_CALIBRATED)
                            for r in res.scored(method)])

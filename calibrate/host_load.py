@@ -10,13 +10,14 @@ On a virtual machine the host may also run something else on our virtual CPUs' p
 cores: /proc/stat's steal time, which no process here used. It is reported on its own
 (`steal_frac`) and left out of the other processes' share. Measured on the 2-core
 development VM (2026-12-02): none while idle, 18% of both CPUs' time over five seconds
-while the test suite kept both busy, and 7 of 176 held-out plans flagged as measured
-beside "other processes" that morning, before steal was told apart.
+while the test suite kept both busy. That morning, before steal was told apart, 7 of 176
+held-out plans had been flagged as measured beside other processes.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -50,21 +51,21 @@ def snapshot() -> CpuSnapshot | None:
 def foreign_cpu_frac(start: CpuSnapshot | None, end: CpuSnapshot | None) -> float | None:
     """Share of all CPU time between two snapshots used by other processes (0..1); the
     hypervisor's steal is not theirs (`steal_frac`)."""
-    if start is None or end is None:
-        return None
-    total = end.total_s - start.total_s
-    if total <= 0:
-        return None
-    foreign = (end.busy_s - start.busy_s) - (end.steal_s - start.steal_s) - (end.own_s - start.own_s)
-    return min(1.0, max(0.0, foreign / total))
+    return _share(start, end, lambda s: s.busy_s - s.steal_s - s.own_s)
 
 
 def steal_frac(start: CpuSnapshot | None, end: CpuSnapshot | None) -> float | None:
     """Share of all CPU time between two snapshots that the hypervisor gave to something
     else (/proc/stat's steal; 0 on bare metal), 0..1."""
+    return _share(start, end, lambda s: s.steal_s)
+
+
+def _share(start: CpuSnapshot | None, end: CpuSnapshot | None, part: Callable[[CpuSnapshot], float]) -> float | None:
+    """How much `part` of the counters grew between two snapshots, as a share (0..1) of all
+    CPU time between them; None without both or with no time between."""
     if start is None or end is None:
         return None
     total = end.total_s - start.total_s
     if total <= 0:
         return None
-    return min(1.0, max(0.0, (end.steal_s - start.steal_s) / total))
+    return min(1.0, max(0.0, (part(end) - part(start)) / total))

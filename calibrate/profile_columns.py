@@ -71,7 +71,8 @@ class ProfileColumns:
             models_u.append(profile.class_model(key))
         fitted_u = np.array([type(m) is WorkThreadsModel for m in models_u], dtype=bool)
         nan = (np.nan,) * len(PARAM_NAMES)
-        params_u = np.array([_params(m) if type(m) is WorkThreadsModel else nan for m in models_u], dtype=F64)
+        params_u = np.array([tuple(m.to_params().values()) if type(m) is WorkThreadsModel else nan for m in models_u],
+                            dtype=F64)  # in PARAM_NAMES' order
         params = params_u.reshape(len(models_u), len(PARAM_NAMES))[inverse]
         self.params = {name: params[:, j] for j, name in enumerate(PARAM_NAMES)}
         self.fitted = fitted_u[inverse]  # over self.kernel
@@ -102,12 +103,6 @@ class ProfileColumns:
 
     # ---- the class models, in arrays (`WorkThreadsModel`'s formulas, element by element) ----
 
-    def _mem_us(self) -> np.ndarray:
-        return self._mem_and_work()[0]
-
-    def _work_us(self) -> np.ndarray:
-        return self._mem_and_work()[1]
-
     def _mem_and_work(self) -> tuple[np.ndarray, np.ndarray]:
         """`WorkThreadsModel.mem_us` and `work_us` of each kernel op, computed once."""
         if self._mem_work is None:
@@ -124,7 +119,7 @@ class ProfileColumns:
 
     def _model_kernel_us(self, threads: int) -> np.ndarray:
         p = self.params
-        work = self._work_us()
+        _, work = self._mem_and_work()
         share = self._parallel_share(work)
         n = max(1, threads)
         return p["a_us"] + work * ((1.0 - share) + share / n) + p["c_us"] * (n - 1)
@@ -149,11 +144,10 @@ class ProfileColumns:
                 asked.append(j)
             elif not self.fitted[j]:
                 asked.append(j)
+        cold: np.ndarray | float = 0.0  # `Profile.cold_us`, asked per op where the Profile has cold costs
         if prof.cold is not None:
             cold = np.array([prof.cold_us(self._op(j), n) for j in range(len(self._kid))], dtype=F64)
-            out = np.maximum(0.0, warm + self.first_use_us + cold)
-        else:
-            out = np.maximum(0.0, warm + self.first_use_us + 0.0)
+        out = np.maximum(0.0, warm + self.first_use_us + cold)
         for j in asked:
             out[j] = prof._alone_us(self._op(j), n)
         self._alone[n] = out
@@ -209,7 +203,7 @@ class ProfileColumns:
     def _shares_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(memory, work, parallel) shares of each kernel op (`_OpLookup.shares`)."""
         if self._shares is None:
-            mem, work = self._mem_us(), self._work_us()
+            mem, work = self._mem_and_work()
             a = self.params["a_us"]
             with np.errstate(divide="ignore", invalid="ignore"):
                 mem_share = np.where(work > 0, mem / work, 1.0)
@@ -241,7 +235,7 @@ class ProfileColumns:
         per_work = np.fromiter((f.per_work if f is not None else 0.0 for f in fits), dtype=F64, count=len(fits))
         share = {t: wake_share(prof.wake_scale, t, threads) for t in {f.threads for f in fits if f is not None}}
         scale = np.fromiter((share[f.threads] if f is not None else 0.0 for f in fits), dtype=F64, count=len(fits))
-        work = self._work_us()
+        _, work = self._mem_and_work()
         with np.errstate(divide="ignore", invalid="ignore"):
             region = np.where(work > 0.0, work / (work + self.params["h_us"]), 0.0)
         extra = region * (base + per_work * work)
@@ -263,8 +257,3 @@ class ProfileColumns:
             slowed = slowed * np.maximum(1.0, 1.0 + (oversub - 1.0) * parallel)
         out[self.kernel] = slowed
         return out
-
-
-def _params(m: WorkThreadsModel) -> tuple[float, ...]:
-    return (m.a_us, m.us_per_gflop, m.us_per_mb, m.us_per_mb_dram, m.cache_mb, m.p_max, m.h_us, m.c_us)
-

@@ -769,6 +769,13 @@ def print_sim_cost(result: dict[str, Any]) -> None:
               f"{least['exec_over_sim_cold_min']:.0f}x ({short(least['least_model'])}) cheaper than running")
 
 
+def _flag_warning(plans: list[str], of: int, why: str) -> None:
+    """One warning naming the first five of the `plans` (of `of`) measured while `why`."""
+    if plans:
+        named = ", ".join(plans[:5]) + (f" and {len(plans) - 5} more" if len(plans) > 5 else "")
+        print(f"warning: {len(plans)} of {of} plans measured while {why}: {named}")
+
+
 def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
     cal = result["calibration_plan"]
     print(f"{result['set']} fidelity on {cpu} ({result['cores']} cores), size {result['size']}, "
@@ -812,14 +819,8 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
     print_op_classes(result.get("op_classes", []), cal)
     print_plan_shapes(result.get("plan_shapes", []))
     print_host_scaling(result.get("host_scaling"))
-    busy = result["busy_plans"]
-    if busy:
-        named = ", ".join(busy[:5]) + (f" and {len(busy) - 5} more" if len(busy) > 5 else "")
-        print(f"warning: {len(busy)} of {len(by_key)} plans measured while other processes used over "
-              f"{result['busy_frac']:.0%} of the CPU (column 'others'); their times are unreliable: {named}")
-    stolen = result.get("steal_plans") or []
-    if stolen:
-        named = ", ".join(stolen[:5]) + (f" and {len(stolen) - 5} more" if len(stolen) > 5 else "")
-        print(f"warning: {len(stolen)} of {len(by_key)} plans measured while the hypervisor took over "
-              f"{result['steal_frac']:.0%} of the CPU (column 'steal'); their times are the host's: {named}")
+    _flag_warning(result["busy_plans"], len(by_key), f"other processes used over {result['busy_frac']:.0%} of the CPU "
+                  "(column 'others'); their times are unreliable")
+    _flag_warning(result.get("steal_plans") or [], len(by_key), "the hypervisor took over "
+                  f"{result.get('steal_frac', 0.0):.0%} of the CPU (column 'steal'); their times are the host's")
     print(f"results: {out}   (draw them: schedlab report {out})")
