@@ -5,12 +5,14 @@
 `UnkeyedProfile` answers None, so every op is asked, as before keys existed. The tests
 check that both give the same answers, and the benchmark how much cheaper keys make a
 cold call. A `ColumnlessProfile` keys its ops but is asked one op at a time, as before a
-Profile answered whole columns (`calibrate.profile_columns`).
+Profile answered whole columns (`calibrate.profile_columns`); a `BareProfile` is asked for
+every op, one at a time, as before either.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import TypeVar
 
 from schedlab.calibrate.profile import Profile
 from schedlab.graph import Graph
@@ -23,7 +25,7 @@ class UnkeyedProfile(Profile):
 
 def unkeyed(profile: Profile) -> UnkeyedProfile:
     """`profile` without cost keys (its binding and slots kept)."""
-    return UnkeyedProfile(**{f.name: getattr(profile, f.name) for f in dataclasses.fields(profile) if f.init})
+    return _as(UnkeyedProfile, profile)
 
 
 class ColumnlessProfile(Profile):
@@ -34,7 +36,7 @@ class ColumnlessProfile(Profile):
 
 def columnless(profile: Profile) -> ColumnlessProfile:
     """`profile` keyed but without columns (its binding and slots kept)."""
-    return ColumnlessProfile(**{f.name: getattr(profile, f.name) for f in dataclasses.fields(profile) if f.init})
+    return _as(ColumnlessProfile, profile)
 
 
 class BareProfile(UnkeyedProfile):
@@ -45,4 +47,12 @@ class BareProfile(UnkeyedProfile):
 
 def bare(profile: Profile) -> BareProfile:
     """`profile` without cost keys or columns (its binding and slots kept)."""
-    return BareProfile(**{f.name: getattr(profile, f.name) for f in dataclasses.fields(profile) if f.init})
+    return _as(BareProfile, profile)
+
+
+P = TypeVar("P", bound=Profile)
+
+
+def _as(cls: type[P], profile: Profile) -> P:
+    """`profile`'s fields (its binding and slots among them) in a `cls`."""
+    return cls(**{f.name: getattr(profile, f.name) for f in dataclasses.fields(profile) if f.init})
