@@ -17,12 +17,13 @@ For each size, a random synthetic DAG (views included) is simulated under a plan
 
 The Python reference engine ("fast") is timed too on sizes up to 20k ops, for the ratio.
 
-The random cost model answers one op at a time in Python (a CRC of the op's name per
-answer), so a cold row above is mostly its own cost: 95% of a cold call at 20k ops
-(2026-12-02). `python -m schedlab.calibrate.sim_bench --profile PROFILE` times the same
-graphs with a calibrated Profile as the cost model, the one users run, which answers the
-cost table a column at a time (`calibrate.profile_columns`): its cold, first and reused
-rows are the simulator's cost with a real cost model (`print_cost_model_rows`).
+The random cost model answers the cost table a column at a time, as a Profile does
+(`sim.testing.RandomColumnCost`: its per-op draws, a CRC of each op's name, kept on the
+graph object as a Profile keeps what it reads of a graph), so a cold row is the
+simulator's own cost; `--per-op-cost` asks it one op at a time instead (4 CRCs per op in
+Python: 95% of a cold call at 20k ops, 2026-12-02). `python -m schedlab.calibrate.sim_bench
+--profile PROFILE` times the same graphs with a calibrated Profile as the cost model, the
+one users run (`calibrate.profile_columns`; `print_cost_model_rows`).
 
 `measure_cold` times the same three on a real graph with a real cost model (a Profile;
 `tests/bench`), where the cost model's own answers, not the loop, are most of a cold call.
@@ -58,9 +59,9 @@ class SpeedRow:
     step_ms: float  # the simulated step, a check that every engine simulated the same thing
 
 
-def measure(n_ops: int, slots: int, cores: int, engine: str, repeats: int) -> SpeedRow:
+def measure(n_ops: int, slots: int, cores: int, engine: str, repeats: int, *, columns: bool = True) -> SpeedRow:
     machine = cpu_machine(cores)
-    cost = random_cost(1)
+    cost = random_cost(1, columns=columns)
     plan = Plan(slots=slots, threads=max(1, cores // slots), order="critical-path")
 
     def fresh_graph() -> object:
@@ -159,17 +160,21 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m schedlab.sim.bench", description=(__doc__ or "").split("\n")[0])
     size_args(ap)
     ap.add_argument("--python-up-to", type=int, default=20000, help="largest size the Python reference engine runs")
+    ap.add_argument("--per-op-cost", action="store_true",
+                    help="ask the random cost model one op at a time, not in columns (its own Python then dominates a cold call)")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     for slots in (int(s) for s in args.slots.split(",")):
         measure(24, slots, args.cores, "compiled", 1)  # load the compiled engine: once per process, not per graph
-    print(f"random DAGs, {args.cores} cores, record=False, median of {args.repeats}; simulated ops per second")
+    asked = "one op at a time" if args.per_op_cost else "in columns"
+    print(f"random DAGs, {args.cores} cores, record=False, median of {args.repeats}, the cost model asked {asked}; "
+          "simulated ops per second")
     print(HEADER)
     for n in sizes:
         for slots in (int(s) for s in args.slots.split(",")):
             engines = ["compiled"] + (["fast"] if n <= args.python_up_to else [])
             for engine in engines:
-                r = measure(n, slots, args.cores, engine, args.repeats)
+                r = measure(n, slots, args.cores, engine, args.repeats, columns=not args.per_op_cost)
                 print(f"{r.ops:>8} {r.slots:>5} {r.engine:>9} {r.reused_ops_per_s:>12,.0f} {r.cold_ops_per_s:>12,.0f} "
                       f"{r.first_ops_per_s:>12,.0f} {r.step_ms:>10.3f}", flush=True)
 
