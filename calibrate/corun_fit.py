@@ -72,7 +72,7 @@ from typing import Any
 import numpy as np
 
 from schedlab.calibrate.profile import Profile
-from schedlab.graph import Graph
+from schedlab.graph import Graph, same_capture
 from schedlab.machine import Machine
 from schedlab.plan import Plan, resolve
 
@@ -199,17 +199,22 @@ def fit_corun_latency(profile: Profile, runs: Sequence[CorunRun], machine: Machi
 def runs_from_report(rows: Sequence[dict[str, Any]], graphs: dict[str, Graph]) -> list[CorunRun]:
     """The runs a fit's report rows (`fit_corun_latency`, kept in a Profile's meta as
     `corun_fit`) were measured as, on `graphs` (source -> the graph captured again): what
-    re-fitting a saved profile reads. A row that names its graph's hash must match it."""
+    re-fitting a saved profile reads. A row that names its graph's hash must match it, or
+    name the same schedule (`Graph.schedule_hash`: a capture may read a gradient from
+    another of a producer's equal outputs than the calibration's did)."""
     from schedlab.errors import SchedlabError
 
     runs = []
     for r in rows:
         g = graphs[r["source"]]
         kept = r.get("graph")
-        if kept is not None and kept != g.hash:
+        if kept is not None and not same_capture(g, kept, r.get("schedule")):
+            why = ("torch, schedlab or the workload changed since" if r.get("schedule") is not None else
+                   "the profile keeps no schedule hash to compare (calibrated before 2026-12-02), and a capture of a "
+                   "recurrent model can differ between processes only in which equal output a gradient reads")
             raise SchedlabError(
                 f"calibration graph {r['source']} captured now (hash {g.hash}) is not the one the profile measured "
-                f"({kept}): torch, schedlab or the workload changed since; calibrate again"
+                f"({kept}): {why}; calibrate again"
             )
         measured = _seconds(r, "measured_ms")
         if measured is None:
@@ -232,6 +237,7 @@ def _report_row(fitted: Profile, r: CorunRun, machine: Machine, target_s: float)
     row: dict[str, Any] = {
         "source": r.source,
         "graph": r.graph.hash,
+        "schedule": r.graph.schedule_hash,
         "slots": r.slots,
         "threads": r.threads,
         "measured_ms": round(r.measured_s * 1e3, 3),

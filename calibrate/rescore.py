@@ -48,7 +48,7 @@ from schedlab.calibrate.fidelity import (
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.rank_fidelity import ONE_DEVICE, StepOf, rank_cases, rank_plan_spread
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph
+from schedlab.graph import Graph, same_capture
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
 
@@ -276,7 +276,8 @@ def _trace_calibrated(
         return None
     trace = cal_traces.load_trace(*where)
     graph = saved[0].graph
-    if trace.meta.get("graph_hash") not in (None, graph.hash):
+    recorded = trace.meta.get("graph_hash")
+    if recorded is not None and not same_capture(graph, recorded, trace.meta.get("schedule_hash")):
         skipped[workload] = (f"{where[1]} was recorded from graph {trace.meta['graph_hash']}, today's capture "
                              f"is {graph.hash}")
         return None

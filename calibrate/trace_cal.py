@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from schedlab.calibrate.signature import signature
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph, Op
+from schedlab.graph import Graph, Op, same_capture
 from schedlab.trace import Trace, TraceEvent
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def _check(trace: Trace, graph: Graph) -> None:
             f"trace-driven calibration needs an executor trace (meta.source 'exec'), not {trace.source!r}"
         )
     recorded = trace.meta.get("graph_hash")
-    if recorded is not None and recorded != graph.hash:
+    if recorded is not None and not same_capture(graph, recorded, trace.meta.get("schedule_hash")):
         raise SchedlabError(
             f"the trace was recorded for graph {recorded}, but the graph given is {graph.hash}; "
             "pass the graph the trace was recorded from"

@@ -199,6 +199,7 @@ def run_steps(
         "exec",
         workload=workload or graph.name,
         graph_hash=graph.hash,
+        schedule_hash=graph.schedule_hash,
         plan_hash=plan.hash,
         plan=plan.to_json(),
         machine=machine.to_json(),

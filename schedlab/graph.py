@@ -232,6 +232,23 @@ class Graph:
         body = json.dumps(self._json_body(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
+    @cached_property
+    def schedule_hash(self) -> str:
+        """Hash of what a step's schedule reads of the graph, 16 hex digits: each op's
+        target, kind, layer, arguments other than values, FLOPs, bytes moved, whether it is a
+        view, the shapes it writes and the ops it waits for (`preds`), not which output of
+        a producer each input names. Two captures of one model can differ only there:
+        aot_autograd gives an LSTM's bias gradient from either of mkldnn_rnn_layer_backward's
+        two equal bias outputs, depending on what the process traced before (torch 2.13,
+        2026-12-02), so their `hash` differs and their schedule does not."""
+        def shapes(op: Op) -> list[list[int] | None]:
+            metas = [self.values[v] for v in op.outputs]
+            return [None if m is None else list(m.shape) for m in metas]
+        body = [[op.target, op.kind.value, op.layer, _without_values(op.args), _without_values(op.kwargs), op.flops,
+                 op.bytes_moved, op.is_view, shapes(op), list(self.preds[op.id])] for op in self.ops]
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=repr)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
     def __len__(self) -> int:
         return len(self.ops)
 
@@ -354,6 +371,24 @@ def kept_on(graph: Graph, key: str, build: Callable[[Graph], T]) -> T:
     if kept is None:
         kept = graph.__dict__[key] = build(graph)
     return kept  # type: ignore[no-any-return]
+
+
+def same_capture(graph: Graph, kept_hash: object, kept_schedule: object = None) -> bool:
+    """Whether `graph`, captured now, is the graph kept elsewhere as `kept_hash` (its
+    `Graph.hash`) and `kept_schedule` (its `schedule_hash`, where the keeper wrote one): the
+    same hash, or the same schedule. Two captures of a model with an `nn.LSTM` differ in
+    which of two equal outputs a gradient reads (`Graph.schedule_hash`); everything a
+    plan, a trace or a simulation reads of them is the same."""
+    return kept_hash == graph.hash or (kept_schedule is not None and kept_schedule == graph.schedule_hash)
+
+
+def _without_values(a: Any) -> Any:
+    """An op's args (or kwargs) with each value reference (``{"v": id}``) made the same."""
+    if isinstance(a, dict):
+        return "<value>" if a.keys() == {"v"} else {k: _without_values(x) for k, x in a.items()}
+    if isinstance(a, (list, tuple)):
+        return [_without_values(x) for x in a]
+    return a
 
 
 def storage_root(values: Sequence[TensorMeta | None], v: int) -> int:

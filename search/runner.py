@@ -21,7 +21,7 @@ import optuna
 from optuna.trial import TrialState
 
 from schedlab.errors import SchedlabError
-from schedlab.graph import Graph
+from schedlab.graph import Graph, same_capture
 from schedlab.machine import Machine
 from schedlab.plan import Plan
 from schedlab.search.baselines import baseline_plans
@@ -62,7 +62,7 @@ def prepare_run_dir(run_dir: Path, config: RunConfig, graph: Graph, storage: opt
     run_dir.mkdir(parents=True, exist_ok=True)
     if paths.graph.exists():
         old = Graph.load(paths.graph)
-        if old.hash != graph.hash:
+        if not same_capture(graph, old.hash, old.schedule_hash):
             raise SchedlabError(
                 f"{run_dir} holds another graph ({old.name}, hash {old.hash}) than this search's "
                 f"({graph.name}, hash {graph.hash}); use another --run-dir"
@@ -74,8 +74,9 @@ def prepare_run_dir(run_dir: Path, config: RunConfig, graph: Graph, storage: opt
     have = study.user_attrs.get("graph_hash")
     if have is None:
         study.set_user_attr("graph_hash", graph.hash)
+        study.set_user_attr("schedule_hash", graph.schedule_hash)
         study.set_user_attr("model", f"{config.model}/{config.size}/{config.optimizer}/seed{config.seed}")
-    elif have != graph.hash:
+    elif not same_capture(graph, have, study.user_attrs.get("schedule_hash")):
         raise SchedlabError(
             f"study {config.study!r} was searched on another graph (hash {have}, this one {graph.hash}); "
             "use another --study"

@@ -25,7 +25,7 @@ from typing import Any
 
 from schedlab.errors import SchedlabError
 from schedlab.exec.launch import PROCESS_WARMUP
-from schedlab.graph import Graph
+from schedlab.graph import Graph, same_capture
 from schedlab.io import staging_dir, swap_dir
 from schedlab.machine import Machine, detect_host
 from schedlab.order import OpCostUs
@@ -322,7 +322,7 @@ def validate_run(
     graph = captured.graph
     if paths.graph.exists():
         searched = Graph.load(paths.graph)
-        if searched.hash != graph.hash:
+        if not same_capture(graph, searched.hash, searched.schedule_hash):
             raise SchedlabError(
                 f"the model captured now (graph {graph.hash}) is not the one searched (graph.json {searched.hash}); "
                 "was schedlab, torch or the model changed since the search?"

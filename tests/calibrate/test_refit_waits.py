@@ -40,6 +40,18 @@ def test_a_refit_of_unchanged_steps_gives_the_waits_the_calibration_fitted(tiny:
     assert [r["source"] for r in again.meta["corun_fit"]] == [r["source"] for r in rows]
 
 
+def test_a_graph_captured_again_in_another_form_of_the_same_schedule_is_refitted(tiny: tuple[Profile, Path]) -> None:
+    """A capture may read a gradient from another of a producer's equal outputs than the
+    calibration's did (an LSTM's two bias gradients, `Graph.schedule_hash`): its hash then
+    differs, its schedule does not, and the refit goes on."""
+    profile, _ = tiny
+    rows = profile.meta["corun_fit"]
+    assert all(r["schedule"] for r in rows)
+    other = [{**r, "graph": "0" * 16} for r in rows]
+    again = refit_waits(replace(profile, meta={**profile.meta, "corun_fit": other}), detect_host())
+    assert again.corun.latency_us == refit_waits(profile, detect_host()).corun.latency_us
+
+
 def test_slower_kept_steps_fit_a_longer_wait(tiny: tuple[Profile, Path]) -> None:
     profile, _ = tiny
     slower = [{**r, "measured_ms": r["measured_ms"] * 3} if r["slots"] == 2 else r for r in profile.meta["corun_fit"]]
@@ -50,8 +62,11 @@ def test_slower_kept_steps_fit_a_longer_wait(tiny: tuple[Profile, Path]) -> None
 
 def test_a_graph_that_changed_since_calibration_is_refused(tiny: tuple[Profile, Path]) -> None:
     profile, _ = tiny
-    rows = [{**r, "graph": "0" * 16} for r in profile.meta["corun_fit"]]
-    with pytest.raises(SchedlabError, match="is not the one the profile measured"):
+    rows = [{**r, "graph": "0" * 16, "schedule": "1" * 16} for r in profile.meta["corun_fit"]]
+    with pytest.raises(SchedlabError, match=r"is not the one the profile measured .*changed since"):
+        refit_waits(replace(profile, meta={**profile.meta, "corun_fit": rows}), detect_host())
+    rows = [{k: v for k, v in {**r, "graph": "0" * 16}.items() if k != "schedule"} for r in profile.meta["corun_fit"]]
+    with pytest.raises(SchedlabError, match="keeps no schedule hash"):  # a profile from before the schedule hash
         refit_waits(replace(profile, meta={**profile.meta, "corun_fit": rows}), detect_host())
     with pytest.raises(SchedlabError, match="kept no co-run calibration steps"):
         refit_waits(replace(profile, meta={**profile.meta, "corun_fit": []}), detect_host())

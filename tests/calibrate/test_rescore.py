@@ -222,8 +222,13 @@ def test_a_saved_calibration_trace_is_rescored_trace_calibrated_and_a_stale_one_
     assert model["trace_calibrated"]["n_plans"] == len(learnt) - 1 == out["overall"]["trace_calibrated"]["n_plans"]
     assert out["trace_calibration_skipped"] == {}
 
+    same = trace.to_json()
+    same["meta"]["graph_hash"] = "0" * 16  # another capture of the same schedule (`Graph.schedule_hash`): learnt from
+    out = rescore(load_runs([_with_trace(tmp_path / "s.json", json.dumps(same))]), profile, machine,
+                  one_device_plans(graph_of, machine), 2)
+    assert [p["predicted_s"] for p in out["plans"] if p["method"] == TRACE_CALIBRATED] == [e.step_time_s for e in expected]
     stale = trace.to_json()
-    stale["meta"]["graph_hash"] = "0" * 16  # recorded before the capture changed
+    stale["meta"]["graph_hash"], stale["meta"]["schedule_hash"] = "0" * 16, "1" * 16  # recorded before the capture changed
     out = rescore(load_runs([_with_trace(tmp_path / "b.json", json.dumps(stale))]), profile, machine,
                   one_device_plans(graph_of, machine), 2)
     assert "trace_calibrated" not in out["overall"] and "trace_calibrated" not in out["models"][0]
