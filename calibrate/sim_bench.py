@@ -5,10 +5,11 @@
 
 The random DAGs of `python -m schedlab.sim.bench`, each simulated with a new Profile
 object bound to it per cold call (`Profile.for_graph(graph).for_slots(slots)`): reused,
-cold and first simulated ops per second (`sim.bench.measure_cold`). The random cost model
-of `sim.bench` answers one op at a time in Python, most of a cold call there; a Profile
-answers the simulator's cost table a column at a time (`calibrate.profile_columns`), so
-these rows are what a cold `simulate()` costs with the cost model users run.
+cold and first simulated ops per second (`sim.bench.measure_cold`). A Profile answers the
+simulator's cost table a column at a time (`calibrate.profile_columns`), as `sim.bench`'s
+random cost model does with its draws kept on the graph; a Profile computes its answers
+from the op's features on every cold call, so these rows are what a cold `simulate()`
+costs with the cost model users run.
 """
 
 from __future__ import annotations
