@@ -293,6 +293,12 @@ def graph_from_run(step: TFStep, partition_graphs: Iterable[Any], step_stats: An
     tagged = tag_kinds(ops, values, forward_outputs, grads, param_of_value)
     ops = _tag_optimizer(tagged)
     placed = len(set(op_device.values())) > 1
+    # The model's tensors in the order it declares them, then the optimizer's state by name:
+    # the partition graph's node order is TensorFlow's own (a fresh environment of
+    # 2026-12-02, tensorflow-cpu 2.21.0 with ml_dtypes 0.7.0 and protobuf 7.36.2, gave the
+    # variables in another order than before), and a graph's inputs should not move with it.
+    declared = {t.name: k for k, t in enumerate((*model.params, *model.buffers, *model.inputs))}
+    inputs.sort(key=lambda i: (i.role is InputRole.OPT_STATE, declared.get(i.name, 0), i.name))
     graph = Graph(
         name=model.name,
         inputs=tuple(inputs),
