@@ -210,7 +210,7 @@ def runs_from_report(rows: Sequence[dict[str, Any]], graphs: dict[str, Graph]) -
         kept = r.get("graph")
         if kept is not None and not same_capture(g, kept, r.get("schedule")):
             why = ("torch, schedlab or the workload changed since" if r.get("schedule") is not None else
-                   "the profile keeps no schedule hash to compare (calibrated before 2026-12-02), and a capture of a "
+                   "the profile keeps no schedule hash to compare (calibrated before 2026-12-02 evening), and a capture of a "
                    "recurrent model can differ between processes only in which equal output a gradient reads")
             raise SchedlabError(
                 f"calibration graph {r['source']} captured now (hash {g.hash}) is not the one the profile measured "

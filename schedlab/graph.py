@@ -246,7 +246,7 @@ class Graph:
             return [None if m is None else list(m.shape) for m in metas]
         body = [[op.target, op.kind.value, op.layer, _without_values(op.args), _without_values(op.kwargs), op.flops,
                  op.bytes_moved, op.is_view, shapes(op), list(self.preds[op.id])] for op in self.ops]
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=repr)
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def __len__(self) -> int:

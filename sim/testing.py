@@ -17,6 +17,7 @@ import random
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -208,6 +209,7 @@ def place(resolved: ResolvedPlan, devices: Sequence[str] | Callable[[int], str])
 
 
 KernelTable = Mapping[str, float] | Callable[[Op, int], float]
+Floats = TypeVar("Floats", float, np.ndarray)  # one draw, or an array of them
 
 
 @dataclass
@@ -253,6 +255,23 @@ _DISPATCH_US = (1.0, 20.0)  # RandomCost's draws: (lo, hi) of dispatch and of a 
 _KERNEL_US = (5.0, 400.0)
 
 
+def _unit_draw(seed: int, key: str) -> float:
+    """A deterministic draw in [0, 1) for `key` (exact: a CRC over a power of two)."""
+    return zlib.crc32(f"{seed}:{key}".encode()) / 2**32
+
+
+def _scaled(u: Floats, lo_hi: tuple[float, float], integer: bool) -> Floats:
+    """A draw `u` (one, or an array) scaled to [lo, hi), whole when `integer`."""
+    lo, hi = lo_hi
+    x = lo + (hi - lo) * u
+    return np.round(x) if integer else x  # half to even, as Python's round
+
+
+def _at_threads(base: Floats, threads: int, integer: bool) -> Floats:
+    """A one-thread kernel time (or an array of them) at `threads`."""
+    return np.round(base / threads) if integer else base / threads**0.8
+
+
 @dataclass(frozen=True)
 class RandomCost:
     """Deterministic pseudo-random costs per op name (see `random_cost`); views cost 0."""
@@ -261,14 +280,12 @@ class RandomCost:
     integer: bool = False
 
     def _draw(self, key: str, lo: float, hi: float) -> float:
-        x = lo + (hi - lo) * (zlib.crc32(f"{self.seed}:{key}".encode()) / 2**32)
-        return float(round(x)) if self.integer else x
+        return float(_scaled(_unit_draw(self.seed, key), (lo, hi), self.integer))
 
     def kernel_us(self, op: Op, threads: int) -> float:
         if op.is_view:
             return 0.0
-        base = self._draw(op.name, *_KERNEL_US)
-        return float(round(base / threads)) if self.integer else base / threads**0.8
+        return float(_at_threads(self._draw(op.name, *_KERNEL_US), threads, self.integer))
 
     def dispatch_us(self, op: Op) -> float:
         return self._draw("dispatch:" + op.name, *_DISPATCH_US)
@@ -289,25 +306,18 @@ class RandomColumnCost(RandomCost):
         """Per op: the kernel's and dispatch's draws in [0, 1), and whether it is a view."""
         def build(g: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             def unit(prefix: str) -> np.ndarray:
-                crc = np.fromiter((zlib.crc32(f"{self.seed}:{prefix}{op.name}".encode()) for op in g.ops),
-                                  dtype=np.float64, count=len(g.ops))
-                return crc / 2**32  # exact, as `_draw`'s int / int: a power of two
+                return np.fromiter((_unit_draw(self.seed, prefix + op.name) for op in g.ops), dtype=np.float64,
+                                   count=len(g.ops))
             views = np.fromiter((op.is_view for op in g.ops), dtype=bool, count=len(g.ops))
             return unit(""), unit("dispatch:"), views
         return kept_on(graph, f"_random_cost_draws:{self.seed}", build)
 
-    def _scaled(self, u: np.ndarray, lo_hi: tuple[float, float]) -> np.ndarray:
-        lo, hi = lo_hi
-        x = lo + (hi - lo) * u
-        return np.round(x) if self.integer else x  # np.round and round: both half to even
-
     def dispatch_column(self, graph: Graph, ids: np.ndarray) -> np.ndarray:
-        return self._scaled(self._unit_draws(graph)[1][ids], _DISPATCH_US)
+        return _scaled(self._unit_draws(graph)[1][ids], _DISPATCH_US, self.integer)
 
     def kernel_column(self, graph: Graph, ids: np.ndarray, threads: int) -> np.ndarray:
         u, _, views = self._unit_draws(graph)
-        base = self._scaled(u[ids], _KERNEL_US)
-        out = np.round(base / threads) if self.integer else base / threads**0.8
+        out = _at_threads(_scaled(u[ids], _KERNEL_US, self.integer), threads, self.integer)
         return np.where(views[ids], 0.0, out)
 
     def corun_slowdown_column(self, graph: Graph, ids: np.ndarray, busy_cores: int, total_cores: int) -> np.ndarray:

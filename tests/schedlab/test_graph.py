@@ -112,7 +112,7 @@ def _two_output_producer(read: int, target: str = "aten.add.Tensor") -> Graph:
     op1 reads the one at `read` (0 or 1)."""
     import dataclasses
 
-    from schedlab.graph import TensorMeta
+    from schedlab.graph import GraphOutput, TensorMeta
     from schedlab.sim.testing import GraphBuilder
 
     b = GraphBuilder("two-outputs")
@@ -127,7 +127,7 @@ def _two_output_producer(read: int, target: str = "aten.add.Tensor") -> Graph:
                                  outputs=(twin + 1,))
     meta = TensorMeta(shape=(16,), dtype="float32", nbytes=64)
     return dataclasses.replace(g, ops=(producer, reader), values=(*g.values, meta, meta),
-                               outputs=(*g.outputs, g.outputs[0].__class__(twin + 1, "loss", OutputRole.LOSS)))
+                               outputs=(*g.outputs, GraphOutput(twin + 1, "loss", OutputRole.LOSS)))
 
 
 def test_the_schedule_hash_ignores_which_equal_output_of_a_producer_an_op_reads() -> None:
