@@ -4,12 +4,22 @@ One slot: the order is static (the list schedule of the plan's priorities), so t
 is one generated straight-line function (see `program.py`). Several slots: one worker
 thread per slot, each with its own intra-op thread count, taking the ready op of lowest
 priority from one shared heap (`workers.py`); values are freed after their last use.
+
+The co-run workers are kept from step to step (`workers.WorkerPool`, started at the first
+co-run step, ended by `Executor.close` or when the executor is collected). Threads started
+anew each step cost a step a fixed price the simulator has no model of: two threads
+started and joined, and each worker's OpenMP team and allocator caches built again. On
+the 2-core development VM (Intel Xeon, 2026-12-02, dev models, three alternating rounds
+of seven steps, medians) two slots of one thread went from 1.58-1.78 to 1.16-1.48 ms on
+`dev:lstm` (51 ops), 1.90-1.94 to 1.49-1.55 ms on `dev:attn` (161) and 31.7-32.9 to
+19.1-19.6 ms on `dev:gru` (1,987), whose one-slot step is 0.7, 0.8 and 5.0 ms.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +29,7 @@ import torch
 from schedlab.allocator import ensure_tuned
 from schedlab.errors import SchedlabError
 from schedlab.exec.program import Program, compile_graph
-from schedlab.exec.workers import ReadyLoop, freeing
+from schedlab.exec.workers import ReadyLoop, WorkerPool, freeing
 from schedlab.graph import Graph, InputRole, OutputRole
 from schedlab.machine import Machine, detect_host
 from schedlab.plan import Plan, ResolvedPlan, resolve
@@ -70,6 +80,15 @@ class Executor:
             self._straight = self.program.straight_line(resolved.sequence, resolved.threads, self.keep)
         self._uses = value_uses(graph)  # remaining-use counts for freeing values in the co-run path
         self._indeg = [len(p) for p in graph.preds]
+        self._pool: WorkerPool | None = None  # the co-run workers, started at the first co-run step
+        self._end_pool: weakref.finalize | None = None
+
+    def close(self) -> None:
+        """End the co-run workers this executor keeps (a no-op for one slot, or before the
+        first step). The executor stays usable: its next co-run step starts new ones."""
+        if self._end_pool is not None:
+            self._end_pool()  # closes the pool once, and detaches the finalizer
+        self._pool = self._end_pool = None
 
     def step(self, inputs: dict[int, torch.Tensor]) -> tuple[dict[int, torch.Tensor], StepRecord]:
         V: list[Any] = [None] * self._n_values
@@ -99,10 +118,14 @@ class Executor:
         return StepRecord(spans=tuple(spans), wall_ns=T[-1] - t0)
 
     def _step_corun(self, V: list[Any]) -> StepRecord:
+        if self._pool is None:
+            self._pool = WorkerPool(self.resolved.slots)
+            # the pool's threads hold the pool, not the executor: ended when it is collected
+            self._end_pool = weakref.finalize(self, self._pool.close)
         op_fns = self.program.op_fns
         loop = whole_step_loop(self.graph, self.resolved, V, self._uses, self._indeg, self.keep,
                                lambda i: op_fns[i](V))
-        spans = loop.run(self.resolved.slots)
+        spans = loop.run(self.resolved.slots, pool=self._pool)
         return StepRecord(spans=tuple(spans), wall_ns=time.perf_counter_ns() - loop.start_ns)
 
 
@@ -173,6 +196,7 @@ def run_steps(
     if steps < 1 or warmup < 0:
         raise SchedlabError("steps must be >= 1 and warmup >= 0")
     machine = machine or detect_host()
+    own = executor is None
     if executor is None:
         resolved = resolve(graph, plan, machine)
         executor = Executor(resolved.run_graph(graph), resolved)
@@ -184,17 +208,21 @@ def run_steps(
     times: list[float] = []
     outputs: dict[int, torch.Tensor] = {}
     dev = resolved.device
-    for s in range(warmup + steps):
-        outputs, rec = ex.step(inputs)
-        inputs = next_inputs(run, inputs, outputs)
-        if s >= warmup:
-            k = s - warmup
-            times.append(rec.wall_ns / 1e9 / resolved.steps)
-            for op in run.ops:
-                a, b, w = rec.spans[op.id]
-                events.append(TraceEvent(op.id, op.name, op.kind.value, dev[op.id], w, resolved.threads[op.id], a, b, k))
-        if progress is not None:
-            progress(s + 1, warmup + steps)
+    try:
+        for s in range(warmup + steps):
+            outputs, rec = ex.step(inputs)
+            inputs = next_inputs(run, inputs, outputs)
+            if s >= warmup:
+                k = s - warmup
+                times.append(rec.wall_ns / 1e9 / resolved.steps)
+                for op in run.ops:
+                    a, b, w = rec.spans[op.id]
+                    events.append(TraceEvent(op.id, op.name, op.kind.value, dev[op.id], w, resolved.threads[op.id], a, b, k))
+            if progress is not None:
+                progress(s + 1, warmup + steps)
+    finally:
+        if own:  # a caller's executor keeps its workers for its next run
+            ex.close()
     meta = base_meta(
         "exec",
         workload=workload or graph.name,
