@@ -15,24 +15,27 @@ So calibration measures it where it happens: each calibration graph small enough
 quickly is run on the executor with two slots at each thread count, and for each thread
 count one latency per op (microseconds, added to the kernel time of every op of a
 co-run plan, views included: `Profile.kernel_us`) is fitted so that the simulator's step
-times match the measured ones (least absolute log error of predicted / measured, fastest
-of the timed steps), over a grid of latencies. Its residuals per graph are kept in the
-Profile's meta, as the error of this part of the model on graphs it was fitted on, with the
-median of the same steps beside each fastest (`median_ms`), so that a fit on the median can
-be tried on a saved profile without calibrating again.
+times match the measured ones (least absolute log error of predicted / measured, the
+median of the timed steps), over a grid of latencies. Its residuals per graph are kept in
+the Profile's meta, as the error of this part of the model on graphs it was fitted on,
+with the fastest of the same steps beside each median (`measured_ms`), so that a fit on
+either can be tried on a saved profile without calibrating again (`--refit-waits`).
 
-The fastest, not the median: a held-out plan is measured as its median step, but on these
-1-10 ms steps the median was 1.06-2.66x the fastest (one quick calibration of 2026-11-29), and
-the waits fitted to it (27.0 / 42.1 us at one / two threads against 12.8 / 25.7 on the
-fastest of the same steps) put the recurrent held-out models of thousands of tiny ops far
-too slow: in one held-out run scored on both (2-core VM), gru-tagger's two slots of two
-threads +40% to +59% against +5% to +13%, while the mean errors of the other plan shapes
-(one slot of two threads, two of one, two of two) went from -3.3%, -8.9%, -8.0% to -2.1%,
-+1.8%, +1.5% (trace-calibrated). Profile-only 10.5% against 8.5%, trace-calibrated 9.2%
-against 9.0% (session 37 found the same before views waited). Fitting only the one-thread
-wait to the median moved four held-out runs' trace-calibrated MAPE from 9.65% to 9.63% on
-average; fitting it to the fastest block of steps lasting 20 ms moved two runs from 9.0%
-to 8.4% and from 8.4% to 10.7% (docs/heldout-fidelity-log.md, session 40).
+The median, as fidelity scores a plan. On these 1-10 ms steps the median is 1.06-2.66x
+the fastest (one quick calibration of 2026-11-29), and from 2026-11-29 to 2026-12-02 the
+wait was fitted to the fastest: on the AMD EPYC VM of those days, with the executor
+starting its workers anew each step, a fit on the median (27.0 / 42.1 us at one / two
+threads against 12.8 / 25.7) put the recurrent held-out models of thousands of tiny ops
+far too slow (gru-tagger's two slots of two threads +40% to +59% against +5% to +13%,
+trace-calibrated), and fitting the one-thread wait alone to the median moved four held-out
+runs' trace-calibrated MAPE from 9.65% to 9.63% (docs/heldout-fidelity-log.md, sessions 37
+and 40). Judged on the dev set since the executor keeps its workers from step to step
+(`exec.runner`; 2-core Intel Xeon VM, 2026-12-02, two quick calibrations each fitted both
+ways from its own kept steps and `schedlab fidelity --dev --rescore`d): profile-only 24.2%
+to 19.2% and 21.0% to 17.9%, trace-calibrated 17.2% to 12.7% and 15.2% to 12.2%, the
+mean error of two slots of one thread -24.1% to -8.1% in the second. The fastest step is
+the regime in which no idle virtual CPU halts between two ops; a step of thousands of
+hand-offs is rarely all in it, and a measured plan's median is not.
 
 Views wait too: the workers take every op from the ready heap, a reshape as a matmul.
 Charged to non-view ops only, the wait fitted on the calibration graphs carried their
@@ -89,11 +92,11 @@ class CorunRun:
     source: str
     graph: Graph
     threads: int
-    measured_s: float  # the fastest timed step: what the fit matches
+    measured_s: float  # the fastest timed step (the one-slot team wait's fit matches its ratio)
     slots: int = 2
     # one slot: the fastest one-thread step measured beside it; the fit matches the ratio
     one_thread_s: float | None = None
-    # the median timed steps, reported beside the fastest (a fit on them can be tried offline)
+    # the median timed step: what the two-slot fit matches (the fastest where a row has none)
     median_s: float | None = None
     one_thread_median_s: float | None = None
 
@@ -147,10 +150,11 @@ def _predict_s(profile: Profile, run: CorunRun, machine: Machine, threads: int |
 
 
 def _target_s(profile: Profile, run: CorunRun, machine: Machine) -> float:
-    """The step the fit matches: the measured one, or for a run with a one-thread step
-    beside it, its ratio to that step times the one-thread step predicted (no team there)."""
+    """The step the fit matches: a two-slot run's median step (its fastest where none was
+    kept), or for a run with a one-thread step beside it, the ratio of the fastest of each
+    times the one-thread step predicted (no team there)."""
     if run.one_thread_s is None:
-        return run.measured_s
+        return run.median_s if run.median_s is not None else run.measured_s
     return run.measured_s / run.one_thread_s * _predict_s(profile, run, machine, threads=1)
 
 
@@ -245,9 +249,9 @@ def _report_row(fitted: Profile, r: CorunRun, machine: Machine, target_s: float)
     }
     if r.median_s is not None:
         row["median_ms"] = round(r.median_s * 1e3, 3)
-    if r.one_thread_s is not None:  # what the fit matched: the ratio, at the predicted one-thread level
+    if r.one_thread_s is not None:  # the team's ratio, at the predicted one-thread level
         row["one_thread_measured_ms"] = round(r.one_thread_s * 1e3, 3)
-        row["target_ms"] = round(target_s * 1e3, 3)
+    row["target_ms"] = round(target_s * 1e3, 3)  # what the fit matched
     if r.one_thread_median_s is not None:
         row["one_thread_median_ms"] = round(r.one_thread_median_s * 1e3, 3)
     return row

@@ -84,8 +84,8 @@ class CalibrationConfig:
     view_timing: TimingConfig = field(default_factory=lambda: TimingConfig(budget_s=0.002, min_reps=20, max_reps=500, rounds=2))
     replay_rounds: int = 3  # timed executor steps of each graph (calibrate.context)
     # Timed two-slot executor steps of each small graph, and one-slot steps at each thread
-    # count above one (calibrate.corun_fit); 0: none. Their
-    # fastest is what the fit reads: over 4 repeats of 1-13 ms graphs (tiny cnn, nmt,
+    # count above one (calibrate.corun_fit); 0: none. The two-slot fit reads their median,
+    # the team's their fastest: over 4 repeats of 1-13 ms graphs (tiny cnn, nmt,
     # transformer), the fastest of 3 steps varied up to 1.73x, of 15 steps up to 1.32x.
     corun_steps: int = 15
     wake_reps: int = WAKE_REPS  # timed calls per round of each op's wake cost (calibrate.wake); 0: none

@@ -111,6 +111,9 @@ def test_the_fit_recovers_both_waits_from_steps_made_with_them() -> None:
     assert fitted.corun.team_latency_us == pytest.approx({2: 3.5}, abs=0.15)
     assert [(r["slots"], r["threads"]) for r in report] == [(2, 1), (2, 2), (1, 2)]
     assert all(r["predicted_ms"] == pytest.approx(r["measured_ms"], rel=0.01) for r in report)
+    # the two-slot wait is read off the median step: a fastest step half as long changes nothing
+    halved = [dataclasses.replace(r, measured_s=r.measured_s / 2, median_s=r.measured_s) for r in runs[:2]]
+    assert fit_corun_latency(base, halved, machine)[0].corun.latency_us == pytest.approx({1: 12.0, 2: 30.0}, abs=0.15)
 
 
 def test_the_team_wait_is_fitted_to_the_ratio_of_the_two_steps_not_their_level() -> None:
@@ -132,11 +135,12 @@ def test_the_team_wait_is_fitted_to_the_ratio_of_the_two_steps_not_their_level()
     assert fit_corun_latency(base, [alone], machine)[0].corun.team_latency_us[2] > 2 * 3.5
 
 
-def test_the_runs_carry_the_fastest_step_which_the_fit_matches_and_the_median_beside_it(
+def test_the_runs_carry_the_median_step_which_the_two_slot_fit_matches_and_the_fastest_beside_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The fit matches the fastest of the timed steps; the median of the same steps is
-    kept in the report, so that a fit on it can be tried offline on a saved profile."""
+    """The two-slot fit matches the median of the timed steps, the team's fit the ratio of
+    the fastest; both are kept in the report, so that a fit on either can be tried offline
+    on a saved profile."""
     import schedlab.exec as exec_pkg
     from schedlab.calibrate.corun_fit import measure_corun_runs
     from schedlab.exec import ExecResult
@@ -165,4 +169,7 @@ def test_the_runs_carry_the_fastest_step_which_the_fit_matches_and_the_median_be
     assert calls == [(1, 1, 1), (2, 1, 3), (2, 2, 3), (1, 1, 1), (1, 2, 1), (1, 1, 1), (1, 2, 1), (1, 1, 1), (1, 2, 1)]
     _, report = fit_corun_latency(make_profile(), runs, machine)
     assert report[0]["measured_ms"] == 4.0 and report[0]["median_ms"] == 6.0
+    assert report[0]["target_ms"] == 6.0 and report[1]["target_ms"] == 12.0  # two slots: the median
     assert report[2]["one_thread_measured_ms"] == 2.0 and report[2]["one_thread_median_ms"] == 3.0
+    fastest_only = [dataclasses.replace(r, median_s=None) for r in runs[:2]]  # a row kept before medians
+    assert [row["target_ms"] for row in fit_corun_latency(make_profile(), fastest_only, machine)[1]] == [4.0, 10.0]

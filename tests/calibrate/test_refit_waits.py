@@ -54,7 +54,7 @@ def test_a_graph_captured_again_in_another_form_of_the_same_schedule_is_refitted
 
 def test_slower_kept_steps_fit_a_longer_wait(tiny: tuple[Profile, Path]) -> None:
     profile, _ = tiny
-    slower = [{**r, "measured_ms": r["measured_ms"] * 3} if r["slots"] == 2 else r for r in profile.meta["corun_fit"]]
+    slower = [{**r, "median_ms": r["median_ms"] * 3} if r["slots"] == 2 else r for r in profile.meta["corun_fit"]]
     base = refit_waits(profile, detect_host())
     again = refit_waits(replace(profile, meta={**profile.meta, "corun_fit": slower}), detect_host())
     assert all(again.corun.latency_us[n] > base.corun.latency_us[n] for n in base.corun.latency_us)
