@@ -436,6 +436,8 @@ def run_calibration(
         "failures": acc.failures,
         "contended_points": acc.contended,
         "n_wake_points": len(acc.wake),
+        # each case's wake as timed (class, flops, bytes, threads, extra us): a fit can be tried again offline
+        "wake_points": [[p.op_class, p.flops, p.nbytes, p.threads, round(p.extra_us, 2)] for p in acc.wake],
         "thread_wake": {"levels": [lv.to_json() for lv in wake_levels], "idle_state": idle_state()} if wake_levels else None,
         "host_scaling": None if scaling is None else scaling.to_json(),
         "foreign_cpu_frac": _round(foreign_cpu_frac(cpu_start, cpu_end)),

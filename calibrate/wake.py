@@ -28,7 +28,19 @@ A class's cost is fitted as ``region_share * (base_us + per_work * work_us)``
 (`WakeFit`): ``region_share`` (0..1) is how far the op is into its class model's parallel
 regime (ATen runs small ops on the calling thread, so they have no helper to wake), and
 ``work_us`` its one-thread work, for classes whose regions grow with the work (a recurrent
-layer's time steps). The fits are timed at the most threads calibration benchmarks (all
+layer's time steps). Each class's two figures are the non-negative fit of least absolute deviation over its
+cases, not of least squares: a case's wake is timed as the difference of two medians of a
+few calls, and a helper that stays halted through one of them makes it tens of times its
+class's typical figure. On the 2-core Intel Xeon VM (2026-12-02, a quick calibration) 45
+of `convolution_backward`'s 47 cases paid 55-1,000 us and two paid 4.0 and 17.1 ms; least
+squares read 2,202 us + 0.093 x work off them, which charged `dev:conv-bn`'s largest
+convolution backward (25 ms of work, 2 threads) 4.3 ms where the same call timed alone
+paid 0.7-1.0 ms; least absolute deviation reads 617 us + 0.0085 x work, and the pooled
+fit 68 us + 0.041 x work against 194 us + 0.041 x work. Re-scored on the dev set
+(`fidelity --rescore`, the same measurements): `conv-bn` 7.9% to 3.2% profile-only, all
+eight models 19.8% to 19.3% (trace-calibrated 14.1% to 13.9%).
+
+The fits are timed at the most threads calibration benchmarks (all
 the cores: 2 here). On a host of more cores every fourth case is timed at each smaller
 count of two or more too, and `fit_wake_scale` gives the wake there as a share of the fits'
 (`wake_share`), since a larger team has more helpers to wake and the region ends with
@@ -52,7 +64,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy.optimize import nnls
+from scipy.optimize import linprog
 
 from schedlab.calibrate.model import WorkThreadsModel
 from schedlab.exec.threads import set_intra_op_threads
@@ -186,7 +198,7 @@ class WakePoint:
 
 def fit_wake(points: Sequence[WakePoint], model_of: Callable[[str], WorkThreadsModel | None]) -> dict[str, WakeFit]:
     """Per class with at least `MIN_FIT_POINTS` cases in its parallel regime (region share
-    >= 0.5), the non-negative least-squares `WakeFit`; under `POOLED`, one fit of every
+    >= 0.5), the non-negative `WakeFit` of least absolute deviation; under `POOLED`, one fit of every
     class's points (each scored with its own class model), for the classes without."""
     rows: dict[str, list[tuple[float, float, float]]] = {}
     threads = max((p.threads for p in points), default=0)
@@ -203,9 +215,9 @@ def fit_wake(points: Sequence[WakePoint], model_of: Callable[[str], WorkThreadsM
     for cls, rs in sorted(rows.items()):
         every += rs
         if sum(1 for s, _, _ in rs if s >= 0.5) >= MIN_FIT_POINTS:
-            fits[cls] = _nnls_fit(rs, threads)
+            fits[cls] = _lad_fit(rs, threads)
     if every:
-        fits[POOLED] = _nnls_fit(every, threads)
+        fits[POOLED] = _lad_fit(every, threads)
     return fits
 
 
@@ -246,11 +258,21 @@ def wake_share(scale: Mapping[int, float], fit_threads: int, threads: int) -> fl
     return 1.0
 
 
-def _nnls_fit(rows: Sequence[tuple[float, float, float]], threads: int) -> WakeFit:
+def _lad_fit(rows: Sequence[tuple[float, float, float]], threads: int) -> WakeFit:
+    """The non-negative (base, per-work) of least absolute deviation over `rows` of
+    (region share, work us, extra us): a linear program (HiGHS). Absolute, not squared:
+    a case that a neighbour or a halted helper slowed tenfold must not set the class's
+    charge (module docstring)."""
     a = np.array([[s, s * w] for s, w, _ in rows], dtype=np.float64)
     b = np.array([e for _, _, e in rows], dtype=np.float64)
     scale = np.maximum(a.max(axis=0), 1e-12)  # columns of similar size for the solver
-    coef, _ = nnls(a / scale, b)
-    coef = coef / scale
+    n = len(b)
+    # minimise sum(up + down) subject to (a / scale) coef + up - down = b, everything >= 0
+    cost = np.concatenate([np.zeros(2), np.ones(2 * n)])
+    eq = np.hstack([a / scale, np.eye(n), -np.eye(n)])
+    res = linprog(cost, A_eq=eq, b_eq=b, bounds=[(0.0, None)] * (2 + 2 * n), method="highs")
+    if not res.success:  # cannot happen for a feasible, bounded program; say so if it does
+        raise RuntimeError(f"the wake fit's linear program failed: {res.message}")
+    coef = np.maximum(res.x[:2], 0.0) / scale
     # rounded as saved, so a Profile predicts the same before and after a round trip
-    return WakeFit(base_us=round(float(coef[0]), 3), per_work=round(float(coef[1]), 6), threads=threads, n_points=len(rows))
+    return WakeFit(base_us=round(float(coef[0]), 3), per_work=round(float(coef[1]), 6), threads=threads, n_points=n)

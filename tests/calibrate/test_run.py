@@ -14,7 +14,7 @@ import schedlab.calibrate.run as run_mod
 from schedlab.calibrate import DEFAULT_PROFILE_PATH, CalibrationConfig, Profile, run_calibration, signature
 from schedlab.calibrate.sweep import SweepConfig, sweep_cases, sweep_specs
 from schedlab.calibrate.timing import RetryBudget, TimingConfig
-from schedlab.calibrate.wake import POOLED
+from schedlab.calibrate.wake import POOLED, WakePoint, fit_wake
 from schedlab.capture import capture
 from schedlab.cli import calibrate_cmd
 from schedlab.errors import SchedlabError
@@ -66,6 +66,10 @@ def test_a_calibration_at_two_threads_fits_what_waking_helpers_costs(tmp_path: P
     pooled = profile.wake[POOLED]
     assert pooled.threads == 2 and pooled.n_points == profile.meta["n_wake_points"]
     assert Profile.load(tmp_path / "p.json").wake == profile.wake
+    kept = profile.meta["wake_points"]  # every case as timed, so that a fit can be tried again offline
+    assert len(kept) == profile.meta["n_wake_points"] and all(p[3] == 2 and p[4] >= 0.0 for p in kept)
+    again = fit_wake([WakePoint(*p) for p in kept], lambda c: profile.classes[c].model if c in profile.classes else None)
+    assert again[POOLED].n_points == pooled.n_points
 
 
 def test_a_calibration_with_megabyte_ops_fits_what_a_step_pays_for_data_not_in_the_caches(tmp_path: Path) -> None:

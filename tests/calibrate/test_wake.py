@@ -153,3 +153,15 @@ def test_time_wake_measures_a_non_negative_extra_and_restores_the_thread_count()
     extra = time_wake(torch.add, (x, x), {}, threads=2, cores=2, reps=2, rounds=1)
     assert 0.0 <= extra < 1e5
     assert torch.get_num_threads() == before
+
+
+def test_a_few_cases_timed_far_off_do_not_set_the_class_fit() -> None:
+    """Least absolute deviation: two cases a halted helper slowed tens of times (the way
+    convolution_backward's calibration read 4 and 17 ms among cases of 55-1,000 us) leave
+    the fit on the rest, where least squares would be pulled to them."""
+    works = (1e7, 2e7, 3e7, 5e7, 1e8, 2e8, 3e8, 5e8)  # 100 us .. 5 ms of work
+    points = [WakePoint("conv", f, 0.0, 2, 200.0 + 0.01 * f * 1e-5) for f in works]
+    points += [WakePoint("conv", 1e8, 0.0, 2, 4000.0), WakePoint("conv", 3e8, 0.0, 2, 17000.0)]
+    fit = fit_wake(points, {"conv": MM_MODEL}.get)["conv"]
+    assert fit.base_us == pytest.approx(200.0, rel=0.02) and fit.per_work == pytest.approx(0.01, rel=0.05)
+    assert fit.n_points == 10
