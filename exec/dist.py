@@ -68,7 +68,7 @@ from schedlab.errors import SchedlabError
 from schedlab.exec.program import Extern, Program, compile_graph
 from schedlab.exec.reduce import Reducer, direction_groups, link, make_reducer, pair_directions
 from schedlab.exec.runner import OpFailed
-from schedlab.exec.workers import ReadyLoop, Span, freeing
+from schedlab.exec.workers import ReadyLoop, Span, WorkerPool, freeing
 from schedlab.graph import Graph, OpKind
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
@@ -312,6 +312,7 @@ class RankExecutor:
             self._indeg[i] = sum(1 for p in graph.preds[i] if p in local)
         # One slot: the whole sequence as one compiled straight line.
         self._tr: _Transfers | None = None  # the step's traffic, while a straight line runs
+        self._pool: WorkerPool | None = None  # the co-run workers, started at the first co-run step
         self._pending: dict[int, _Pending] = {}  # issued all-reduces not waited on yet
         self._issued_ns: dict[int, int] = {}
         if self.slots == 1:
@@ -576,7 +577,10 @@ class RankExecutor:
             except BaseException as e:
                 loop.error(self._failed(i, e))
 
-        spans = loop.run(self.slots, comm if self.externals else None)
+        if self._pool is None:  # kept from step to step, as the one-process executor's (exec.runner)
+            self._pool = WorkerPool(self.slots)
+            weakref.finalize(self, self._pool.close)
+        spans = loop.run(self.slots, comm if self.externals else None, pool=self._pool)
         for i in self.ops:
             if kind[i] == SEND:
                 a, b, _ = spans[i]

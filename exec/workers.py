@@ -177,26 +177,26 @@ class ReadyLoop:
 
     def run(self, n_workers: int, helper: Callable[[], None] | None = None, pool: WorkerPool | None = None) -> list[Span]:
         """Run the step with `n_workers` worker threads (and `helper`, the communication
-        thread, if given); the spans of every op, indexed by op id. With `pool`, its
-        threads (as many as `n_workers`) are the workers, else new threads are started."""
-        if pool is not None:
-            if pool.size != n_workers or helper is not None:
-                raise ValueError(f"a pool of {pool.size} workers runs a step of {n_workers} workers and no helper")
-            pool.run(self.worker, self.error)
-            if self.errors:
-                raise self.errors[0]
-            return self.spans
-        threads = [threading.Thread(target=self.worker, args=(w,), name=f"schedlab-worker-{w}") for w in range(n_workers)]
+        thread, started anew for the step, if given); the spans of every op, indexed by op
+        id. With `pool`, its threads (as many as `n_workers`) are the workers, else new
+        threads are started."""
+        if pool is not None and pool.size != n_workers:
+            raise ValueError(f"a pool of {pool.size} workers runs a step of {n_workers} workers")
         comm = None
         if helper is not None:
             # A daemon: if the step fails it may still wait on a peer that never sends,
             # until the collective timeout; the process exits without it.
             comm = threading.Thread(target=helper, name="schedlab-comm", daemon=True)
             comm.start()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        if pool is not None:
+            pool.run(self.worker, self.error)
+        else:
+            threads = [threading.Thread(target=self.worker, args=(w,), name=f"schedlab-worker-{w}")
+                       for w in range(n_workers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
         if comm is not None and not self.errors:
             comm.join()
         if self.errors:
