@@ -313,10 +313,17 @@ class RankExecutor:
         # One slot: the whole sequence as one compiled straight line.
         self._tr: _Transfers | None = None  # the step's traffic, while a straight line runs
         self._pool: WorkerPool | None = None  # the co-run workers, started at the first co-run step
+        self._end_pool: weakref.finalize | None = None
         self._pending: dict[int, _Pending] = {}  # issued all-reduces not waited on yet
         self._issued_ns: dict[int, int] = {}
         if self.slots == 1:
             self._compile_line(program, compute)
+
+    def close(self) -> None:
+        """End the co-run workers (before the rank's process exits: `WorkerPool.close`)."""
+        if self._end_pool is not None:
+            self._end_pool()
+        self._pool = self._end_pool = None
 
     # ---- one step --------------------------------------------------------------------------
 
@@ -579,7 +586,7 @@ class RankExecutor:
 
         if self._pool is None:  # kept from step to step, as the one-process executor's (exec.runner)
             self._pool = WorkerPool(self.slots)
-            weakref.finalize(self, self._pool.close)
+            self._end_pool = weakref.finalize(self, self._pool.close)
         spans = loop.run(self.slots, comm if self.externals else None, pool=self._pool)
         for i in self.ops:
             if kind[i] == SEND:

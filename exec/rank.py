@@ -174,6 +174,7 @@ def _run(job_dir: Path, env: RankEnv, state: dict[str, int | None], progress: Pr
                 ddp_steps.append(ddp_rec)
     state["step"] = None
     ex.finish()
+    ex.close()  # its co-run workers end before the process does (exec.workers.WorkerPool.close)
     write_result(job_dir, RankResult(
         rank=env.rank,
         device=rank_device(job.resolved, job.machine, env.rank),

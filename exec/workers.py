@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 Span = tuple[int, int, int]  # (start_ns, end_ns, worker); start and end from the step start
+CLOSE_TIMEOUT_S = 10.0  # how long closing a pool waits for each worker to end (its op finishing first)
 
 
 def freeing(
@@ -251,6 +252,14 @@ class WorkerPool:
         for _ in range(self.size):
             self._done.get()
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """End the workers and wait for them (each up to `timeout_s`): a worker thread that
+        holds an OpenMP team still running while the interpreter shuts down aborts the
+        process ("terminate called without an active exception"), so a pool is closed
+        before exit (`weakref.finalize` runs at exit too). Closing twice is harmless."""
         for q in self._jobs:
             q.put(None)
+        me = threading.current_thread()
+        for t in self._threads:
+            if t is not me:
+                t.join(timeout=timeout_s)

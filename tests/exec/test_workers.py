@@ -60,3 +60,14 @@ def test_a_pool_of_another_size_is_refused() -> None:
             loop.run(2, pool=pool)
     finally:
         pool.close()
+
+
+def test_closing_a_pool_waits_for_its_workers_to_end() -> None:
+    """A rank's process must not exit with a worker still running (it aborts: the ranks of
+    `make test-slow`'s co-run rank tests did before closing waited)."""
+    pool = WorkerPool(2)
+    loop, helper = _chain_loop([], [])
+    loop.run(2, helper, pool=pool)
+    pool.close()
+    assert not any(t.is_alive() for t in pool._threads)
+    pool.close()  # twice: harmless
