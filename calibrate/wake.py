@@ -33,12 +33,15 @@ cases, not of least squares: a case's wake is timed as the difference of two med
 few calls, and a helper that stays halted through one of them makes it tens of times its
 class's typical figure. On the 2-core Intel Xeon VM (2026-12-02, a quick calibration) 45
 of `convolution_backward`'s 47 cases paid 55-1,000 us and two paid 4.0 and 17.1 ms; least
-squares read 2,202 us + 0.093 x work off them, which charged `dev:conv-bn`'s largest
-convolution backward (25 ms of work, 2 threads) 4.3 ms where the same call timed alone
-paid 0.7-1.0 ms; least absolute deviation reads 617 us + 0.0085 x work, and the pooled
+squares read 2,202 us + 0.093 x work off them (another calibration of that hour 2,268 +
+0.082, which charged `dev:conv-bn`'s largest convolution backward, 25 ms of work at 2
+threads, 4.3 ms where the same call timed alone paid 0.7-1.0 ms); least absolute deviation reads 617 us + 0.0085 x work, and the pooled
 fit 68 us + 0.041 x work against 194 us + 0.041 x work. Re-scored on the dev set
 (`fidelity --rescore`, the same measurements): `conv-bn` 7.9% to 3.2% profile-only, all
-eight models 19.8% to 19.3% (trace-calibrated 14.1% to 13.9%).
+eight models 19.8% to 19.3% (trace-calibrated 14.1% to 13.9%); the held-out run O of that
+night re-scored on its own profile both ways (the co-run waits fitted again on each):
+profile-only 13.8% (least squares) against 13.9%, trace-calibrated 9.3% against 8.3%
+(depthwise-cnn 12.5% to 8.0%, grouped-resnet 8.1% to 4.6%).
 
 The fits are timed at the most threads calibration benchmarks (all
 the cores: 2 here). On a host of more cores every fourth case is timed at each smaller

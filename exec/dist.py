@@ -68,7 +68,7 @@ from schedlab.errors import SchedlabError
 from schedlab.exec.program import Extern, Program, compile_graph
 from schedlab.exec.reduce import Reducer, direction_groups, link, make_reducer, pair_directions
 from schedlab.exec.runner import OpFailed
-from schedlab.exec.workers import ReadyLoop, Span, WorkerPool, freeing
+from schedlab.exec.workers import KeptWorkers, ReadyLoop, Span, freeing
 from schedlab.graph import Graph, OpKind
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
@@ -312,8 +312,7 @@ class RankExecutor:
             self._indeg[i] = sum(1 for p in graph.preds[i] if p in local)
         # One slot: the whole sequence as one compiled straight line.
         self._tr: _Transfers | None = None  # the step's traffic, while a straight line runs
-        self._pool: WorkerPool | None = None  # the co-run workers, started at the first co-run step
-        self._end_pool: weakref.finalize | None = None
+        self._workers = KeptWorkers(self.slots)  # the co-run workers, as the one-process executor's
         self._pending: dict[int, _Pending] = {}  # issued all-reduces not waited on yet
         self._issued_ns: dict[int, int] = {}
         if self.slots == 1:
@@ -321,9 +320,7 @@ class RankExecutor:
 
     def close(self) -> None:
         """End the co-run workers (before the rank's process exits: `WorkerPool.close`)."""
-        if self._end_pool is not None:
-            self._end_pool()
-        self._pool = self._end_pool = None
+        self._workers.close()
 
     # ---- one step --------------------------------------------------------------------------
 
@@ -584,10 +581,7 @@ class RankExecutor:
             except BaseException as e:
                 loop.error(self._failed(i, e))
 
-        if self._pool is None:  # kept from step to step, as the one-process executor's (exec.runner)
-            self._pool = WorkerPool(self.slots)
-            self._end_pool = weakref.finalize(self, self._pool.close)
-        spans = loop.run(self.slots, comm if self.externals else None, pool=self._pool)
+        spans = loop.run(self.slots, comm if self.externals else None, pool=self._workers.pool())
         for i in self.ops:
             if kind[i] == SEND:
                 a, b, _ = spans[i]

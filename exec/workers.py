@@ -13,6 +13,7 @@ import heapq
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Collection, Mapping, MutableMapping, Sequence
 from typing import Any
 
@@ -209,8 +210,8 @@ class WorkerPool:
     """`size` worker threads kept from step to step, for state a thread keeps: a CUDA
     stream made current once, and what CUDA libraries cache per thread (cuDNN's execution
     plans are thread-local in PyTorch: a new thread per step would plan every convolution
-    again). `init(w)` runs first in worker `w`'s thread. Daemon threads: `close()` ends
-    them, and a process never waits for them."""
+    again), and on a CPU each worker's OpenMP team. `init(w)` runs first in worker `w`'s
+    thread. Daemon threads: `close()` ends them and waits for them to end."""
 
     def __init__(self, size: int, init: Callable[[int], None] | None = None, name: str = "schedlab-worker") -> None:
         self.size = size
@@ -263,3 +264,26 @@ class WorkerPool:
         for t in self._threads:
             if t is not me:
                 t.join(timeout=timeout_s)
+
+
+class KeptWorkers:
+    """The co-run workers an executor keeps from step to step: a `WorkerPool` of `size`
+    started at the first `pool()` and ended by `close()`, or when this object is collected
+    (or at exit) through `weakref.finalize`, whose callback holds the pool, not its owner.
+    `close()` leaves it usable: the next `pool()` starts new workers."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._pool: WorkerPool | None = None
+        self._end: weakref.finalize | None = None
+
+    def pool(self) -> WorkerPool:
+        if self._pool is None:
+            self._pool = WorkerPool(self.size)
+            self._end = weakref.finalize(self, self._pool.close)
+        return self._pool
+
+    def close(self) -> None:
+        if self._end is not None:
+            self._end()  # closes the pool once, and detaches the finalizer
+        self._pool = self._end = None
