@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from schedlab.calibrate.aten_call import decode_call, fast_callable, resolve_target
-from schedlab.calibrate.signature import fit_class, signature
+from schedlab.calibrate.signature import op_fit_class, signature
 from schedlab.graph import Graph, Op
 
 
@@ -82,7 +82,7 @@ def workload_cases(graph: Graph, input_values: dict[int, Any], seen: set[str], s
         if sig not in seen:
             seen.add(sig)
             yield Case(
-                sig, fit_class(op.op_class, op.strided, op.args), op.target, op.flops, op.bytes_moved, fn, args, kwargs, source,
+                sig, op_fit_class(op), op.target, op.flops, op.bytes_moved, fn, args, kwargs, source,
                 is_view=op.is_view, outputs=len(op.outputs),
             )
         out = fn(*args, **kwargs)

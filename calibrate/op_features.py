@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from schedlab.calibrate.context import first_uses
-from schedlab.calibrate.signature import fit_class, graph_signatures
+from schedlab.calibrate.signature import graph_signatures, op_fit_class
 from schedlab.graph import Graph, kept_on
 
 
@@ -45,7 +45,7 @@ def _build(graph: Graph) -> OpFeatures:
     fit_op_class: list[str] = []
     codes = np.empty(n, dtype=np.int64)
     for i, op in enumerate(ops):
-        fk = fit_class(op.op_class, op.strided, op.args)
+        fk = op_fit_class(op)
         code = numbers.get(fk)
         if code is None:
             code = numbers[fk] = len(numbers)

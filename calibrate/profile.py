@@ -101,7 +101,7 @@ from schedlab.calibrate.links import LinkFits, collective_s
 from schedlab.calibrate.model import WorkThreadsModel
 from schedlab.calibrate.profile_columns import ProfileColumns
 from schedlab.calibrate.roofline import Roofline
-from schedlab.calibrate.signature import base_class, fit_class, graph_signatures, signature
+from schedlab.calibrate.signature import base_class, graph_signatures, op_fit_class, signature
 from schedlab.calibrate.trace_cal import trace_figures, trace_slots
 from schedlab.calibrate.views import NO_VIEW_COSTS, ViewCosts
 from schedlab.calibrate.wake import POOLED, WakeFit, region_share, wake_share
@@ -483,7 +483,7 @@ class Profile:
         trusted: a transposed operand makes a memory-bound kernel several times slower at the
         same bytes. Likewise a 1-D convolution's own model (``convolution[1d]``). Otherwise
         (a profile calibrated before such cases) the class's model."""
-        return self.class_key_of(fit_class(op.op_class, op.strided, op.args), op.op_class)
+        return self.class_key_of(op_fit_class(op), op.op_class)
 
     def class_key_of(self, fit_key: str, op_class: str) -> str:
         """`class_key` of an op of `op_class` whose `fit_class` is `fit_key`."""

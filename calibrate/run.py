@@ -50,7 +50,7 @@ from schedlab.calibrate.links import LinkConfig, LinkFits, measure_links, quick_
 from schedlab.calibrate.model import WorkThreadsModel
 from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.roofline import Roofline, measure_roofline
-from schedlab.calibrate.signature import base_class, signature
+from schedlab.calibrate.signature import base_class, short_row_floats, signature
 from schedlab.calibrate.sweep import SWEEP_SOURCE, SweepConfig, sweep_cases, sweep_specs
 from schedlab.calibrate.thread_wake import WakeLevel, idle_state, measure_thread_wake
 from schedlab.calibrate.threads import thread_counts
@@ -444,6 +444,7 @@ def run_calibration(
         "steal_frac": _round(steal_frac(cpu_start, cpu_end)),  # the hypervisor's share meanwhile
         "loadavg_1m_start": _round(load_start),
         "host": {k: host.host.get(k) for k in ("hostname", "cpu_model", "python", "torch", "platform")},
+        "short_row_floats": short_row_floats(),  # a softmax row shorter than this is fitted as `[short]`
     }
     profile = Profile(
         machine=host.fingerprint,

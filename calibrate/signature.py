@@ -10,7 +10,9 @@ argument written as "T":
 Two ops with equal signatures do the same arithmetic on the same amount of data. Of its
 inputs' strides a signature sees one thing: a memory-bound op that reads a permuted view
 (`Op.strided`, `schedlab.capture.reads_strided`) ends in "|strided", since a transposed
-`add` reads as many bytes as a contiguous one and takes several times as long. Other
+`add` reads as many bytes as a contiguous one and takes several times as long. A softmax
+(or its backward) over its innermost dimension ends in "|row=12", that dimension's length
+(`Op.row_len`): rows of 12 and of 16 can move equal bytes and differ tenfold. Other
 layouts it cannot see, which is one reason a measurement from a real trace
 (`Profile.with_trace`) beats one from a microbenchmark. Computing it needs the Op only, so
 the simulator can call `kernel_us(op, threads)` without the Graph.
@@ -18,6 +20,7 @@ the simulator can call `kernel_us(op, threads)` without the Graph.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -38,20 +41,23 @@ def _strip_values(a: Any) -> Any:
 
 
 def signature_of(
-    target: str, flops: float, nbytes: int, args: Any, kwargs: dict[str, Any], strided: bool = False
+    target: str, flops: float, nbytes: int, args: Any, kwargs: dict[str, Any], strided: bool = False, row_len: int = 0
 ) -> str:
     """The signature of a call of `target` on arguments in the Graph's JSON encoding;
-    ``|strided`` ends that of a call that reads a permuted input (`Op.strided`)."""
+    ``|strided`` ends that of a call that reads a permuted input (`Op.strided`), ``|row=n``
+    that of a softmax over rows of n (`Op.row_len`)."""
     arg_key = json.dumps(_strip_values(list(args)), separators=(",", ":"), sort_keys=True)
     key = f"{target}|f={float(flops)!r}|b={int(nbytes)}|a={arg_key}"
     if kwargs:
         key += "|k=" + json.dumps(_strip_values(kwargs), separators=(",", ":"), sort_keys=True)
+    if row_len:
+        key += f"|row={int(row_len)}"
     return key + STRIDED_MARK if strided else key
 
 
 def signature(op: Op) -> str:
     """The signature of `op` (see the module docstring)."""
-    return signature_of(op.target, op.flops, op.bytes_moved, op.args, op.kwargs, op.strided)
+    return signature_of(op.target, op.flops, op.bytes_moved, op.args, op.kwargs, op.strided, op.row_len)
 
 
 CONV1D_CLASS = "[1d]"  # a class model's name for the convolutions over one spatial dimension
@@ -70,17 +76,41 @@ def is_conv1d(op_class: str, args: Any) -> bool:
     return isinstance(stride, (list, tuple)) and len(stride) == 1
 
 
-def fit_class(op_class: str, strided: bool, args: Any = ()) -> str:
+SHORT_ROW_CLASS = "[short]"  # a class model's name for a softmax over rows shorter than the vector
+
+
+@functools.cache
+def short_row_floats() -> int:
+    """The float32 lanes of this host's ATen vector (16 with AVX-512, else 8): a softmax row
+    shorter than that runs ATen's last-dimension kernel about ten times slower per element
+    (measured 2026-12-03 on the Intel Xeon VM at one thread: `_softmax` over 3,840 rows 15 ns
+    a row of 1, 177 of 12, 216 of 15, then 14 of 16 and 30 of 17; its backward 268 us
+    against 16 for rows of 12 and 16)."""
+    import torch
+
+    return 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
+
+
+def fit_class(op_class: str, strided: bool, args: Any = (), row_len: int = 0) -> str:
     """The class a measurement is fitted under: ``add``; for a call that reads a permuted
-    input, ``add[strided]``; for a 1-D convolution, ``convolution[1d]``."""
+    input, ``add[strided]``; for a 1-D convolution, ``convolution[1d]``; for a softmax over
+    rows shorter than this host's vector (`Op.row_len`, `short_row_floats`),
+    ``_softmax[short]``."""
     if strided:
         return op_class + STRIDED_CLASS
+    if 0 < row_len < short_row_floats():
+        return op_class + SHORT_ROW_CLASS
     return op_class + CONV1D_CLASS if is_conv1d(op_class, args) else op_class
+
+
+def op_fit_class(op: Op) -> str:
+    """`fit_class` of `op`."""
+    return fit_class(op.op_class, op.strided, op.args, op.row_len)
 
 
 def base_class(name: str) -> str:
     """`fit_class`'s op class: ``add[strided]`` -> ``add``, ``convolution[1d]`` -> ``convolution``."""
-    return name.removesuffix(STRIDED_CLASS).removesuffix(CONV1D_CLASS)
+    return name.removesuffix(STRIDED_CLASS).removesuffix(CONV1D_CLASS).removesuffix(SHORT_ROW_CLASS)
 
 
 def graph_signatures(graph: Graph) -> tuple[str, ...]:

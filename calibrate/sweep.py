@@ -21,8 +21,8 @@ from torch.utils.flop_counter import sdpa_flop_count
 
 from schedlab.calibrate.aten_call import fast_callable, resolve_target
 from schedlab.calibrate.cases import Case
-from schedlab.calibrate.signature import fit_class, signature_of
-from schedlab.capture import dtype_name, reads_strided, tensor_meta
+from schedlab.calibrate.signature import fit_class, short_row_floats, signature_of
+from schedlab.capture import dtype_name, reads_strided, softmax_row_len, tensor_meta
 from schedlab.flops import op_cost
 from schedlab.graph import op_class_of
 from schedlab.recurrent import LSTM_MODE, fused_layer_args
@@ -620,6 +620,34 @@ def _strided_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
     return specs
 
 
+SHORT_ROW_TARGETS: tuple[tuple[str, Callable[[int, int], Call]], ...] = (
+    ("aten._softmax.default", _softmax),
+    ("aten._log_softmax.default", _softmax),
+    ("aten._safe_softmax.default", _safe_softmax),
+    ("aten._softmax_backward_data.default", _softmax_backward),
+    ("aten._log_softmax_backward_data.default", _softmax_backward),
+)
+
+
+def _short_row_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
+    """Softmax, forward and backward, over rows shorter than the host's vector
+    (`calibrate.signature.short_row_floats`): attention over a dozen tokens, a loss over ten
+    classes. ATen runs those about ten times slower per element than rows of 16 at equal
+    bytes, so each class gets a model of its own (``_softmax[short]``, `fit_class`); the
+    memory sweep's rows are 16 and longer. At most an eighth of `max_elems` (about 14 ns an
+    element at one thread). Drawn from their own random stream, so the other cases stay as
+    they were."""
+    per = max(2, cfg.per_class)
+    short = short_row_floats()
+    specs: list[SweepSpec] = []
+    for target, build in SHORT_ROW_TARGETS:
+        for i in range(per):
+            total = _log_int_in_band(rng, 64, max(128, cfg.max_elems // 8), i, per)
+            cols = rng.randint(2, short - 1)
+            specs.append(SweepSpec(target, partial(build, max(1, total // cols), cols)))
+    return specs
+
+
 def _pooling_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
     """Max and average pooling, forward and backward, over feature maps of every size and the
     windows of `POOL_WINDOWS`. ATen's NCHW pooling costs about 4-5 ns per input element on
@@ -664,6 +692,7 @@ def sweep_specs(cfg: SweepConfig) -> list[SweepSpec]:
     # each later group on a random stream of its own, so that adding one leaves every other case as drawn
     specs += _strided_specs(cfg, random.Random(cfg.seed + 2)) + _pooling_specs(cfg, random.Random(cfg.seed + 4))
     specs += _conv1d_specs(cfg, random.Random(cfg.seed + 6)) + _attention_specs(cfg, random.Random(cfg.seed + 8))
+    specs += _short_row_specs(cfg, random.Random(cfg.seed + 9))
     specs += _big_matmul_specs(cfg, random.Random(cfg.seed + 3))
     if cfg.extra_convs > 0:  # more of both convolution kinds
         specs += _conv_specs(cfg, random.Random(cfg.seed + 5), cfg.extra_convs)
@@ -709,11 +738,13 @@ def sweep_cases(specs: list[SweepSpec], seen: set[str]) -> Iterator[Case]:
         del out, outs
         op_class = op_class_of(spec.target)
         strided = reads_strided(op_class, tensors_in)
-        sig = signature_of(spec.target, flops, nbytes, _encode(args), _encode(kwargs), strided)
+        row_len = softmax_row_len(op_class, args)
+        sig = signature_of(spec.target, flops, nbytes, _encode(args), _encode(kwargs), strided, row_len)
         if sig in seen:
             continue
         seen.add(sig)
-        yield Case(sig, fit_class(op_class, strided, args), spec.target, flops, nbytes, fn, args, kwargs, SWEEP_SOURCE)
+        yield Case(sig, fit_class(op_class, strided, args, row_len), spec.target, flops, nbytes, fn, args, kwargs,
+                   SWEEP_SOURCE)
 
 
 def _flatten(a: Any) -> Iterator[Any]:

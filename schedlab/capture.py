@@ -210,6 +210,7 @@ class _Importer:
             layer=layer,
             is_view=is_view,
             strided=not is_view and reads_strided(op_class_of(str(target)), _traced_tensors(node.args)),
+            row_len=softmax_row_len(op_class_of(str(target)), [_traced(a) for a in node.args]),
         )
         self.ops.append(op)
         return tuple(out_ids) if multi else out_ids[0]
@@ -221,6 +222,32 @@ def reads_strided(op_class: str, inputs: Iterable[Any]) -> bool:
     transposed operand as a BLAS flag) that reads a permuted view (`is_transposed`). Capture
     asks it of every traced op, the sweep of every synthetic case."""
     return op_class not in COMPUTE_CLASSES and any(isinstance(t, torch.Tensor) and is_transposed(t) for t in inputs)
+
+
+# Where each softmax class's call has its dimension; its tensor is the first argument.
+SOFTMAX_DIM_ARG = {
+    "_softmax": 1, "_log_softmax": 1, "_safe_softmax": 1, "_softmax_backward_data": 2, "_log_softmax_backward_data": 2,
+}  # fmt: skip
+
+
+def softmax_row_len(op_class: str, args: Sequence[Any]) -> int:
+    """`Op.row_len` of a call of `op_class` on `args` (as called: tensors, or traced
+    values): for a softmax or its backward over the innermost dimension of its tensor
+    (every dimension after it of size 1), that dimension's length; otherwise 0. Capture asks
+    it of every traced op, the sweep of every synthetic case."""
+    at = SOFTMAX_DIM_ARG.get(op_class)
+    if at is None or len(args) <= at or not isinstance(args[0], torch.Tensor) or args[0].dim() == 0:
+        return 0
+    shape, dim = tuple(args[0].shape), args[at]
+    if not isinstance(dim, int):
+        return 0
+    dim %= len(shape)
+    return int(shape[dim]) if all(int(n) == 1 for n in shape[dim + 1:]) else 0
+
+
+def _traced(a: Any) -> Any:
+    """An fx node's traced value; anything else as it is."""
+    return a.meta.get("val") if isinstance(a, fx.Node) else a
 
 
 def _traced_tensors(args: Any) -> Iterator[Any]:

@@ -150,6 +150,11 @@ class Op:
     # A memory-bound op that reads a permuted view (a transpose, attention's head permute)
     # out of order (`schedlab.capture.reads_strided`); it costs more (`Profile.class_key`).
     strided: bool = False
+    # A softmax (or its backward) over its innermost dimension: that dimension's length, the
+    # row it normalises (`schedlab.capture.softmax_row_len`); 0 for every other op. ATen's
+    # kernel is about ten times slower per element on a row shorter than the vector
+    # (`calibrate.signature.fit_class`).
+    row_len: int = 0
 
     @property
     def op_class(self) -> str:
@@ -171,6 +176,7 @@ class Op:
             "layer": self.layer,
             "is_view": self.is_view,
             **({"strided": True} if self.strided else {}),
+            **({"row_len": self.row_len} if self.row_len else {}),
         }
 
     @staticmethod
@@ -189,6 +195,7 @@ class Op:
             layer=d.get("layer"),
             is_view=bool(d.get("is_view", False)),
             strided=bool(d.get("strided", False)),
+            row_len=int(d.get("row_len", 0)),
         )
 
 
