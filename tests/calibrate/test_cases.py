@@ -16,6 +16,7 @@ from schedlab.calibrate.sweep import SweepConfig, sweep_cases, sweep_specs
 from schedlab.capture import capture
 from schedlab.errors import SchedlabError
 from schedlab.workloads import load_workload
+from schedlab.workloads.loader import Workload
 from tests.calibrate.factories import make_op
 
 
@@ -100,9 +101,26 @@ def test_sweep_spreads_each_class_over_its_whole_range_of_work() -> None:
         bands = sorted(min(5, int((math.log(w) - math.log(lo)) // step)) for w in works)
         assert bands == [0, 1, 2, 3, 4, 5], (cls, works)  # one case in every band
     for cls in ("_native_batch_norm_legit_functional", "native_batch_norm_backward", "native_group_norm",
-                "native_group_norm_backward", f"{attention}_backward"):
+                "native_group_norm_backward", f"{attention}_backward", "_native_batch_norm_legit"):
         sizes = sorted(by_class[cls])
-        assert len(sizes) == 6 and sizes[-1] > 100 * sizes[0], (cls, sizes)
+        per = 12 if cls == "native_batch_norm_backward" else 6  # batch norm's and instance norm's
+        assert len(sizes) == per and sizes[-1] > 100 * sizes[0], (cls, sizes)
+
+
+def test_sweep_times_instance_norm_as_a_captured_instance_norm_calls_it() -> None:
+    """`nn.InstanceNorm1d` lowers to batch norm without running statistics over (1, N x C, L),
+    a class of its own that only the sweep times."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv1d(4, 8, 3), torch.nn.InstanceNorm1d(8, affine=True), torch.nn.Flatten(0),
+                                torch.nn.LazyLinear(1), torch.nn.Flatten(0))
+    model(torch.randn(2, 4, 16))  # the lazy layer's size
+    g = capture(Workload("inorm", "tiny", model, (torch.randn(2, 4, 16),))).graph  # type: ignore[arg-type]
+    captured = {op.target for op in g.ops if "batch_norm" in op.target}
+    swept = [c for c in sweep_cases(sweep_specs(SweepConfig(per_class=3, max_elems=1 << 14)), set())
+             if c.target in captured]
+    assert {c.target for c in swept} == captured == {"aten._native_batch_norm_legit.no_stats",
+                                                     "aten.native_batch_norm_backward.default"}
+    assert all(c.args[0].dim() == 3 and c.args[0].shape[0] == 1 for c in swept if "legit" in c.target)
 
 
 def test_sweep_times_grouped_and_depthwise_convolutions_at_their_own_cost() -> None:
