@@ -61,6 +61,10 @@ class CorunFigures:
     # beyond its kernel microbenchmark (its team, between the interpreter's ops; which part
     # of the team's work was not isolated), fitted on real graphs the same way (`corun_fit`)
     team_latency_us: dict[int, float] = field(default_factory=dict)
+    # whether `team_latency_us` is the wait of an op in its class's parallel regime, charged
+    # times its parallel share (`Profile.team_us`; fitted so since 2026-12-03): an op below
+    # ATen's grain size never forks its team. A profile from before charged it to every op
+    team_share: bool = False
     # whether `latency_us` was fitted with views paying it too, as every op of a co-run plan
     # does (`Profile.kernel_us`; calibrated since 2026-11-28); a profile from before fitted it
     # on the other ops alone, and its views keep paying nothing
@@ -89,6 +93,7 @@ class CorunFigures:
             "latency_us": {str(k): round(v, 4) for k, v in sorted(self.latency_us.items())},
             "team_latency_us": {str(k): round(v, 4) for k, v in sorted(self.team_latency_us.items())},
             "views_wait": self.views_wait,
+            "team_share": self.team_share,
         }
 
 

@@ -187,7 +187,7 @@ class Profile:
             return self.corun.latency(n) if self.dispatch_slots > 1 and self.corun.views_wait else 0.0
         alone = self._alone_us(op, n)
         if self.dispatch_slots <= 1:
-            return alone + self.team_us(n)
+            return alone + self.team_wait_us(op, n)
         return max(0.0, alone - self.serial_us(op)) + self.corun.latency(n)
 
     # ---- many ops at once (sim.cost_table.ColumnCostModel) -------------------------------
@@ -225,6 +225,14 @@ class Profile:
         on real graphs like the co-run wait: `calibrate.corun_fit`). 0 at one thread, and
         for the co-run executor, whose own fitted wait holds it."""
         return 0.0 if self.dispatch_slots > 1 else self.corun.team_latency(threads)  # 0 at one thread
+
+    def team_wait_us(self, op: Op, threads: int) -> float:
+        """`team_us` as non-view `op` pays it: times its parallel share under its class
+        model where the wait was fitted so (`CorunFigures.team_share`), all of it otherwise."""
+        team = self.team_us(threads)
+        if team > 0.0 and self.corun.team_share:
+            team *= self._lookup(op).shares()[2]
+        return team
 
     def wake_us(self, op: Op, threads: int) -> float:
         """What `op` with `threads` intra-op threads pays, in a co-run plan, to wake its
@@ -300,7 +308,7 @@ class Profile:
         bound graph (`first_use_us`), its data not in the caches (`cold_us`), and in a
         one-slot step its team of more threads (`team_us`; bind `for_slots` to the trace's
         slots)."""
-        team = 0.0 if op.is_view else self.team_us(threads)
+        team = 0.0 if op.is_view else self.team_wait_us(op, threads)
         return self.first_use_us(op) + self.cold_us(op, threads) + team
 
     def for_graph(self, graph: Graph) -> Profile:
@@ -899,6 +907,7 @@ def _corun_from_json(d: dict[str, Any]) -> CorunFigures:
         latency_us={int(k): _number(v) for k, v in dict(d.get("latency_us", {})).items()},
         team_latency_us={int(k): _number(v) for k, v in dict(d.get("team_latency_us", {})).items()},
         views_wait=_flag(d.get("views_wait", False), "views_wait"),
+        team_share=_flag(d.get("team_share", False), "team_share"),
     )
 
 

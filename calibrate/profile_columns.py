@@ -168,7 +168,8 @@ class ProfileColumns:
             out[self.view] = prof.corun.latency(n)
         alone = self.alone_us(n)
         if prof.dispatch_slots <= 1:
-            out[self.kernel] = alone + prof.team_us(n)
+            team = prof.team_us(n)  # `Profile.team_wait_us`
+            out[self.kernel] = alone + (team * self._shares_arrays()[2] if team > 0.0 and prof.corun.team_share else team)
         else:
             out[self.kernel] = np.maximum(0.0, alone - self._serial_us()) + prof.corun.latency(n)
         return out

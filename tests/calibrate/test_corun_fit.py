@@ -13,18 +13,38 @@ from schedlab.plan import Plan, resolve
 from schedlab.sim import simulate
 from schedlab.sim.testing import cpu_machine
 from schedlab.trace import Trace, TraceEvent
-from tests.calibrate.factories import DISPATCH, make_graph, make_profile
+from tests.calibrate.factories import DISPATCH, MM_MODEL, fit, make_graph, make_profile
 
 
-def with_waits(p: Profile, corun: dict[int, float], team: dict[int, float]) -> Profile:
+def with_waits(p: Profile, corun: dict[int, float], team: dict[int, float], team_share: bool = True) -> Profile:
     return dataclasses.replace(
-        p, corun=dataclasses.replace(p.corun, latency_us=corun, team_latency_us=team, views_wait=True)
+        p, corun=dataclasses.replace(p.corun, latency_us=corun, team_latency_us=team, views_wait=True,
+                                     team_share=team_share)
     )
+
+
+def test_a_one_slot_op_pays_the_team_wait_in_proportion_to_its_parallel_share() -> None:
+    """An op below its class's parallel regime never forks its team: it pays next to
+    nothing of the wait, an op deep in the regime nearly all of it."""
+    mm_model = dataclasses.replace(MM_MODEL, h_us=50.0)  # the parallel regime from 50 us of work
+    base = dataclasses.replace(make_profile(), classes={"mm": fit(mm_model)})
+    p = with_waits(base, {}, {2: 40.0})
+    mm = make_graph().ops[0]
+    small, large = (dataclasses.replace(mm, flops=f, bytes_moved=b) for f, b in ((1e3, 100), (1e10, 10**8)))
+    for op in (mm, small, large):
+        share = p._lookup(op).shares()[2]
+        assert p.kernel_us(op, 2) == pytest.approx(base.kernel_us(op, 2) + 40.0 * share)
+        assert p.team_wait_us(op, 1) == 0.0
+    assert p.team_wait_us(small, 2) < 1.0 < 30.0 < p.team_wait_us(large, 2)
+    assert Profile.from_json(p.to_json()).corun.team_share  # kept in the JSON
+    old = p.to_json()
+    del old["corun"]["team_share"]  # a profile from before: every op paid all of it
+    assert Profile.from_json(old).kernel_us(small, 2) == pytest.approx(base.kernel_us(small, 2) + 40.0)
 
 
 def test_a_one_slot_op_with_a_team_pays_the_team_wait_and_nothing_else_does() -> None:
     base = make_profile()
-    p = with_waits(base, {1: 12.0, 2: 30.0}, {2: 4.0})
+    p = with_waits(base, {1: 12.0, 2: 30.0}, {2: 4.0}, team_share=False)
     mm, view, _ = make_graph().ops
     assert p.kernel_us(mm, 2) == pytest.approx(base.kernel_us(mm, 2) + 4.0)
     assert p.kernel_us(mm, 1) == base.kernel_us(mm, 1)  # one thread: no team
@@ -91,8 +111,9 @@ def test_trace_calibration_takes_the_team_wait_off_a_one_slot_team_s_events() ->
         for step in range(3)
     )
     traced = p.with_trace(Trace(events=events, meta={"source": "exec", "graph_hash": g.hash, "plan": {"slots": 1}}), g)
-    assert traced.kernel_us(mm, 2) == pytest.approx(54.0)  # 50 in the table, the wait added back once
-    assert traced.for_slots(2).kernel_us(mm, 2) == pytest.approx(50.0 + 30.0)  # not the team's: the co-run wait
+    # (the mm's parallel share is 1 - 2e-8: all of the team's wait)
+    assert traced.kernel_us(mm, 2) == pytest.approx(54.0, abs=0.01)  # 50 in the table, the wait added back once
+    assert traced.for_slots(2).kernel_us(mm, 2) == pytest.approx(50.0 + 30.0, abs=0.01)  # the co-run wait, not the team's
 
 
 def test_the_fit_recovers_both_waits_from_steps_made_with_them() -> None:

@@ -107,11 +107,11 @@ def columns(profile: Profile, graph: Graph, ids: np.ndarray | None = None) -> di
 
 
 @pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("views_wait", [True, False])
-def test_columns_equal_the_per_op_answers_on_every_op(model: str, views_wait: bool) -> None:
+@pytest.mark.parametrize(("views_wait", "team_share"), [(True, True), (False, False)])
+def test_columns_equal_the_per_op_answers_on_every_op(model: str, views_wait: bool, team_share: bool) -> None:
     g = graph_of(model)
     prof = rich_profile(g)
-    prof = dataclasses.replace(prof, corun=dataclasses.replace(prof.corun, views_wait=views_wait))
+    prof = dataclasses.replace(prof, corun=dataclasses.replace(prof.corun, views_wait=views_wait, team_share=team_share))
     assert isinstance(prof, ColumnCostModel)
     for slots in (1, 2):
         bound = prof.for_graph(g).for_slots(slots)
