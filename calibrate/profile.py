@@ -218,6 +218,21 @@ class Profile:
             hit = self._columns[id(ids)] = ProfileColumns(self, graph, ids)
         return hit
 
+    def team_basis_us(self, op: Op, threads: int) -> float:
+        """What the simulator's demand rule (`sim.cost.team_or_inline`) compares `op`'s
+        speedup on: its kernel alone at `threads` (`_alone_us`), without the co-run
+        executor's wait per op or the team's. That wait is no part of whether a call opens a
+        parallel region, and compared with it a tiny op looked faster at two threads than at
+        one whenever the wait fitted at one thread exceeded the wait at two (a quick profile
+        of 2026-12-03: 16.9 against 15.8 us), so the 1,300 tiny ops of `dev:gru` held two
+        cores each at two slots of two threads and the step was simulated at 35 ms, against
+        23 ms with the one-thread wait 0.2 us lower (measured: 19.9)."""
+        return 0.0 if op.is_view else self._alone_us(op, max(1, int(threads)))
+
+    def team_basis_column(self, graph: Graph, ids: np.ndarray, threads: int) -> np.ndarray:
+        """`team_basis_us(op, threads)` of the ops `ids` of `graph`, as an array."""
+        return self._columns_of(graph, ids).team_basis_us(threads)
+
     def team_us(self, threads: int) -> float:
         """What a non-view op of a one-slot step with `threads` intra-op threads pays beyond
         its kernel as timed back to back: what its team costs between the interpreter's ops

@@ -174,6 +174,12 @@ class ProfileColumns:
             out[self.kernel] = np.maximum(0.0, alone - self._serial_us()) + prof.corun.latency(n)
         return out
 
+    def team_basis_us(self, threads: int) -> np.ndarray:
+        """`Profile.team_basis_us(op, threads)` of every op."""
+        out = np.zeros(len(self.ids), dtype=F64)
+        out[self.kernel] = self.alone_us(max(1, int(threads)))
+        return out
+
     def dispatch_us(self) -> np.ndarray:
         """`Profile.dispatch_us(op)` of every op."""
         prof = self.profile

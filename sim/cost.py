@@ -62,6 +62,15 @@ def team_or_inline(alone_us: Any, at_threads_us: Any, threads: Any) -> Any:
     return np.where(speedup > INLINE_SPEEDUP, np.asarray(threads), 1).astype(np.int64)
 
 
+def team_basis(cost: object) -> Callable[[Op, int], float]:
+    """What the demand rules (`team_or_inline`, `cores_kept_busy`) compare an op's speedup
+    on: the cost model's `team_basis_us(op, threads)` where it has one (a Profile: the
+    kernel alone, without the co-run executor's wait per op, which is no part of whether
+    a call opens a parallel region), else its `kernel_us`."""
+    fn = getattr(cost, "team_basis_us", None)
+    return fn if callable(fn) else cost.kernel_us  # type: ignore[attr-defined, no-any-return]
+
+
 def inlines_small_calls(cost: object) -> bool:
     """Whether `cost` models ATen's runtime on a CPU (a calibrated `Profile`), where a call
     below the grain size runs inline on its caller and holds one core (`team_or_inline`).

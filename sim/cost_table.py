@@ -194,6 +194,7 @@ class CostTable:
         self._dispatch_us: np.ndarray | None = None  # per op
         self._kernel_us = np.full((n_groups, max_threads + 1), np.nan)  # [group, threads]
         self._wake_us: np.ndarray | None = None  # [group, threads], once asked
+        self._basis_us: np.ndarray | None = None  # [group, threads], once asked (a cost model with `team_basis_us`)
         self._slowdown: dict[int, np.ndarray] = {}  # total cores -> [group, busy cores of the others]
         self._slowdown_ops: dict[int, np.ndarray] = {}  # the same per op (keyed: expanded when filled)
         # a ColumnCostModel is asked whole columns of the groups' ops (`reps`); else op by op
@@ -226,6 +227,18 @@ class CostTable:
             self._wake_us = np.full_like(self._kernel_us, np.nan)
         column = getattr(self.cost, "wake_column", None) if self._columns else None
         return self._by_threads(self._wake_us, ask, threads, ops, column if callable(column) else None)
+
+    def team_basis_us(self, threads: np.ndarray, ops: np.ndarray | None = None) -> np.ndarray:
+        """What the demand rule compares each op's speedup on (`sim.cost.team_basis`), as
+        `kernel_us` indexes it: the kernel times themselves for a cost model without
+        `team_basis_us`."""
+        ask = getattr(self.cost, "team_basis_us", None)
+        if not callable(ask):
+            return self.kernel_us(threads, ops)
+        if self._basis_us is None:
+            self._basis_us = np.full_like(self._kernel_us, np.nan)
+        column = getattr(self.cost, "team_basis_column", None) if self._columns else None
+        return self._by_threads(self._basis_us, ask, threads, ops, column if callable(column) else None)
 
     def _by_threads(
         self, table: np.ndarray, ask: Callable[[Op, int], float], threads: np.ndarray, ops: np.ndarray | None,

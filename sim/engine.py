@@ -24,7 +24,7 @@ from schedlab.graph import Graph, OpKind
 from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
 from schedlab.sim.compiled import FlatStructure, LoopResult, run_compiled
-from schedlab.sim.cost import CostModel, demand_rule
+from schedlab.sim.cost import CostModel, demand_rule, team_basis
 from schedlab.sim.cost_table import CostTable
 from schedlab.sim.device_cost import cost_source
 from schedlab.sim.fast import run_fast
@@ -108,7 +108,8 @@ class Simulator:
             kernel_us=self._kernels(resolved.threads, graph, run.mirror),
             dispatch_us=self._dispatches(graph, run.mirror),
             slowdown=run.slowdown,
-            alone_us=self._kernels((1,) * len(graph.ops), graph, run.mirror) if teams else None,
+            alone_us=self._kernels((1,) * len(graph.ops), graph, run.mirror, basis=True) if teams else None,
+            basis_us=self._kernels(resolved.threads, graph, run.mirror, basis=True) if teams else None,
         )
         if engine in ("fast", "compiled") and not prep.single_cpu:
             raise SchedlabError(f"the {engine} simulator engine needs every op on one CPU device; use engine='simpy'")
@@ -201,7 +202,9 @@ class Simulator:
         demand = threads
         rule = demand_rule(self.cost)
         if rule is not None and threads.size and threads.max() > 1:
-            demand = rule(self._kernels_arr(np.ones_like(threads)), kernel_us, threads)
+            self._check_threads(threads)
+            basis = self._costs.team_basis_us
+            demand = rule(basis(np.ones_like(threads)), basis(threads), threads)
         res = self._loop(resolved.slots, resolved.priority, dev, demand, kernel_us, self._dispatches_arr(), threads)
         machine = self.machine
         peaks = {d.id: 0 for d in machine.devices}
@@ -255,9 +258,12 @@ class Simulator:
 
     def _kernels_arr(self, threads: np.ndarray) -> np.ndarray:
         """Kernel µs of every op at its thread count (`sim.cost_table`)."""
+        self._check_threads(threads)
+        return self._costs.kernel_us(threads)
+
+    def _check_threads(self, threads: np.ndarray) -> None:
         if threads.size and (threads.min() < 1 or threads.max() >= self._stride):
             raise SchedlabError(f"thread counts must be 1..{self._stride - 1} on machine {self.machine.name!r}")
-        return self._costs.kernel_us(threads)
 
     def _dispatches_arr(self) -> np.ndarray:
         return self._costs.dispatch_us()
@@ -297,25 +303,30 @@ class Simulator:
         base, ask = self._dispatch_us, self.cost.dispatch_us
         return [base[m] if m >= 0 else float(ask(op)) for m, op in zip(mirror, graph.ops, strict=True)]
 
-    def _kernels(self, threads: tuple[int, ...], graph: Graph | None = None, mirror: Sequence[int] | None = None) -> list[float]:
+    def _kernels(
+        self, threads: tuple[int, ...], graph: Graph | None = None, mirror: Sequence[int] | None = None,
+        basis: bool = False,
+    ) -> list[float]:
         """Kernel µs of every op of `graph` (default: the bound one) at its thread count; an op
         that copies one of the bound graph's (`mirror`) is costed as that one (from the
-        CostTable), a COMM op as `sim.prepare.comm_kernel_us` says."""
+        CostTable), a COMM op as `sim.prepare.comm_kernel_us` says. `basis`: what the
+        demand rule compares instead (`sim.cost.team_basis`)."""
         k = np.asarray(threads, dtype=np.int64)
+        table = self._costs.team_basis_us if basis else self._costs.kernel_us
         if k.size and (k.min() < 1 or k.max() >= self._stride):  # resolve() never gives this: ask each op
-            ops, kernel = self.graph.ops, self.cost.kernel_us
+            ops, kernel = self.graph.ops, team_basis(self.cost) if basis else self.cost.kernel_us
             if mirror is None:
                 return [float(kernel(op, t)) for op, t in zip(ops, threads, strict=True)]
             assert graph is not None
             return [float(kernel(ops[m], t)) if m >= 0 else comm_kernel_us(graph.ops[i], t, self.cost)
                     for i, (m, t) in enumerate(zip(mirror, threads, strict=True))]
         if mirror is None:
-            return self._costs.kernel_us(k).tolist()
+            return table(k).tolist()
         assert graph is not None
         m = np.asarray(mirror, dtype=np.int64)
         copies = np.flatnonzero(m >= 0)
         out = [0.0] * len(threads)
-        for i, t in zip(copies.tolist(), self._costs.kernel_us(k[copies], m[copies]).tolist(), strict=True):
+        for i, t in zip(copies.tolist(), table(k[copies], m[copies]).tolist(), strict=True):
             out[i] = t
         for i in np.flatnonzero(m < 0).tolist():
             out[i] = comm_kernel_us(graph.ops[i], threads[i], self.cost)

@@ -46,7 +46,7 @@ from schedlab.machine import Machine
 from schedlab.plan import ResolvedPlan
 from schedlab.sim.collective import CollectiveTime, allreduce_time
 from schedlab.sim.comm import CommHostCost, CommOpCost, CommStructure, Role, comm_structure, has_comm
-from schedlab.sim.cost import CostModel, demand_rule
+from schedlab.sim.cost import CostModel, demand_rule, team_basis
 from schedlab.sim.device_cost import (
     cost_source,
     device_contention_us,
@@ -168,9 +168,11 @@ def prepare(
     dispatch_us: list[float] | None = None,
     slowdown: tuple[Callable[[int, int], float], ...] | None = None,
     alone_us: list[float] | None = None,
+    basis_us: list[float] | None = None,
 ) -> Prepared:
-    """Flat arrays for one simulation; `structure` and the cost lists (`alone_us`: every
-    kernel at one thread) may come from a cache."""
+    """Flat arrays for one simulation; `structure` and the cost lists may come from a
+    cache (`alone_us` and `basis_us`: what the demand rule compares, `sim.cost.team_basis`,
+    of every op at one thread and at its threads)."""
     ops = graph.ops
     n = len(ops)
     if len(resolved.threads) != n or len(resolved.priority) != n or len(resolved.device) != n:
@@ -191,8 +193,16 @@ def prepare(
     rule = demand_rule(cost)
     teams = [i for i, d in enumerate(demand) if d > 1]
     if rule is not None and teams:
-        alone = [alone_us[i] for i in teams] if alone_us is not None else [cost.kernel_us(ops[i], 1) for i in teams]
-        held = rule(alone, [kernel_us[i] for i in teams], [demand[i] for i in teams])
+        basis, kernels = team_basis(cost), kernel_us  # a COMM op's: its kernel as costed above, the cost model's own at one thread
+
+        def basis_at(i: int, k: int) -> float:
+            if ops[i].kind is OpKind.COMM:
+                return kernels[i] if k == threads[i] else float(cost.kernel_us(ops[i], k))
+            return float(basis(ops[i], k))
+
+        alone = [alone_us[i] for i in teams] if alone_us is not None else [basis_at(i, 1) for i in teams]
+        at = [basis_us[i] for i in teams] if basis_us is not None else [basis_at(i, threads[i]) for i in teams]
+        held = rule(alone, at, [demand[i] for i in teams])
         for i, cores in zip(teams, held.tolist(), strict=True):
             demand[i] = cores
     kernel_us = device_kernels_us(ops, op_device, machine.devices, cost, threads, kernel_us)  # by device kind

@@ -11,7 +11,7 @@ from schedlab.calibrate.profile import Profile
 from schedlab.graph import Graph, GraphInput, GraphOutput, InputRole, Op, OpKind, OutputRole, TensorMeta
 from schedlab.plan import Plan, resolve
 from schedlab.sim import simulate
-from schedlab.sim.testing import cpu_machine
+from schedlab.sim.testing import GraphBuilder, cpu_machine
 from schedlab.trace import Trace, TraceEvent
 from tests.calibrate.factories import DISPATCH, MM_MODEL, fit, make_graph, make_profile
 
@@ -194,3 +194,25 @@ def test_the_runs_carry_the_median_step_which_the_two_slot_fit_matches_and_the_f
     assert report[2]["one_thread_measured_ms"] == 2.0 and report[2]["one_thread_median_ms"] == 3.0
     fastest_only = [dataclasses.replace(r, median_s=None) for r in runs[:2]]  # a row kept before medians
     assert [row["target_ms"] for row in fit_corun_latency(make_profile(), fastest_only, machine)[1]] == [4.0, 10.0]
+
+
+def test_whether_a_call_runs_inline_does_not_turn_on_the_co_run_wait() -> None:
+    """The simulator lets a call no faster at two threads than at one hold one core
+    (`sim.cost.team_or_inline`). It compares the kernels alone (`Profile.team_basis_us`):
+    compared with the co-run wait in, a one-thread wait above the two-thread one made every
+    tiny op look faster at two threads, and a plan of two threads, which pays only the
+    two-thread wait, came out slower as the one-thread wait grew."""
+    b = GraphBuilder("branches")
+    x = b.input("x", 64)
+    relus = [b.op(f"relu{i}", [x], nbytes=64, target="aten.relu.default") for i in range(8)]
+    b.output(b.op("join", relus, nbytes=64, target="aten.add.Tensor"))
+    g, machine = b.build(), cpu_machine(2)
+    plan = resolve(g, Plan(slots=2, threads=2), machine)
+    low, high = (with_waits(make_profile(), {1: w1, 2: 10.0}, {}) for w1 in (5.0, 40.0))
+    relu = g.ops[0]
+    assert high.for_slots(2).team_basis_us(relu, 2) == low.team_basis_us(relu, 2) == make_profile().kernel_us(relu, 2)
+    assert high.for_slots(2).kernel_us(relu, 1) > 1.05 * high.for_slots(2).kernel_us(relu, 2)  # the old trap
+    for engine in ("simpy", "compiled"):
+        steps = [simulate(g, plan, machine, p.for_graph(g).for_slots(2), record=False, engine=engine).step_time_s
+                 for p in (low, high)]
+        assert steps[0] == pytest.approx(steps[1], rel=1e-12), engine

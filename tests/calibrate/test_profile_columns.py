@@ -90,6 +90,7 @@ def per_op(profile: Profile, graph: Graph) -> dict[str, np.ndarray]:
     for k in range(1, CORES + 1):
         out[f"kernel{k}"] = np.array([profile.kernel_us(op, k) for op in ops])
         out[f"wake{k}"] = np.array([profile.wake_us(op, k) for op in ops])
+        out[f"basis{k}"] = np.array([profile.team_basis_us(op, k) for op in ops])
     for b in range(CORES + 1):
         out[f"slowdown{b}"] = np.array([profile.corun_slowdown(op, b, CORES) for op in ops])
     return out
@@ -101,6 +102,7 @@ def columns(profile: Profile, graph: Graph, ids: np.ndarray | None = None) -> di
     for k in range(1, CORES + 1):
         out[f"kernel{k}"] = profile.kernel_column(graph, ids, k)
         out[f"wake{k}"] = profile.wake_column(graph, ids, k)
+        out[f"basis{k}"] = profile.team_basis_column(graph, ids, k)
     for b in range(CORES + 1):
         out[f"slowdown{b}"] = profile.corun_slowdown_column(graph, ids, b, CORES)
     return out
