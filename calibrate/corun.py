@@ -62,7 +62,7 @@ class CorunFigures:
     # of the team's work was not isolated), fitted on real graphs the same way (`corun_fit`)
     team_latency_us: dict[int, float] = field(default_factory=dict)
     # whether `team_latency_us` is the wait of an op in its class's parallel regime, charged
-    # times its parallel share (`Profile.team_us`; fitted so since 2026-12-03): an op below
+    # times its parallel share (`Profile.team_wait_us`; fitted so since 2026-12-03): an op below
     # ATen's grain size never forks its team. A profile from before charged it to every op
     team_share: bool = False
     # whether `latency_us` was fitted with views paying it too, as every op of a co-run plan

@@ -71,7 +71,9 @@ spread over all their ops came out near nothing. Judged on the dev set (2-core I
 VM; a quick profile's waits fitted again both ways on its own kept steps, the same dev run
 re-scored): the team's wait 0.1 us an op against 1.2 us times the share, one slot of two
 threads -8.4% to -6.8% mean error profile-only (-6.5% to -5.0% trace-calibrated), all
-17.2% to 17.0% and 13.5% to 13.2%. Still about a tenth fast there: the kernels' thread
+17.2% to 17.0% and 13.5% to 13.2%; then measured on the held-out set, its run P re-scored
+the same way, 12.3% to 12.1% and 10.0% to 9.8% (one slot of two threads -12.7% to -11.7%
+profile-only). Still about a tenth fast there: the kernels' thread
 scaling timed back to back matches the class fits (`dev:lstm` 0.80x from one thread to two
 measured, 0.86x predicted), so what is left is paid in the step, not in the kernel.
 """

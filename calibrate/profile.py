@@ -225,8 +225,8 @@ class Profile:
         parallel region, and compared with it a tiny op looked faster at two threads than at
         one whenever the wait fitted at one thread exceeded the wait at two (a quick profile
         of 2026-12-03: 16.9 against 15.8 us), so the 1,300 tiny ops of `dev:gru` held two
-        cores each at two slots of two threads and the step was simulated at 35 ms, against
-        23 ms with the one-thread wait 0.2 us lower (measured: 19.9)."""
+        cores each at two slots of two threads and the step was simulated at 35.2 ms, against
+        24.3 ms with the one-thread wait 0.2 us lower (measured: 19.9)."""
         return 0.0 if op.is_view else self._alone_us(op, max(1, int(threads)))
 
     def team_basis_column(self, graph: Graph, ids: np.ndarray, threads: int) -> np.ndarray:

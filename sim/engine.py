@@ -202,8 +202,7 @@ class Simulator:
         demand = threads
         rule = demand_rule(self.cost)
         if rule is not None and threads.size and threads.max() > 1:
-            self._check_threads(threads)
-            basis = self._costs.team_basis_us
+            basis = self._costs.team_basis_us  # `_kernels_arr` above checked the thread counts
             demand = rule(basis(np.ones_like(threads)), basis(threads), threads)
         res = self._loop(resolved.slots, resolved.priority, dev, demand, kernel_us, self._dispatches_arr(), threads)
         machine = self.machine
@@ -258,12 +257,9 @@ class Simulator:
 
     def _kernels_arr(self, threads: np.ndarray) -> np.ndarray:
         """Kernel µs of every op at its thread count (`sim.cost_table`)."""
-        self._check_threads(threads)
-        return self._costs.kernel_us(threads)
-
-    def _check_threads(self, threads: np.ndarray) -> None:
         if threads.size and (threads.min() < 1 or threads.max() >= self._stride):
             raise SchedlabError(f"thread counts must be 1..{self._stride - 1} on machine {self.machine.name!r}")
+        return self._costs.kernel_us(threads)
 
     def _dispatches_arr(self) -> np.ndarray:
         return self._costs.dispatch_us()
