@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from schedlab.calibrate.in_turn import InTurnCurve
 from schedlab.graph import Graph, kept_on
 from schedlab.io import json_number
 
@@ -82,6 +83,7 @@ class Occurrence:
     first_use: bool
     in_seq_us: float
     nbytes: int = 0
+    in_turn: float = 1.0  # `calibrate.in_turn`: the factor its graph's convolutions taking turns puts on its call
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,9 @@ class ContextCosts:
     warm_fallback_us: float  # over every class
     first_use_us: dict[str, float]  # op class -> median extra of its target's first use, over warm
     first_use_fallback_us: float
+    # The slowdown of convolutions taking turns in a step (`calibrate.in_turn`), which the
+    # extras here were fitted without; None: not measured (the extras hold it, as medians).
+    in_turn: InTurnCurve | None = None
 
     def warm(self, op_class: str) -> float:
         return self.warm_us.get(op_class, self.warm_fallback_us)
@@ -105,6 +110,7 @@ class ContextCosts:
             "warm_fallback_us": round(self.warm_fallback_us, 4),
             "first_use_us": {k: round(v, 4) for k, v in sorted(self.first_use_us.items())},
             "first_use_fallback_us": round(self.first_use_fallback_us, 4),
+            "in_turn": None if self.in_turn is None else self.in_turn.to_json(),
         }
 
     @staticmethod
@@ -123,6 +129,7 @@ class ContextCosts:
             warm_fallback_us=json_number(d.get("warm_fallback_us", 0.0), "warm_fallback_us"),
             first_use_us=table("first_use_us"),
             first_use_fallback_us=json_number(d.get("first_use_fallback_us", 0.0), "first_use_fallback_us"),
+            in_turn=None if d.get("in_turn") is None else InTurnCurve.from_json(d["in_turn"]),
         )
 
 
@@ -142,20 +149,25 @@ def _median(xs: Iterable[float], default: float = 0.0) -> float:
 
 
 def fit_context(
-    occurrences: Sequence[Occurrence], hot_us: dict[str, float], cold_us: Callable[[Occurrence], float] | None = None
+    occurrences: Sequence[Occurrence], hot_us: dict[str, float], cold_us: Callable[[Occurrence], float] | None = None,
+    turn_us: Callable[[Occurrence, float], float] | None = None,
 ) -> tuple[ContextCosts, dict[str, float]]:
     """The per-class context extras, and each replayed signature's own warm extra.
 
     `hot_us`: the benchmarked one-thread call time of each signature (occurrences of a
     signature not benchmarked are ignored). `cold_us(o)`: what `o` paid in the step for
     data not in the caches (`calibrate.cold`), which the Profile charges on its own and is
-    taken off first.
+    taken off first, and so is `turn_us(o, hot)`, what its graph's convolutions taking
+    turns add to a call of `hot` us at its `Occurrence.in_turn` (`calibrate.in_turn`).
     """
     warm_by_sig: dict[str, list[float]] = {}
     classes: dict[str, str] = {}
 
     def seq_us(o: Occurrence) -> float:
-        return o.in_seq_us - (cold_us(o) if cold_us is not None else 0.0)
+        less = cold_us(o) if cold_us is not None else 0.0
+        if turn_us is not None and o.in_turn != 1.0:
+            less += turn_us(o, hot_us[o.signature])
+        return o.in_seq_us - less
 
     for o in occurrences:
         if o.signature in hot_us and not o.first_use:

@@ -97,6 +97,7 @@ from schedlab.calibrate.corun import CorunFigures
 from schedlab.calibrate.cuda_costs import CudaCosts
 from schedlab.calibrate.dispatch import DispatchFigures
 from schedlab.calibrate.fit import ClassFit
+from schedlab.calibrate.in_turn import in_turn_factor
 from schedlab.calibrate.links import LinkFits, collective_s
 from schedlab.calibrate.model import WorkThreadsModel
 from schedlab.calibrate.profile_columns import ProfileColumns
@@ -278,7 +279,8 @@ class Profile:
             else:
                 warm = max(0.0, model.kernel_us(op.flops, op.bytes_moved, n))
             cold = 0.0 if self.cold is None else self.cold_us(op, n)
-            out = found.alone_us[n] = max(0.0, warm + found.first_use_us + cold)
+            turn = 0.0 if found.in_turn == 1.0 else self._turn_extra_us(warm, found.in_turn)
+            out = found.alone_us[n] = max(0.0, warm + turn + found.first_use_us + cold)
         return out
 
     def cost_keys(self, graph: Graph) -> np.ndarray:
@@ -307,6 +309,18 @@ class Profile:
         if self.bound is None or id(op) not in self.bound[1]:
             return 0.0
         return self.context.first_use(op.op_class)
+
+    def _turn_extra_us(self, kernel_us: float, factor: float) -> float:
+        curve = self.context.in_turn
+        return 0.0 if curve is None else curve.extra_us(kernel_us, factor)
+
+    def in_turn_factor(self, op: Op) -> float:
+        """The factor on `op`'s kernel of the bound graph's convolutions taking turns in a
+        step (`calibrate.in_turn`); 1 for other classes, without a measured curve, and in
+        a Profile bound to no graph."""
+        if self.bound is None or op.is_view:
+            return 1.0
+        return in_turn_factor(self.context.in_turn, self.bound[0], op.op_class)
 
     def cold_us(self, op: Op, threads: int) -> float:
         """What `op` pays, at `threads`, in a step for its data not being in the caches
@@ -565,7 +579,8 @@ class Profile:
             return hit
         key = self.class_key(op)
         found = self._lookups[id(op)] = _OpLookup(
-            op, key, self.class_model(key), self.signatures.get(self._signature(op)), self.first_use_us(op)
+            op, key, self.class_model(key), self.signatures.get(self._signature(op)), self.first_use_us(op),
+            self.in_turn_factor(op),
         )
         return found
 
@@ -592,7 +607,10 @@ class Profile:
         step spent in those kernels (`TraceFigures.step_factor`).
         """
         floor_us = self.dispatch.event_floor_us(trace_slots(trace))
-        figs = trace_figures(trace, graph, floor_us, self.for_graph(graph).for_slots(trace_slots(trace)).step_extra_us)
+        bound = self.for_graph(graph)
+        curve = self.context.in_turn
+        figs = trace_figures(trace, graph, floor_us, bound.for_slots(trace_slots(trace)).step_extra_us,
+                             None if curve is None else lambda op, _threads, us: curve.kernel_of(us, bound.in_turn_factor(op)))
         factor = figs.step_factor if typical_step else 1.0
         merged = {sig: dict(row) for sig, row in self.signatures.items()}
         for sig, row in figs.signatures.items():
@@ -837,17 +855,18 @@ class _OpLookup:
     """What a Profile reads of one op, kept per op (`Profile._lookup`). The op itself is
     kept too: the Profile keys its lookups by `id(op)`, which a live op keeps unique."""
 
-    __slots__ = ("_shares", "alone_us", "class_key", "first_use_us", "model", "op", "row")
+    __slots__ = ("_shares", "alone_us", "class_key", "first_use_us", "in_turn", "model", "op", "row")
 
     def __init__(
         self, op: Op, class_key: str, model: WorkThreadsModel | Roofline, row: dict[int, float] | None,
-        first_use_us: float,
+        first_use_us: float, in_turn: float = 1.0,
     ) -> None:
         self.op = op
         self.class_key = class_key
         self.model = model
         self.row = row
         self.first_use_us = first_use_us  # `Profile.first_use_us`: it reads the op's identity, as the lookup is kept
+        self.in_turn = in_turn  # `Profile.in_turn_factor`: it reads the bound graph
         self.alone_us: dict[int, float] = {}  # threads -> `Profile._alone_us`, once asked
         self._shares: tuple[float, float, float] | None = None
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from schedlab.calibrate.in_turn import IN_TURN_CLASSES, distinct_in_turn
 from schedlab.calibrate.model import PARAM_NAMES, WorkThreadsModel
 from schedlab.calibrate.op_features import op_features
 from schedlab.calibrate.wake import POOLED, WakeFit, wake_share
@@ -90,6 +91,11 @@ class ProfileColumns:
             extra, op_class = profile.context.first_use, feats.op_class
             for j in first.tolist():
                 self.first_use_us[j] = extra(op_class[self._kid[j]])
+        self.in_turn = np.ones(len(kid), dtype=F64)  # `Profile.in_turn_factor` per kernel op
+        if bound is not None and profile.context.in_turn is not None:
+            factor = profile.context.in_turn.factor(distinct_in_turn(bound[0]))
+            cls = feats.op_class
+            self.in_turn[np.fromiter((cls[i] in IN_TURN_CLASSES for i in self._kid), dtype=bool, count=len(kid))] = factor
         self.flops = feats.flops[kid]
         self.nbytes = feats.nbytes[kid]
         self._alone: dict[int, np.ndarray] = {}  # threads -> `Profile._alone_us` over self.kernel
@@ -147,7 +153,11 @@ class ProfileColumns:
         cold: np.ndarray | float = 0.0  # `Profile.cold_us`, asked per op where the Profile has cold costs
         if prof.cold is not None:
             cold = np.array([prof.cold_us(self._op(j), n) for j in range(len(self._kid))], dtype=F64)
-        out = np.maximum(0.0, warm + self.first_use_us + cold)
+        turn: np.ndarray | float = 0.0  # `Profile._turn_extra_us`: the convolutions taking turns
+        curve = prof.context.in_turn
+        if curve is not None and (self.in_turn != 1.0).any():
+            turn = (self.in_turn - 1.0) * np.minimum(np.maximum(warm, 0.0), curve.cap_us)
+        out = np.maximum(0.0, warm + turn + self.first_use_us + cold)
         for j in asked:
             out[j] = prof._alone_us(self._op(j), n)
         self._alone[n] = out

@@ -46,6 +46,7 @@ from schedlab.calibrate.dispatch import DispatchFigures, measure_dispatch
 from schedlab.calibrate.fit import ClassFit, Point, fit_all
 from schedlab.calibrate.host_load import foreign_cpu_frac, snapshot, steal_frac
 from schedlab.calibrate.host_scaling import probe_host_scaling
+from schedlab.calibrate.in_turn import IN_TURN_ROUNDS, InTurnCurve, in_turn_factor, measure_in_turn
 from schedlab.calibrate.links import LinkConfig, LinkFits, measure_links, quick_link_config
 from schedlab.calibrate.model import WorkThreadsModel
 from schedlab.calibrate.profile import Profile
@@ -90,6 +91,7 @@ class CalibrationConfig:
     corun_steps: int = 15
     wake_reps: int = WAKE_REPS  # timed calls per round of each op's wake cost (calibrate.wake); 0: none
     wake_scale_every: int = 4  # every Nth case's wake is timed at the smaller thread counts too; 0: none
+    in_turn_rounds: int = IN_TURN_ROUNDS  # timed rounds of the in-turn convolutions (calibrate.in_turn); 0: none
     cold_per_class: int = 0  # sweep calls per op class timed cold (calibrate.cold, `with_cold`); 0: no cold costs
     dispatch_ops: int = 1000  # ops per chain of the executor probe (see dispatch.py)
     corun_s: float = 0.25  # per alone/together run of each co-run op
@@ -107,7 +109,8 @@ def quick_config() -> CalibrationConfig:
         links=quick_link_config(),
         # the coverage models add real shapes; big matmuls as held-out models have them; 40
         # convolutions per class, as the full sweep has (12 gave a backward fit 2-3x slow on dense 3x3 ones)
-        sweep=SweepConfig(per_class=12, max_flops=3e8, max_elems=1 << 22, big_matmul_flops=1.5e9, extra_convs=28),
+        sweep=SweepConfig(per_class=12, max_flops=3e8, max_elems=1 << 22, big_matmul_flops=1.5e9, extra_convs=28,
+                          big_conv_flops=3e9),
         timing=TimingConfig(budget_s=0.01, min_reps=3, max_reps=30),
     )
 
@@ -236,6 +239,7 @@ class _Bench:
     # the cold extras (calibrate.cold): what evicts the caches, the calls timed cold
     evict: Callable[[], None] | None = None
     cold: list[ColdPoint] = field(default_factory=list)
+    in_turn: InTurnCurve | None = None  # convolutions taking turns (calibrate.in_turn), measured first
 
 
 def _bench(
@@ -295,7 +299,8 @@ def _light(case: Case) -> Case:
 
 
 def _occurrences(
-    graph: Graph, input_values: dict[int, Any], machine: Machine, dispatch: DispatchFigures, steps: int
+    graph: Graph, input_values: dict[int, Any], machine: Machine, dispatch: DispatchFigures, steps: int,
+    in_turn: InTurnCurve | None = None,
 ) -> list[Occurrence]:
     """Every op of `graph` as it runs in a step of the executor (one slot, one thread),
     as a bare call's time (`calibrate.context`); views as "view:<class>".
@@ -317,7 +322,8 @@ def _occurrences(
             cls, less = f"view:{op.op_class}", dispatch.view_us - dispatch.view_call_floor_us
         else:
             cls, less = op.op_class, dispatch.op_us - dispatch.call_floor_us
-        out.append(Occurrence(signature(op), cls, op.id in first, robust_low(ds) - less, op.bytes_moved))
+        factor = 1.0 if op.is_view else in_turn_factor(in_turn, graph, op.op_class)
+        out.append(Occurrence(signature(op), cls, op.id in first, robust_low(ds) - less, op.bytes_moved, factor))
     return out
 
 
@@ -346,7 +352,7 @@ def _benchmark_all(
     with bars.bar(len(counted) + len(specs), f"benchmark ops x {len(threads)} thread counts", "op") as bar:
         for source, c in captured:
             bar.set_postfix_str(source)
-            acc.occurrences += _occurrences(c.graph, c.input_values, machine, dispatch, cfg.replay_rounds)
+            acc.occurrences += _occurrences(c.graph, c.input_values, machine, dispatch, cfg.replay_rounds, acc.in_turn)
             _bench(workload_cases(c.graph, c.input_values, seen, source), threads, cfg, bar.update, acc, cores)
         bar.set_postfix_str("sweep")
         _bench(sweep_cases(specs, seen), threads, cfg, bar.update, acc, cores)
@@ -394,6 +400,12 @@ def run_calibration(
         with bars.bar(1, "roofline", "step") as bar:
             roofline = measure_roofline(threads, set_intra_op_threads)
             bar.update()
+        if cfg.in_turn_rounds > 0:  # before the op benchmarks, at one thread (see co-run above)
+            import torch
+
+            with bars.bar(1, "convolutions in turn", "step") as bar:
+                acc.in_turn = measure_in_turn(torch, rounds=cfg.in_turn_rounds)
+                bar.update()
         if cfg.cold_per_class > 0:
             import torch
 
@@ -407,6 +419,7 @@ def run_calibration(
     cold = _fit_cold(acc) if acc.evict is not None else None
     acc.evict = None  # frees the eviction buffer
     context, in_step = _in_step(acc, roofline, cold)
+    context = replace(context, in_turn=acc.in_turn)
     ops = [(c, k, t) for c, k, t in in_step if not c.is_view]
     points = [Point(c.signature, c.op_class, c.flops, c.nbytes, k, max(t, 1e-3)) for c, k, t in ops]
     with bars.bar(1, "fit", "step") as bar:
@@ -520,7 +533,9 @@ def _in_step(
     def cold_us(o: Occurrence) -> float:
         return cold.extra_us(o.op_class, o.nbytes, 1) if cold is not None else 0.0
 
-    context, sig_warm = fit_context(acc.occurrences, hot, cold_us)
+    curve = acc.in_turn
+    context, sig_warm = fit_context(acc.occurrences, hot, cold_us,
+                                    None if curve is None else lambda o, hot_us: curve.extra_us(hot_us, o.in_turn))
 
     def warm(c: Case) -> float:
         if c.signature in sig_warm:

@@ -46,6 +46,9 @@ class SweepConfig:
     big_matmul_flops: float = 0.0
     big_matmuls: int = 4  # per class (mm, addmm) when big_matmul_flops > max_flops
     extra_convs: int = 0  # more cases per convolution class, 2-D and 1-D, on random streams of their own
+    # convolutions above `max_flops`, up to this cap, on random streams of their own (`_big_conv_specs`)
+    big_conv_flops: float = 0.0
+    big_convs: int = 3  # per convolution class (2-D and 1-D, forward and backward) when big_conv_flops > max_flops
 
 
 @dataclass(frozen=True)
@@ -417,11 +420,27 @@ def _big_matmul_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
             for i in range(cfg.big_matmuls)]
 
 
-def _conv_specs(cfg: SweepConfig, rng: random.Random, count: int | None = None) -> list[SweepSpec]:
+def _big_conv_specs(cfg: SweepConfig) -> list[SweepSpec]:
+    """Convolutions (2-D and 1-D, forward and backward) with work between `max_flops` and
+    `big_conv_flops`, banded, drawn from streams of their own so every other case is drawn
+    as without them (as `_big_matmul_specs`). Without them a quick profile's convolution
+    fits extrapolate past the cap: `dev:conv-bn`'s 1-20 ms convolutions were predicted
+    14-19% slow over its 16 plans by two quick profiles of four (2-3% by the other two),
+    and 2-3% by both profiles calibrated with them."""
+    band = (cfg.max_flops, cfg.big_conv_flops)
+    return (_conv_specs(cfg, random.Random(cfg.seed + 11), cfg.big_convs, band)
+            + _conv1d_specs(cfg, random.Random(cfg.seed + 12), cfg.big_convs, band))
+
+
+def _conv_specs(
+    cfg: SweepConfig, rng: random.Random, count: int | None = None, band: tuple[float, float] | None = None,
+) -> list[SweepSpec]:
     """`count` (default `per_class`) cases per convolution class: dense convolutions (1x1,
     3x3, 5x5), and one draw in four grouped: depthwise (a group per channel) or a few
-    groups, as MobileNet- and ResNeXt-like blocks have them."""
+    groups, as MobileNet- and ResNeXt-like blocks have them. Their work is banded over
+    `band` (default: `MIN_CONV_FLOPS` to `max_flops`)."""
     count = cfg.per_class if count is None else count
+    lo, hi = band or (MIN_CONV_FLOPS, cfg.max_flops)
     Dims = tuple[int, int, int, int, int, int, int]
 
     def draw() -> Dims | None:
@@ -433,10 +452,10 @@ def _conv_specs(cfg: SweepConfig, rng: random.Random, count: int | None = None) 
             groups = rng.choice((c, 2, 4, 8))
             c = o = max(groups, c - c % groups)  # channels a multiple of the groups, out = in
         d = (n, c, o, hw, k, s, groups)
-        return d if 0 < _conv_flops(d) <= cfg.max_flops else None
+        return d if 0 < _conv_flops(d) <= hi else None
 
     def banded(i: int) -> Dims:
-        return _draw_in_band(rng, draw, _conv_flops, MIN_CONV_FLOPS, cfg.max_flops, i, count)
+        return _draw_in_band(rng, draw, _conv_flops, lo, hi, i, count)
 
     return _convolution_pair(_conv, _conv_backward, banded, count, rng)
 
@@ -458,23 +477,26 @@ def _convolution_pair(
     return specs
 
 
-def _conv1d_specs(cfg: SweepConfig, rng: random.Random, count: int | None = None) -> list[SweepSpec]:
+def _conv1d_specs(
+    cfg: SweepConfig, rng: random.Random, count: int | None = None, band: tuple[float, float] | None = None,
+) -> list[SweepSpec]:
     """`count` (default `per_class`) convolutions over one spatial dimension per class
     (`nn.Conv1d`: kernels 3-7, dilated or strided at times), fitted as classes of their own
     (`calibrate.signature.is_conv1d`): oneDNN runs them at another rate per FLOP than 2-D
     convolutions of the same work. Drawn from a random stream of their own, so the other
-    cases stay as they were."""
+    cases stay as they were. Work banded over `band` as `_conv_specs`."""
     count = cfg.per_class if count is None else count
+    lo, hi = band or (MIN_CONV_FLOPS, cfg.max_flops)
     Dims1d = tuple[int, int, int, int, int, int, int]  # N, C, O, L, k, stride, dilation
 
     def draw() -> Dims1d | None:
         n, c, o = _log_int(rng, 1, 64), _model_dim(rng, 1, 512), _model_dim(rng, 8, 512)
         length, k = _log_int(rng, 8, 4096), rng.choice((3, 3, 5, 7))
         d = (n, c, o, length, k, rng.choice((1, 1, 2)), rng.choice((1, 1, 2)))
-        return d if 0 < _conv1d_flops(d) <= cfg.max_flops else None
+        return d if 0 < _conv1d_flops(d) <= hi else None
 
     def banded(i: int) -> Dims1d:
-        return _draw_in_band(rng, draw, _conv1d_flops, MIN_CONV_FLOPS, cfg.max_flops, i, count)
+        return _draw_in_band(rng, draw, _conv1d_flops, lo, hi, i, count)
 
     return _convolution_pair(_conv1d, _conv1d_backward, banded, count, rng)
 
@@ -723,6 +745,8 @@ def sweep_specs(cfg: SweepConfig) -> list[SweepSpec]:
     specs += _conv1d_specs(cfg, random.Random(cfg.seed + 6)) + _attention_specs(cfg, random.Random(cfg.seed + 8))
     specs += _short_row_specs(cfg, random.Random(cfg.seed + 9)) + _instance_norm_specs(cfg, random.Random(cfg.seed + 10))
     specs += _big_matmul_specs(cfg, random.Random(cfg.seed + 3))
+    if cfg.big_conv_flops > cfg.max_flops and cfg.big_convs > 0:  # past the cap (`_big_conv_specs`)
+        specs += _big_conv_specs(cfg)
     if cfg.extra_convs > 0:  # more of both convolution kinds
         specs += _conv_specs(cfg, random.Random(cfg.seed + 5), cfg.extra_convs)
         specs += _conv1d_specs(cfg, random.Random(cfg.seed + 7), cfg.extra_convs)

@@ -118,13 +118,16 @@ def _overlapping(events: list[TraceEvent]) -> set[int]:
 
 
 def trace_figures(
-    trace: Trace, graph: Graph, floor_us: float, less_us: Callable[[Op, int], float] | None = None
+    trace: Trace, graph: Graph, floor_us: float, less_us: Callable[[Op, int], float] | None = None,
+    kernel_of: Callable[[Op, int, float], float] | None = None,
 ) -> TraceFigures:
     """Kernel times per (signature, threads) seen in `trace`: `robust_low` event - `floor_us`.
 
     `less_us(op, threads)` is taken off each of `op`'s events first: what the event holds
     beyond the op's kernel in a step (the first use of its target, `calibrate.context`;
-    its data not in the caches, `calibrate.cold`), so that the table keeps what the op
+    its data not in the caches, `calibrate.cold`), and what is left beyond the floor (us)
+    is read back by `kernel_of(op, threads, us)` to the op's time back to back (the step's
+    convolutions taking turns, `calibrate.in_turn`), so that the table keeps what the op
     costs wherever it runs.
     """
     _check(trace, graph)
@@ -140,8 +143,11 @@ def trace_figures(
         clean.add(e.op)
         key = (signature(op), max(1, e.threads))
         less_ns = less_us(op, key[1]) * 1e3 if less_us is not None else 0.0
-        durations[key].append(e.dur_ns - less_ns)
-        used.append((e.step, key, e.dur_ns - less_ns))
+        net_ns = e.dur_ns - less_ns
+        if kernel_of is not None:
+            net_ns = kernel_of(op, key[1], (net_ns / 1e3 - floor_us)) * 1e3 + floor_us * 1e3
+        durations[key].append(net_ns)
+        used.append((e.step, key, net_ns))
     table: dict[str, dict[int, float]] = defaultdict(dict)
     for (sig, threads), durs in durations.items():
         table[sig][threads] = max(0.0, robust_low(durs) / 1e3 - floor_us)

@@ -203,3 +203,21 @@ def test_extra_convolutions_come_from_a_stream_of_their_own() -> None:
     for cls in ("convolution", "convolution[1d]"):
         works = sorted(c.flops for c in added if c.op_class == cls)
         assert all(1e4 <= w <= 1e6 for w in works) and works[-1] > 10 * works[0], (cls, works)
+
+
+def test_big_convolutions_span_the_range_above_the_cap_and_leave_every_other_case_as_drawn() -> None:
+    """As the big matmuls: `big_conv_flops` adds `big_convs` forward and backward cases of
+    both convolution kinds (2-D and 1-D), banded between the two caps, from random streams
+    of their own, so the cases drawn without them stay as they were."""
+    base = SweepConfig(per_class=3, max_flops=1e6, max_elems=1 << 12)
+    big = replace(base, big_conv_flops=1e8, big_convs=3)
+    plain, more = sweep_specs(base), sweep_specs(big)
+    assert len(more) == len(plain) + 12
+    assert [(s.target, s.build.args) for s in more[: len(plain)]] == [(s.target, s.build.args) for s in plain]
+    added = list(sweep_cases(more[len(plain):], set()))
+    kinds = ["convolution", "convolution[1d]", "convolution_backward", "convolution_backward[1d]"]
+    assert sorted(c.op_class for c in added) == [k for k in kinds for _ in range(3)]
+    forward = sorted(c.flops for c in added if c.op_class == "convolution")
+    assert all(1e6 < w <= 1e8 for w in forward), forward
+    assert forward[-1] > 10 * forward[0]  # banded over the range, not bunched
+    assert len(sweep_specs(replace(base, big_conv_flops=1e5))) == len(plain)  # a cap under max_flops adds none
