@@ -11,9 +11,9 @@ held-out set once.
 
 Load one as ``dev:NAME`` wherever a MODEL is accepted; ``dev:`` is a reserved prefix.
 
-- ``gru``, ``gru-big``, ``lstm``, ``dwconv``, ``attn``: small models of kinds the held-out
-  set has too (an unrolled `nn.GRU`, a fused `nn.LSTM`, depthwise and grouped convolutions,
-  `nn.MultiheadAttention`), at shapes the calibration graphs do not replay
+- ``gru``, ``gru-big``, ``lstm``, ``dwconv``, ``attn``, ``mixer``: small models of kinds the
+  held-out set has too (an unrolled `nn.GRU`, a fused `nn.LSTM`, depthwise and grouped
+  convolutions, `nn.MultiheadAttention`, an MLP-Mixer's token mixing by transposes), at shapes the calibration graphs do not replay
   (`calibrate.coverage.SHAPES`); one shape at every size.
 - ``conv-bn``, ``ln-mlp``, ``conv1d-instnorm``: megabytes per op at size default, where a
   memory-bound op in a step runs from memory rather than from the caches a benchmark
@@ -86,6 +86,32 @@ class DepthwiseConv(nn.Module):
     def forward(self, image: Tensor, seq: Tensor, y: Tensor) -> Tensor:
         # image: [B, 3, H, W], seq: [B, 6, L], y: [B] int64
         return F.cross_entropy(self.image(image) + self.out(self.seq(seq).mean(-1)), y)
+
+
+class TokenMixer(nn.Module):
+    """Patch vectors -> Linear embedding -> blocks of a token-mixing MLP (LayerNorm, across
+    the token dimension by a transpose) and a channel-mixing MLP, residual -> mean over
+    tokens -> class logits (an MLP-Mixer over a sequence)."""
+
+    def __init__(self, patch: int = 48, tokens: int = 49, width: int = 96, blocks: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Linear(patch, width)
+        self.token_norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(blocks))
+        self.token_mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(tokens, 128), nn.GELU(), nn.Linear(128, tokens)) for _ in range(blocks))
+        self.channel_norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(blocks))
+        self.channel_mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, 256), nn.GELU(), nn.Linear(256, width)) for _ in range(blocks))
+        self.out = nn.Linear(width, 10)
+
+    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+        # x: [B, T, P], y: [B] int64
+        h = self.embed(x)  # [B, T, C]
+        for tn, tm, cn, cm in zip(self.token_norms, self.token_mlps, self.channel_norms, self.channel_mlps,
+                                  strict=True):
+            h = h + tm(tn(h).transpose(1, 2)).transpose(1, 2)
+            h = h + cm(cn(h))
+        return F.cross_entropy(self.out(h.mean(1)), y)
 
 
 class Attention(nn.Module):
@@ -233,6 +259,7 @@ DEV: dict[str, Factory] = {
     "dwconv": lambda size: (DepthwiseConv(),
                             (torch.randn(6, 3, 20, 20), torch.randn(6, 6, 50), torch.randint(10, (6,)))),
     "attn": lambda size: (Attention(), (torch.randint(200, (8, 12)), torch.randint(7, (8,)))),
+    "mixer": lambda size: (TokenMixer(), (torch.randn(16, 49, 48), torch.randint(10, (16,)))),
     "conv-bn": _conv_bn,
     "ln-mlp": _ln_mlp,
     "conv1d-instnorm": _conv1d_instnorm,
