@@ -311,7 +311,7 @@ def test_the_dev_set_runs_the_held_out_protocol_and_rescores_on_its_own(  # type
 @pytest.mark.parametrize(
     "extra, msg",
     [
-        (["--models", "mixer"], "'mixer' is not a dev model; with --dev choose from gru, gru-big"),
+        (["--models", "encoder-classifier"], "'encoder-classifier' is not a dev model; with --dev choose from gru, gru-big"),
         (["--held-out"], "give one"),
         (["--devices", "2"], "drop --backend, --cuda and --devices"),
         (["--no-trace-calibration"], "--dev reports profile-only and trace-calibrated errors both"),
