@@ -17,10 +17,13 @@ number of microseconds, the median over their convolutions; it cannot follow a m
 whose convolutions are several times larger. Here the slowdown is a factor on the call,
 measured as a function of how many distinct convolution calls take turns
 (`measure_in_turn`: `PROBE_CONVS`, grouped as `IN_TURN_SIZES`); a Profile bound to a
-graph multiplies the kernel of each of its convolution ops by the factor at the number
-of distinct convolution signatures the graph has (`InTurnCurve.factor`,
-`distinct_in_turn`), and calibration divides it out of the replayed graphs' events
-before it fits the context extras, so the two do not count the same microseconds twice.
+graph charges each of its convolution ops the factor at the number of distinct
+convolution signatures the graph has (`InTurnCurve.factor`, `distinct_in_turn`), on at
+most the longest probe call's time (`InTurnCurve.extra_us`: as a factor on the whole call,
+`dev:conv-bn`'s 1-20 ms convolutions were predicted 19.2% off, too slow, where the profile without
+it read 2.0%). Calibration takes the same extra off the replayed graphs' events before it
+fits the context extras, so the two do not count the same microseconds twice, and trace
+calibration reads it back out of a trace's events (`InTurnCurve.kernel_of`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from schedlab.graph import Graph, kept_on
 from schedlab.io import json_number
@@ -65,7 +70,7 @@ class InTurnCurve:
 
     points: tuple[tuple[int, float], ...]
     # The largest probe call's time back to back: the curve was measured on calls up to it,
-    # and a longer call pays the extra of one this long (`with_turns`), not its own share.
+    # and a longer call pays the extra of one this long (`extra_us`), not its own share.
     cap_us: float = math.inf
 
     def factor(self, n: int) -> float:
@@ -86,6 +91,10 @@ class InTurnCurve:
         """What a call of `kernel_us` back to back costs more at `factor`: its share of the
         factor up to `cap_us`, that of a `cap_us` call beyond."""
         return (factor - 1.0) * min(max(0.0, kernel_us), self.cap_us)
+
+    def extra_column(self, kernel_us: np.ndarray, factor: np.ndarray) -> np.ndarray:
+        """`extra_us` of each call of a column (`calibrate.profile_columns`)."""
+        return (factor - 1.0) * np.minimum(np.maximum(kernel_us, 0.0), self.cap_us)
 
     def kernel_of(self, in_step_us: float, factor: float) -> float:
         """The inverse of `kernel + extra_us(kernel, factor)`: the back-to-back time of a call

@@ -153,10 +153,10 @@ class ProfileColumns:
         cold: np.ndarray | float = 0.0  # `Profile.cold_us`, asked per op where the Profile has cold costs
         if prof.cold is not None:
             cold = np.array([prof.cold_us(self._op(j), n) for j in range(len(self._kid))], dtype=F64)
-        turn: np.ndarray | float = 0.0  # `Profile._turn_extra_us`: the convolutions taking turns
+        turn: np.ndarray | float = 0.0  # `Profile._turn_extra_us` of each op: the convolutions taking turns
         curve = prof.context.in_turn
         if curve is not None and (self.in_turn != 1.0).any():
-            turn = (self.in_turn - 1.0) * np.minimum(np.maximum(warm, 0.0), curve.cap_us)
+            turn = curve.extra_column(warm, self.in_turn)
         out = np.maximum(0.0, warm + turn + self.first_use_us + cold)
         for j in asked:
             out[j] = prof._alone_us(self._op(j), n)
