@@ -200,7 +200,9 @@ def test_a_saved_gpu_run_is_rescored_without_a_gpu(calibrated: tuple[CudaCosts, 
     own = refit_issue(costs, [(capture(load_workload("mlp", "tiny")).graph, saved["models"][0]["op_issue_us"])])
     by_hand = rescore(saved, dataclasses.replace(profile, cuda=own))
     assert [r.predicted_ms for r in refit] == pytest.approx([r.predicted_ms for r in by_hand], rel=1e-9)
-    assert refit[0].predicted_ms != pytest.approx(again[0].predicted_ms, rel=1e-3)
+    # not a no-op: the run's own issue costs move the prediction (by 0.03% in a clean-clone CI
+    # run of 2026-12-03, where calibration and run timed the CPU alike, so not by a fixed share)
+    assert refit[0].predicted_ms != pytest.approx(again[0].predicted_ms, rel=1e-6)
     with pytest.raises(SchedlabError, match="needs built-in models in the files"):
         rescore({**saved, "models": saved["models"][1:]}, profile, refit=True)
     short = dict(saved["models"][0], op_issue_us=[1.0])
