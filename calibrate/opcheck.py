@@ -5,7 +5,7 @@ the executor measured with what the Profile predicts for the same op, and sums b
 op class (views per view class, as ``view:split``), so the class or the cost term that is
 wrong stands out:
 
-- measured: the op's event time in the trace, `trace_cal.robust_low` over the steps (a
+- measured: the op's event time in the trace, `trace_cal.robust_mean` over the steps (a
   stall of the machine is not the op's cost);
 - predicted: what the same event holds in the Profile's terms. One slot (events are
   back to back and hold all the executor's Python): ``dispatch_us + kernel_us``. Several
@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from schedlab.calibrate.profile import Profile
-from schedlab.calibrate.trace_cal import robust_low, trace_slots
+from schedlab.calibrate.trace_cal import robust_mean, trace_slots
 from schedlab.graph import Graph, Op
 from schedlab.trace import Trace
 
@@ -73,7 +73,7 @@ def op_check(trace: Trace, graph: Graph, profile: Profile) -> list[ClassCheck]:
         key = f"view:{op.op_class}" if op.is_view else op.op_class
         row = acc[key]
         row[0] += 1
-        row[1] += robust_low(ds) / 1e3
+        row[1] += robust_mean(ds) / 1e3
         row[2] += predicted_event_us(profile, op, threads[i], slots)
         row[3] += profile.is_fallback(op)
     rows = [ClassCheck(k, int(r[0]), r[1], r[2], int(r[3])) for k, r in acc.items()]

@@ -597,8 +597,8 @@ class Profile:
     def with_trace(self, trace: Trace, graph: Graph, *, typical_step: bool = True) -> Profile:
         """A new Profile whose signature table also holds the kernels measured in `trace`.
 
-        Each (signature, threads) seen in the trace gets the median of its event durations,
-        stalls dropped (`calibrate.trace_cal.robust_low`), minus the executor's in-event
+        Each (signature, threads) seen in the trace gets the mean of its event durations,
+        stalls dropped (`calibrate.trace_cal.robust_mean`), minus the executor's in-event
         floor and what the op costs in a step beyond its kernel (`step_extra_us`: its
         target's first use, its data not in the caches), which the Profile adds back where
         it applies; trace entries replace microbenchmark ones,

@@ -56,7 +56,7 @@ from schedlab.calibrate.sweep import SWEEP_SOURCE, SweepConfig, sweep_cases, swe
 from schedlab.calibrate.thread_wake import WakeLevel, idle_state, measure_thread_wake
 from schedlab.calibrate.threads import thread_counts
 from schedlab.calibrate.timing import RetryBudget, TimingConfig, time_point
-from schedlab.calibrate.trace_cal import robust_low
+from schedlab.calibrate.trace_cal import robust_mean
 from schedlab.calibrate.views import ViewCosts, ViewPoint, fit_views, view_key
 from schedlab.calibrate.wake import WAKE_REPS, WakePoint, fit_wake, fit_wake_scale, time_wake, wake_reps
 from schedlab.errors import SchedlabError
@@ -323,7 +323,7 @@ def _occurrences(
         else:
             cls, less = op.op_class, dispatch.op_us - dispatch.call_floor_us
         factor = 1.0 if op.is_view else in_turn_factor(in_turn, graph, op.op_class)
-        out.append(Occurrence(signature(op), cls, op.id in first, robust_low(ds) - less, op.bytes_moved, factor))
+        out.append(Occurrence(signature(op), cls, op.id in first, robust_mean(ds) - less, op.bytes_moved, factor))
     return out
 
 

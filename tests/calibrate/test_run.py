@@ -196,7 +196,7 @@ def test_with_trace_of_a_real_executor_step(tiny_profile: tuple[Profile, Path]) 
     assert traced.meta["traces"][0]["slots"] == 1
     assert traced.meta["traces"][0]["events_used"] > 0
     from schedlab.calibrate.context import first_uses
-    from schedlab.calibrate.trace_cal import robust_low
+    from schedlab.calibrate.trace_cal import robust_mean
 
     first = first_uses(c.graph)
     bound = traced.for_graph(c.graph)
@@ -208,17 +208,17 @@ def test_with_trace_of_a_real_executor_step(tiny_profile: tuple[Profile, Path]) 
     for op in c.graph.ops:
         if op.is_view or sum(signature(o) == signature(op) for o in c.graph.ops) != 1:
             continue
-        durs_ns = [float(e.dur_ns) for e in result.trace.events if e.op == op.id]  # robust_low takes ns
+        durs_ns = [float(e.dur_ns) for e in result.trace.events if e.op == op.id]  # robust_mean takes ns
         if op.id in first:
             # The table keeps the kernel without the first-use extra; bound to its graph,
             # the Profile adds it back.
             extra = profile.context.first_use(op.op_class)
             assert traced.kernel_us(op, 1) == pytest.approx(
-                max(0.0, robust_low([d - extra * 1e3 for d in durs_ns]) / 1e3 - profile.dispatch.op_us) * factor,
+                max(0.0, robust_mean([d - extra * 1e3 for d in durs_ns]) / 1e3 - profile.dispatch.op_us) * factor,
                 abs=1e-3, rel=1e-3)
             assert bound.kernel_us(op, 1) == pytest.approx(max(0.0, traced.kernel_us(op, 1) + extra))
         else:
-            expected = max(0.0, robust_low(durs_ns) / 1e3 - profile.dispatch.op_us) * factor
+            expected = max(0.0, robust_mean(durs_ns) / 1e3 - profile.dispatch.op_us) * factor
             assert traced.kernel_us(op, 1) == pytest.approx(expected, abs=1e-3, rel=1e-3)
             assert bound.kernel_us(op, 1) == traced.kernel_us(op, 1)
         checked += 1

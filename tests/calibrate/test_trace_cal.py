@@ -25,7 +25,7 @@ def one_slot_trace(steps: int = 3) -> Trace:
         t = 0.0
         for _ in range(10):  # ten repetitions of the 3-op graph per step
             for op, dur in ((0, 53.0), (1, 2.1), (2, 13.0)):
-                dur = dur * 3 if step == 0 and op == 0 else dur  # one slow step (a stall): the low quantile ignores it
+                dur = dur * 10 if step == 0 and op == 0 else dur  # one stalled step (10x): robust_mean drops it
                 events.append(event(op, t, dur, threads=2, step=step))
                 t += dur
     return Trace(events=tuple(events), meta={"source": "exec", "plan": {"slots": 1}})
@@ -70,10 +70,10 @@ def test_corun_trace_uses_the_corun_floor_and_leaves_out_overlapping_events() ->
     assert p.meta["traces"][0]["events_overlapping"] == 2
 
 
-def test_a_trace_whose_every_step_pays_a_slow_kernel_scales_its_kernels_up() -> None:
+def test_a_trace_whose_every_step_pays_a_slow_kernel_reads_it_in_the_mean() -> None:
     """Every step has one slow mm (a different repetition each time, under the stall cut):
-    each op's typical event is the fast one, yet a typical step holds a slow one, and the
-    table is scaled by the median step's kernel time over the typical times' sum."""
+    the mean of the mm's events holds it, so the table sums to a typical step's kernels and
+    the step factor is 1 (the median read the fast mm and needed a factor of 1.08)."""
     events = []
     for step in range(3):
         t = 0.0
@@ -84,11 +84,29 @@ def test_a_trace_whose_every_step_pays_a_slow_kernel_scales_its_kernels_up() -> 
                 t += dur
     graph = make_graph()
     p = make_profile().with_trace(Trace(events=tuple(events), meta={"source": "exec", "plan": {"slots": 1}}), graph)
+    assert p.meta["traces"][0]["step_factor"] == pytest.approx(1.0, abs=1e-4)
+    assert p.kernel_us(graph.ops[0], 1) == pytest.approx(53.0 * 1.1 - DISPATCH.op_us, rel=1e-4)
+    assert p.kernel_us(graph.ops[2], 1) == pytest.approx(13.0 - DISPATCH.op_us, rel=1e-4)
+
+
+def test_a_trace_whose_steps_disagree_with_its_table_scales_its_kernels() -> None:
+    """The step factor still scales the table where a typical step's kernels and the
+    table's sum part: a stall the cut drops in every step (3 of 3 steps hold one)
+    is not the typical event, and the median step holds it."""
+    events = []
+    for step in range(3):
+        t = 0.0
+        for rep in range(10):
+            for op, dur in ((0, 53.0), (2, 13.0)):
+                dur = dur * 10 if op == 0 and rep == step else dur
+                events.append(event(op, t, dur, step=step))
+                t += dur
+    graph = make_graph()
+    p = make_profile().with_trace(Trace(events=tuple(events), meta={"source": "exec", "plan": {"slots": 1}}), graph)
     typical = 10 * (53.0 - DISPATCH.op_us) + 10 * (13.0 - DISPATCH.op_us)
-    factor = (typical + 53.0) / typical
+    factor = (typical + 9 * 53.0) / typical
     assert p.meta["traces"][0]["step_factor"] == pytest.approx(factor, rel=1e-4)
     assert p.kernel_us(graph.ops[0], 1) == pytest.approx((53.0 - DISPATCH.op_us) * factor, rel=1e-4)
-    assert p.kernel_us(graph.ops[2], 1) == pytest.approx((13.0 - DISPATCH.op_us) * factor, rel=1e-4)
 
 
 def test_slots_default_to_one() -> None:
@@ -110,15 +128,17 @@ def test_trace_of_another_graph_is_refused() -> None:
         make_profile().with_trace(bad_op, make_graph())
 
 
-def test_robust_low_ignores_stalls() -> None:
-    from schedlab.calibrate.trace_cal import robust_low
+def test_robust_mean_ignores_stalls() -> None:
+    from schedlab.calibrate.trace_cal import robust_mean
 
     us = 1000.0  # durations are in ns
-    assert robust_low([50 * us, 500 * us, 600 * us]) == 50 * us  # two of three steps stalled
-    assert robust_low([10 * us] * 9 + [200 * us] * 3) == 10 * us
-    assert robust_low([100 * us, 120 * us, 140 * us]) == 120 * us  # ordinary spread: the median
+    assert robust_mean([50 * us, 500 * us, 600 * us]) == 50 * us  # two of three steps stalled
+    assert robust_mean([10 * us] * 9 + [200 * us] * 3) == 10 * us
+    assert robust_mean([100 * us, 120 * us, 140 * us]) == 120 * us
+    # skewed below the stall line: the mean, which sums to the step as the ops do (a median read 100)
+    assert robust_mean([100 * us, 100 * us, 100 * us, 180 * us, 220 * us]) == 140 * us
     # below zero (an event shorter than the context taken off it): no stall rule drops them all
-    assert robust_low([-30 * us, -20 * us, 500 * us]) == -25 * us
+    assert robust_mean([-30 * us, -20 * us, 500 * us]) == -25 * us
 
 
 def test_calibration_rounds_alternate_the_thread_counts_and_pool_their_steps(monkeypatch) -> None:  # type: ignore[no-untyped-def]
