@@ -58,6 +58,14 @@ SHARE_MIN_OF_HOT = 0.25  # and those whose cold extra is a smaller share of thei
 DEFAULT_LLC_BYTES = 32 << 20  # where the kernel does not say (sysfs)
 COLD_REPS = 5  # cold calls, and hot ones, per (call, threads)
 WARM_CALLS = 6  # calls that make a call's data hot again after an eviction
+# The eviction buffer's most. A VM's sysfs may list its socket's whole L3 (480 MiB on the
+# 2-core Intel Xeon dev VM), of which it holds a small share. There, on an 8 MiB add (890 us
+# hot), writes of 32 / 128 / 256 / 960 MiB left an extra of 417 / 1,050 / 1,022 / 1,202 us
+# and took 4 / 14 / 25 / 95 ms each; with 960 MiB, cold timing took 90 s of a quick
+# calibration. At 128 MiB the fitted in-step share read 1.0 (clamped) and the slopes half
+# those of 960 MiB; at 256 MiB, share 0.53 and slopes within 15% (quick calibration 145 s
+# against 218 s, 107-132 s without cold costs).
+EVICT_MAX_BYTES = 256 << 20
 
 
 def llc_bytes(sysfs: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
@@ -160,10 +168,12 @@ def _share(v: Any) -> float:
 
 
 class Evictor:
-    """Writes a buffer of twice the last-level cache, pushing other data out of the caches."""
+    """Writes a buffer of twice the last-level cache (at most `EVICT_MAX_BYTES`), pushing
+    other data out of the caches."""
 
     def __init__(self, torch: Any, llc: int | None = None) -> None:
-        self.buf = torch.zeros(max(1, 2 * (llc or llc_bytes()) // 4), dtype=torch.float32)
+        nbytes = min(2 * (llc or llc_bytes()), EVICT_MAX_BYTES)
+        self.buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32)
 
     def __call__(self) -> None:
         self.buf.add_(1.0)

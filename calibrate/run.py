@@ -103,9 +103,19 @@ class CalibrationConfig:
     seed: int = 0
 
 
+# Sweep calls per op class timed cold in the presets (`calibrate.cold`). On by default since
+# 2026-12-03: on the 2-core Intel Xeon VM three pairs of quick profiles, with and without,
+# scored the dev set 16.9 -> 12.7% and 17.9 -> 13.7% profile-only and the held-out set
+# 17.9-18.5 -> 11.6-12.4%, trace-calibrated 0.4-1.2 points worse (two-slot plans); on the
+# AMD EPYC VM of 2026-11-27 it had scored the held-out set worse (README, "Cold data").
+COLD_PER_CLASS_QUICK = 4
+COLD_PER_CLASS_FULL = 8
+
+
 def quick_config() -> CalibrationConfig:
     return CalibrationConfig(
         quick=True,
+        cold_per_class=COLD_PER_CLASS_QUICK,
         links=quick_link_config(),
         # the coverage models add real shapes; big matmuls as held-out models have them; 40
         # convolutions per class, as the full sweep has (12 gave a backward fit 2-3x slow on dense 3x3 ones)
@@ -116,16 +126,21 @@ def quick_config() -> CalibrationConfig:
 
 
 def with_cold(cfg: CalibrationConfig) -> CalibrationConfig:
-    """`cfg` measuring cold costs too (`calibrate.cold`; `schedlab calibrate --cold`): the
-    cold-probe coverage model replayed, its calls and up to 4 (quick) or 8 sweep calls per
-    class timed cold. Not in the presets: on the held-out models it did not predict whole
-    steps better (README, "Cold data")."""
-    return replace(cfg, cold_per_class=4 if cfg.quick else 8)
+    """`cfg` measuring cold costs (`calibrate.cold`), as the presets do: the cold-probe
+    coverage model replayed, its calls and up to 4 (quick) or 8 sweep calls per class
+    timed cold."""
+    return replace(cfg, cold_per_class=COLD_PER_CLASS_QUICK if cfg.quick else COLD_PER_CLASS_FULL)
+
+
+def without_cold(cfg: CalibrationConfig) -> CalibrationConfig:
+    """`cfg` with no cold costs (`schedlab calibrate --no-cold`): the Profile charges none."""
+    return replace(cfg, cold_per_class=0)
 
 
 def full_config() -> CalibrationConfig:
     return CalibrationConfig(
         quick=False,
+        cold_per_class=COLD_PER_CLASS_FULL,
         sizes=("tiny", "default"),
         coverage_shapes=tuple(s.name for s in SHAPES),
         sweep=SweepConfig(per_class=40, max_flops=2e9, max_elems=1 << 24),

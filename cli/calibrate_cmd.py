@@ -58,12 +58,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --cuda: the size of the built-in workloads measured (default: default, or tiny with --quick; "
         "gpu: the default models at 16x their batch, steps bound by the GPU rather than the host)",
     )
-    p.add_argument(
+    cold = p.add_mutually_exclusive_group()
+    cold.add_argument(
         "--cold", action="store_true",
-        help="also measure what a step pays for data not in the caches (memory-bound calls of a MiB or more timed "
+        help="measure what a step pays for data not in the caches (memory-bound calls of a MiB or more timed "
         "after an eviction, and the share of that a replayed step pays), which the profile then charges to "
-        "memory-bound ops; about 6 s more with --quick. Off by default: it did not predict the held-out models' "
-        "steps better (README, \"Cold data\")",
+        "memory-bound ops: on by default (15-40 s more of a quick calibration); kept for scripts that name it",
+    )
+    cold.add_argument(
+        "--no-cold", action="store_true",
+        help="measure and charge no cold costs (README, \"Cold data\": on the AMD EPYC VM of 2026-11-27 the "
+        "held-out steps were predicted worse with them, on the Intel Xeon VM of 2026-12-03 better)",
     )
     p.add_argument(
         "--refit-waits", action="store_true",
@@ -447,10 +452,12 @@ def run(args: argparse.Namespace) -> int:
 
     if getattr(args, "links", False) and getattr(args, "cuda", False):
         raise SchedlabError("--links and --cuda each re-measure one part of the profile: give one of them")
-    if getattr(args, "cold", False) and (getattr(args, "links", False) or getattr(args, "cuda", False)):
-        raise SchedlabError("--cold goes with the CPU calibration: --links and --cuda measure other parts of the profile")
+    for flag in ("cold", "no_cold"):
+        if getattr(args, flag, False) and (getattr(args, "links", False) or getattr(args, "cuda", False)):
+            raise SchedlabError(f"--{flag.replace('_', '-')} goes with the CPU calibration: --links and --cuda "
+                                "measure other parts of the profile")
     if getattr(args, "refit_waits", False):
-        others = [f for f in ("links", "cuda", "cold", "threads") if getattr(args, f, None)]
+        others = [f for f in ("links", "cuda", "cold", "no_cold", "threads") if getattr(args, f, None)]
         if others:
             raise SchedlabError("--refit-waits measures nothing: it goes alone (with --out, --json, --no-progress)")
         return run_refit_waits(args)
@@ -466,16 +473,16 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.out)  # before the measuring, not after
     t0 = time.perf_counter()
     config = None
-    if getattr(args, "threads", None) or getattr(args, "cold", False):
+    if getattr(args, "threads", None) or getattr(args, "no_cold", False):
         from dataclasses import replace
 
-        from schedlab.calibrate.run import full_config, quick_config, with_cold
+        from schedlab.calibrate.run import full_config, quick_config, without_cold
 
         config = quick_config() if args.quick else full_config()
         if getattr(args, "threads", None):
             config = replace(config, threads=args.threads)
-        if getattr(args, "cold", False):
-            config = with_cold(config)
+        if getattr(args, "no_cold", False):
+            config = without_cold(config)
     profile = run_calibration(quick=args.quick, out=args.out, progress=not getattr(args, "no_progress", False),
                               config=config)
     s = summary(profile, args.out, time.perf_counter() - t0)

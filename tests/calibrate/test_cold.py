@@ -165,3 +165,12 @@ def test_time_cold_measures_what_a_call_pays_after_an_eviction() -> None:
     assert threads_set == [1, 2]
     assert set(extra) == {1, 2}
     assert all(1500.0 < us < 20000.0 for us in extra.values())
+
+
+def test_the_evictor_writes_at_most_its_cap() -> None:
+    import torch
+
+    from schedlab.calibrate.cold import EVICT_MAX_BYTES, Evictor
+
+    assert Evictor(torch, llc=480 << 20).buf.numel() * 4 == EVICT_MAX_BYTES  # a VM listing its socket's L3
+    assert Evictor(torch, llc=8 << 20).buf.numel() * 4 == 16 << 20  # twice a small one

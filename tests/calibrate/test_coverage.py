@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from schedlab.calibrate.coverage import COVERAGE_MODELS, SHAPES, build
+from schedlab.calibrate.coverage import COLD_PROBE, COVERAGE_MODELS, SHAPES, build
 from schedlab.calibrate.run import _capture_jobs, full_config, quick_config
 
 CALIBRATE_DIR = Path(__file__).resolve().parents[2] / "calibrate"
@@ -31,8 +31,9 @@ def test_unknown_coverage_model_is_named() -> None:
 def test_quick_measures_one_shape_and_full_all_of_them() -> None:
     quick = [s for s, _, _ in _capture_jobs(quick_config()) if s.startswith("coverage:")]
     full = [s for s, _, _ in _capture_jobs(full_config()) if s.startswith("coverage:")]
-    assert quick == [f"coverage:{m}/small/sgd" for m in COVERAGE_MODELS]
-    assert len(full) == len(COVERAGE_MODELS) * len(SHAPES)
+    # and the cold probe, as the presets measure cold costs
+    assert quick == [f"coverage:{m}/small/sgd" for m in (*COVERAGE_MODELS, COLD_PROBE)]
+    assert len(full) == (len(COVERAGE_MODELS) + 1) * len(SHAPES)
 
 
 def test_calibration_never_names_the_held_out_models() -> None:

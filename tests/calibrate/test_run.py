@@ -153,28 +153,33 @@ def test_a_calibration_with_many_timings_under_the_call_floor_says_so(capsys: py
     assert capsys.readouterr().err == ""
 
 
-def test_calibrate_cold_measures_cold_costs_on_top_of_the_preset(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[CalibrationConfig] = []
+def test_calibrate_measures_cold_costs_unless_told_not_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[CalibrationConfig | None] = []
 
     def fake_run(quick: bool, out: Path, progress: bool, config: CalibrationConfig | None) -> Profile:
-        assert config is not None
         seen.append(config)
         raise SystemExit(0)
 
     monkeypatch.setattr(run_mod, "run_calibration", fake_run)
     parser = argparse.ArgumentParser(prog="schedlab")
     calibrate_cmd.register(parser.add_subparsers(dest="command"))
-    for argv, per_class in ((["--quick", "--cold"], 4), (["--cold", "--threads", "1"], 8)):
+    assert run_mod.quick_config().cold_per_class == 4 and run_mod.full_config().cold_per_class == 8
+    for argv, per_class in ((["--quick", "--no-cold"], 0), (["--no-cold", "--threads", "1"], 0),
+                            (["--quick", "--cold"], None), (["--threads", "1"], 8)):
         args = parser.parse_args(["calibrate", *argv, "--out", "/tmp/schedlab-test-never-written.json"])
         with pytest.raises(SystemExit):
             args.handler(args)
-        assert seen[-1].cold_per_class == per_class
-    assert seen[-1].threads == (1,) and seen[-1].quick is False
-    for other in ("--links", "--cuda"):
-        args = parser.parse_args(["calibrate", "--cold", other])
-        with pytest.raises(SchedlabError, match="--cold goes with the CPU calibration"):
-            args.handler(args)
-    assert run_mod.quick_config().cold_per_class == 0 and run_mod.full_config().cold_per_class == 0
+        config = seen[-1]
+        assert (config.cold_per_class if config is not None else None) == per_class  # None: the preset's
+    assert seen[-1] is not None and seen[-1].threads == (1,) and seen[-1].quick is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(["calibrate", "--cold", "--no-cold"])
+    for flag in ("--cold", "--no-cold"):
+        for other in ("--links", "--cuda"):
+            args = parser.parse_args(["calibrate", flag, other])
+            with pytest.raises(SchedlabError, match=f"{flag} goes with the CPU calibration"):
+                args.handler(args)
+    assert run_mod.without_cold(run_mod.quick_config()).cold_per_class == 0
 
 
 def test_calibrate_command_defaults_to_the_profile_simulate_reads() -> None:
