@@ -54,7 +54,7 @@ JSON layout (version 2; version 1 files, without "views" and "roofline", still l
                                                     "per_tensor_us"}}}},  # calibrate.comm_host
      "cuda": null | {"device", "torch", "launch_us", "flops_per_s", "bw_bytes_per_s",   # calibrate.cuda_costs
               "signatures": {signature: kernel_us}, ...},
-     "wake": {op_class or "*": {"base_us", "per_work", "threads", "n_points"}},   # calibrate.wake
+     "wake": {op_class or "*": {"base_us", "per_work", "threads", "n_points", "share_gated", "cap_us"}},   # calibrate.wake
      "wake_scale": {threads: share},   # the wake below the fits' thread count, calibrate.wake
      "cold": null | {"model": "share_x_class_slope", "share", "slope_us_per_mib": {op_class:
               {threads: us}}, "pooled_us_per_mib": {threads: us}, "n_points", "n_share_ops"},  # calibrate.cold
@@ -227,8 +227,30 @@ class Profile:
         one whenever the wait fitted at one thread exceeded the wait at two (a quick profile
         of 2026-12-03: 16.9 against 15.8 us), so the 1,300 tiny ops of `dev:gru` held two
         cores each at two slots of two threads and the step was simulated at 35.2 ms, against
-        24.3 ms with the one-thread wait 0.2 us lower (measured: 19.9)."""
-        return 0.0 if op.is_view else self._alone_us(op, max(1, int(threads)))
+        24.3 ms with the one-thread wait 0.2 us lower (measured: 19.9). An op whose class
+        `forks_at_any_size` is compared on its one-thread kernel over the threads, so the
+        demand rule holds its team."""
+        if op.is_view:
+            return 0.0
+        n = max(1, int(threads))
+        alone = self._alone_us(op, n)
+        if n > 1 and self.forks_at_any_size(op):
+            alone = min(alone, self._alone_us(op, 1) / n)
+        return alone
+
+    def forks_at_any_size(self, op: Op) -> bool:
+        """Whether `op`'s class opens its parallel regions whatever their size: its wake fit
+        is not times the region share (`WakeFit.share_gated`, chosen by calibration where the
+        class's wake cases fit far better without it). Such an op holds its team in a co-run
+        plan (`team_basis_us`) and pays its wake, however flat its thread scaling: oneDNN's
+        LSTM layer, no faster at two threads than at one, forks a region per time step (a
+        quick calibration of 2026-12-06: its 13 cases paid 316-5,502 us each to wake their
+        helpers, where the share-gated pooled fit charged them about 1 us)."""
+        found = self._lookup(op)
+        if not isinstance(found.model, WorkThreadsModel):
+            return False
+        fit = self.wake.get(found.class_key)
+        return fit is not None and not fit.share_gated
 
     def team_basis_column(self, graph: Graph, ids: np.ndarray, threads: int) -> np.ndarray:
         """`team_basis_us(op, threads)` of the ops `ids` of `graph`, as an array."""

@@ -187,7 +187,14 @@ class ProfileColumns:
     def team_basis_us(self, threads: int) -> np.ndarray:
         """`Profile.team_basis_us(op, threads)` of every op."""
         out = np.zeros(len(self.ids), dtype=F64)
-        out[self.kernel] = self.alone_us(max(1, int(threads)))
+        n = max(1, int(threads))
+        alone = self.alone_us(n)
+        if n > 1 and self.profile.wake:
+            forks = np.fromiter((self.profile.forks_at_any_size(self._op(j)) for j in range(len(alone))), dtype=bool,
+                                count=len(alone))
+            if forks.any():
+                alone = np.where(forks, np.minimum(alone, self.alone_us(1) / n), alone)
+        out[self.kernel] = alone
         return out
 
     def dispatch_us(self) -> np.ndarray:
@@ -255,7 +262,10 @@ class ProfileColumns:
         _, work = self._mem_and_work()
         with np.errstate(divide="ignore", invalid="ignore"):
             region = np.where(work > 0.0, work / (work + self.params["h_us"]), 0.0)
-        extra = region * (base + per_work * work)
+        gated = np.fromiter((f.share_gated if f is not None else True for f in fits), dtype=bool, count=len(fits))
+        cap = np.fromiter((f.cap_us if f is not None and f.cap_us is not None else np.inf for f in fits), dtype=F64,
+                          count=len(fits))
+        extra = np.minimum(np.where(gated, region, 1.0) * (base + per_work * work), cap)
         out[self.kernel] = np.where(pays, extra * scale, 0.0)
         return out
 

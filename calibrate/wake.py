@@ -43,6 +43,22 @@ night re-scored on its own profile both ways (the co-run waits fitted again on e
 profile-only 13.8% (least squares) against 13.9%, trace-calibrated 9.3% against 8.3%
 (depthwise-cnn 12.5% to 8.0%, grouped-resnet 8.1% to 4.6%).
 
+The region share comes from the class's thread scaling, and some classes fork whatever it
+says. oneDNN's LSTM layer is no faster at two threads than at one, yet opens a region per
+time step: in a quick calibration of 2026-12-06 its 13 cases paid 316-5,502 us each to wake
+their helpers, where a share of at most 0.28 left them the pooled fit's few microseconds,
+and `nll_loss_backward` (share 0.01) paid 67 us in each of its 7. So a class with at least
+`MIN_UNGATED_POINTS` cases is also fitted without the share (``base_us + per_work *
+work_us``, at most its cases' largest extra: `WakeFit.cap_us`), and keeps that form where it
+misses its cases by at most `UNGATED_GAIN` of the gated form's miss; such a class forks at
+any size (`Profile.forks_at_any_size`: the simulator holds its team, `team_basis_us`). That
+calibration chose the form for 14 of 53 classes, the LSTM layer and its backward, the layer
+norms and `nll_loss_backward` among them; `tanh`, `convolution` and `convolution_backward`
+(0.89, 0.69 and 0.86 of the gated miss) kept the share. Re-scored on the dev run of that
+hour (`fidelity --rescore`, the co-run waits fitted again): profile-only 15.2% to 13.9%,
+trace-calibrated 11.9% to 10.6%, `dev:lstm` 32.4% to 22.2% (two slots of two threads -62% to
+-81% before, -37% to -50% after), no other model more than 0.3 points worse.
+
 The fits are timed at the most threads calibration benchmarks (all
 the cores: 2 here). On a host of more cores every fourth case is timed at each smaller
 count of two or more too, and `fit_wake_scale` gives the wake there as a share of the fits'
@@ -77,23 +93,32 @@ WAKE_REPS = 7  # timed calls per round, at most
 WAKE_BUDGET_US = 20_000.0  # what one side of one round may take: long calls get fewer reps (at least 2)
 WAKE_ROUNDS = 2  # rounds, alternating plain and throttled; each keeps its best round median
 MIN_FIT_POINTS = 3  # cases in a class's parallel regime for the class to get its own fit
+MIN_UNGATED_POINTS = 6  # cases of a class for a fit without the region share (`fit_wake`)
+UNGATED_GAIN = 0.5  # ... taken where it misses them by at most this share of the gated form's miss
 POOLED = "*"  # the key of the fit over every class, for classes without their own
 
 
 @dataclass(frozen=True)
 class WakeFit:
-    """extra_us = region_share * (base_us + per_work * work_us); see the module docstring."""
+    """extra_us = region_share * (base_us + per_work * work_us), or without the share where
+    the class's cases fit better so (`share_gated` False); see the module docstring."""
 
     base_us: float
     per_work: float
     threads: int  # the intra-op thread count it was measured at
     n_points: int
+    # whether the charge is times the op's region share (the form of every fit before
+    # 2026-12-06, and of the pooled one); False: the class forks its regions at any size
+    share_gated: bool = True
+    cap_us: float | None = None  # the most it charges (an ungated fit: its cases' largest extra)
 
     def extra_us(self, region_share: float, work_us: float) -> float:
-        return region_share * (self.base_us + self.per_work * work_us)
+        extra = (region_share if self.share_gated else 1.0) * (self.base_us + self.per_work * work_us)
+        return extra if self.cap_us is None else min(extra, self.cap_us)
 
     def to_json(self) -> dict[str, Any]:
-        return {"base_us": self.base_us, "per_work": self.per_work, "threads": self.threads, "n_points": self.n_points}
+        return {"base_us": self.base_us, "per_work": self.per_work, "threads": self.threads, "n_points": self.n_points,
+                "share_gated": self.share_gated, "cap_us": self.cap_us}
 
     @staticmethod
     def from_json(d: Any) -> WakeFit:
@@ -102,7 +127,14 @@ class WakeFit:
         base, per_work = float(d["base_us"]), float(d["per_work"])
         if not (base >= 0.0 and per_work >= 0.0):  # also refuses NaN
             raise ValueError(f"a wake fit's base_us and per_work must be >= 0, got {base} and {per_work}")
-        return WakeFit(base_us=base, per_work=per_work, threads=int(d["threads"]), n_points=int(d["n_points"]))
+        gated = d.get("share_gated", True)
+        if not isinstance(gated, bool):
+            raise TypeError(f"a wake fit's share_gated must be true or false, got {gated!r}")
+        cap = d.get("cap_us")
+        if cap is not None and not float(cap) >= 0.0:
+            raise ValueError(f"a wake fit's cap_us must be >= 0 or null, got {cap}")
+        return WakeFit(base_us=base, per_work=per_work, threads=int(d["threads"]), n_points=int(d["n_points"]),
+                       share_gated=gated, cap_us=None if cap is None else float(cap))
 
 
 def region_share(model: WorkThreadsModel, flops: float, nbytes: float) -> float:
@@ -200,9 +232,12 @@ class WakePoint:
 
 
 def fit_wake(points: Sequence[WakePoint], model_of: Callable[[str], WorkThreadsModel | None]) -> dict[str, WakeFit]:
-    """Per class with at least `MIN_FIT_POINTS` cases in its parallel regime (region share
-    >= 0.5), the non-negative `WakeFit` of least absolute deviation; under `POOLED`, one fit of every
-    class's points (each scored with its own class model), for the classes without."""
+    """Per class, the non-negative `WakeFit` of least absolute deviation over its cases, in
+    the form that misses them by less: times the region share (with at least
+    `MIN_FIT_POINTS` cases in its parallel regime, region share >= 0.5) or without it (with
+    at least `MIN_FIT_POINTS` cases; `WakeFit.share_gated`). Under `POOLED`, one share-gated
+    fit of every class's points (each scored with its own class model), for the classes
+    without."""
     rows: dict[str, list[tuple[float, float, float]]] = {}
     threads = max((p.threads for p in points), default=0)
     for p in points:
@@ -218,10 +253,22 @@ def fit_wake(points: Sequence[WakePoint], model_of: Callable[[str], WorkThreadsM
     for cls, rs in sorted(rows.items()):
         every += rs
         if sum(1 for s, _, _ in rs if s >= 0.5) >= MIN_FIT_POINTS:
-            fits[cls] = _lad_fit(rs, threads)
+            fits[cls] = _lad_fit(rs, threads, gated=True)
     if every:
-        fits[POOLED] = _lad_fit(every, threads)
+        fits[POOLED] = _lad_fit(every, threads, gated=True)
+    for cls, rs in sorted(rows.items()):
+        if len(rs) < MIN_UNGATED_POINTS:
+            continue
+        gated = fits.get(cls) or fits[POOLED]
+        ungated = _lad_fit(rs, threads, gated=False)
+        if _deviation_us(ungated, rs) <= UNGATED_GAIN * _deviation_us(gated, rs):
+            fits[cls] = ungated
     return fits
+
+
+def _deviation_us(fit: WakeFit, rows: Sequence[tuple[float, float, float]]) -> float:
+    """How far `fit` misses `rows` of (region share, work us, extra us): the summed |error|."""
+    return sum(abs(fit.extra_us(s, w) - e) for s, w, e in rows)
 
 
 def fit_wake_scale(
@@ -261,12 +308,12 @@ def wake_share(scale: Mapping[int, float], fit_threads: int, threads: int) -> fl
     return 1.0
 
 
-def _lad_fit(rows: Sequence[tuple[float, float, float]], threads: int) -> WakeFit:
+def _lad_fit(rows: Sequence[tuple[float, float, float]], threads: int, gated: bool = True) -> WakeFit:
     """The non-negative (base, per-work) of least absolute deviation over `rows` of
-    (region share, work us, extra us): a linear program (HiGHS). Absolute, not squared:
-    a case that a neighbour or a halted helper slowed tenfold must not set the class's
-    charge (module docstring)."""
-    a = np.array([[s, s * w] for s, w, _ in rows], dtype=np.float64)
+    (region share, work us, extra us), times the share or not (`gated`): a linear program
+    (HiGHS). Absolute, not squared: a case that a neighbour or a halted helper slowed
+    tenfold must not set the class's charge (module docstring)."""
+    a = np.array([[s, s * w] if gated else [1.0, w] for s, w, _ in rows], dtype=np.float64)
     b = np.array([e for _, _, e in rows], dtype=np.float64)
     scale = np.maximum(a.max(axis=0), 1e-12)  # columns of similar size for the solver
     n = len(b)
@@ -278,4 +325,6 @@ def _lad_fit(rows: Sequence[tuple[float, float, float]], threads: int) -> WakeFi
         raise RuntimeError(f"the wake fit's linear program failed: {res.message}")
     coef = np.maximum(res.x[:2], 0.0) / scale
     # rounded as saved, so a Profile predicts the same before and after a round trip
-    return WakeFit(base_us=round(float(coef[0]), 3), per_work=round(float(coef[1]), 6), threads=threads, n_points=n)
+    cap = None if gated else round(float(b.max()), 3)
+    return WakeFit(base_us=round(float(coef[0]), 3), per_work=round(float(coef[1]), 6), threads=threads, n_points=n,
+                   share_gated=gated, cap_us=cap)

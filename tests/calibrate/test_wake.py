@@ -8,6 +8,7 @@ import math
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -165,3 +166,61 @@ def test_a_few_cases_timed_far_off_do_not_set_the_class_fit() -> None:
     fit = fit_wake(points, {"conv": MM_MODEL}.get)["conv"]
     assert fit.base_us == pytest.approx(200.0, rel=0.02) and fit.per_work == pytest.approx(0.01, rel=0.05)
     assert fit.n_points == 10
+
+
+def test_a_class_that_pays_at_any_region_share_is_fitted_without_it_and_capped() -> None:
+    """oneDNN's LSTM layer forks a region per time step however flat its thread scaling: its
+    cases pay hundreds of microseconds at a region share near 0. A class like it gets the
+    fit without the share (at most its cases' largest extra); one whose small cases pay
+    nothing keeps the share-gated fit."""
+    small = (1e3, 2e3, 5e3, 1e4, 2e4, 5e4)  # bytes: 0.1-5 us of work under GRAINY's 50 us grain, share under 0.1
+    points = [WakePoint("rnn", 0.0, b, 2, 400.0 + 2.0 * b * 1e-4) for b in small]
+    points += [WakePoint("mm", 0.0, b, 2, 0.0) for b in small]  # small calls run inline: nothing to wake
+    points += [WakePoint("mm", 0.0, b, 2, 70.0) for b in (5e6, 1e7, 2e7)]
+    fits = fit_wake(points, {"rnn": GRAINY, "mm": GRAINY}.get)
+    rnn, mm = fits["rnn"], fits["mm"]
+    assert not rnn.share_gated and rnn.base_us == pytest.approx(400.0, rel=1e-3)
+    assert rnn.per_work == pytest.approx(2.0, rel=1e-3) and rnn.cap_us == pytest.approx(400.0 + 2.0 * 5.0)
+    assert rnn.extra_us(0.0, 1.0) == pytest.approx(402.0, rel=1e-3)  # the share does not matter
+    assert rnn.extra_us(0.0, 1e4) == rnn.cap_us  # no further than its cases went
+    assert mm.share_gated and mm.cap_us is None and mm.extra_us(0.0, 1.0) == 0.0
+    assert fits[POOLED].share_gated
+
+
+def test_a_class_that_forks_at_any_size_holds_its_team_and_pays_its_wake(tmp_path: Path) -> None:
+    """The mm is no faster at two threads (so it would run inline, `sim.cost.team_or_inline`,
+    and wake nothing), but its class's wake fit is not share-gated: it forks at any size, holds
+    its team and pays its wake under two slots of two threads, in the scalar Profile and its
+    columns alike; the fit round-trips through the saved Profile."""
+    g = make_graph()
+    m = cpu_machine(2)
+    plain = make_profile(signatures={signature(g.ops[0]): {1: 100.0, 2: 100.0}})
+    gated = dataclasses.replace(plain, wake={"mm": WakeFit(50.0, 0.0, 2, 10), POOLED: WakeFit(50.0, 0.0, 2, 10)})
+    forks = dataclasses.replace(gated, wake={**gated.wake, "mm": WakeFit(50.0, 0.0, 2, 10, share_gated=False, cap_us=60.0)})
+    op = g.ops[0]
+    assert not gated.forks_at_any_size(op) and forks.forks_at_any_size(op)
+    assert forks.team_basis_us(op, 2) == pytest.approx(forks.team_basis_us(op, 1) / 2)
+    ids = np.arange(len(g))
+    assert forks.team_basis_column(g, ids, 2)[0] == pytest.approx(forks.team_basis_us(op, 2))
+    assert forks.wake_column(g, ids, 2)[0] == pytest.approx(forks.wake_us(op, 2)) == pytest.approx(50.0)
+    r = resolve(g, Plan(slots=2, threads=2), m)
+    a = simulate(g, r, m, gated.for_graph(g).for_slots(2)).step_time_s
+    b = simulate(g, r, m, forks.for_graph(g).for_slots(2)).step_time_s
+    assert b > a
+    q = Profile.load(forks.save(tmp_path / "p.json"), check_machine=False)
+    assert q.wake == forks.wake
+    d = json.loads((tmp_path / "p.json").read_text())
+    d["wake"]["mm"]["share_gated"] = "no"
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    with pytest.raises(SchedlabError, match=r"bad wake\.mm: .*share_gated must be true or false"):
+        Profile.load(tmp_path / "p.json", check_machine=False)
+
+
+def test_calibrations_summary_names_the_classes_that_fork_at_any_size() -> None:
+    from schedlab.cli.calibrate_cmd import _wake_summary
+
+    p = dataclasses.replace(make_profile(), wake={
+        "mkldnn_rnn_layer": WakeFit(400.0, 2.0, 2, 13, share_gated=False, cap_us=5500.0),
+        "mm": WakeFit(70.0, 0.0, 2, 40), POOLED: WakeFit(60.0, 0.03, 2, 1200)})
+    s = _wake_summary(p)
+    assert s is not None and s["classes"] == 2 and s["any_size"] == ["mkldnn_rnn_layer"]
