@@ -77,7 +77,7 @@ class ProfileColumns:
         params = params_u.reshape(len(models_u), len(PARAM_NAMES))[inverse]
         self.params = {name: params[:, j] for j, name in enumerate(PARAM_NAMES)}
         self.fitted = fitted_u[inverse]  # over self.kernel
-        self._keys_u, self._inverse = keys_u, inverse
+        self._keys_u, self._inverse, self._fitted_u = keys_u, inverse, fitted_u
         sigs, row_of = feats.signature, profile.signatures.get
         self.rows = [row_of(sigs[i]) or None for i in self._kid]  # `if row:` in `Profile._alone_us`: an empty row is none
         self.first_use_us = np.zeros(len(kid), dtype=F64)
@@ -190,12 +190,18 @@ class ProfileColumns:
         n = max(1, int(threads))
         alone = self.alone_us(n)
         if n > 1 and self.profile.wake:
-            forks = np.fromiter((self.profile.forks_at_any_size(self._op(j)) for j in range(len(alone))), dtype=bool,
-                                count=len(alone))
+            forks = self._forks_at_any_size()
             if forks.any():
                 alone = np.where(forks, np.minimum(alone, self.alone_us(1) / n), alone)
         out[self.kernel] = alone
         return out
+
+    def _forks_at_any_size(self) -> np.ndarray:
+        """`Profile.forks_at_any_size` of each kernel op, from its class key (once per class)."""
+        wake = self.profile.wake
+        forks_u = np.array([fitted and key in wake and not wake[key].share_gated
+                            for key, fitted in zip(self._keys_u, self._fitted_u.tolist(), strict=True)], dtype=bool)
+        return forks_u[self._inverse] if len(forks_u) else np.zeros(len(self.kernel), dtype=bool)
 
     def dispatch_us(self) -> np.ndarray:
         """`Profile.dispatch_us(op)` of every op."""

@@ -76,7 +76,9 @@ def rich_profile(graph: Graph) -> Profile:
             {"view": ViewFit(0.5, 0.25, 3)},
             ViewFit(0.2, 0.1, 9),
         ),
-        wake={"addmm": WakeFit(6.0, 0.05, 4, 10), POOLED: WakeFit(2.0, 0.02, 2, 30)},
+        # convolution forks at any size (no share, capped): it holds its team, `team_basis_us`
+        wake={"addmm": WakeFit(6.0, 0.05, 4, 10), "convolution": WakeFit(40.0, 0.5, 2, 8, share_gated=False, cap_us=90.0),
+              POOLED: WakeFit(2.0, 0.02, 2, 30)},
         wake_scale={1: 0.0, 2: 0.6},
         corun=CorunFigures(mem_slowdown=1.6, compute_slowdown=1.1, gil_slowdown=2.0, measured=True,
                            oversub_mem=1.3, oversub_compute=1.7, serial_window_us=6.0,
