@@ -11,7 +11,16 @@ the same op in a loop; each call's time is compared with the same op alone. Thre
   intra-op threads as the machine has cores, so twice as many OpenMP threads as cores.
   Processor sharing alone predicts twice the time alone; what is measured beyond that
   (threads descheduled inside a parallel region while their team waits at a barrier)
-  is the oversubscription factor.
+  is the oversubscription factor. It is timed again on an ``add`` of 16x the elements: a
+  team descheduled inside its region costs its op a bounded time, so a long kernel pays a
+  smaller share of the factor. The two sizes give the fade, ``factor - 1 = A * T / (T +
+  kernel)`` (`oversub_fade`; `CorunFigures.oversub_share`). On the 2-core Intel Xeon VM
+  (2026-12-06, a scratch probe: two threads each calling the op at two intra-op threads,
+  against the op alone at two) a 1 MiB ``add`` paid 2.24x and a 16 MiB one 1.14x, and the
+  big kernels of the held-out models that co-run two branches paid none: a ``Conv1d``
+  0.90x, an LSTM layer 0.96x, ``mm`` of 512 1.00x. Charged the whole factor, those models'
+  two slots of two threads were predicted 33-49% slow (conv1d-two-branch,
+  bilstm-classifier).
 - negligible: ``add`` of 1-element tensors: the interpreter lock. Each call's Python part
   holds it, so two threads of tiny ops take turns; this is what the simulator's dispatch
   resource models, reported here to check it, not used by `corun_slowdown`.
@@ -65,6 +74,12 @@ class CorunFigures:
     # times its parallel share (`Profile.team_wait_us`; fitted so since 2026-12-03): an op below
     # ATen's grain size never forks its team. A profile from before charged it to every op
     team_share: bool = False
+    # how the oversubscription factor fades with an op's kernel time (`oversub_share`): the
+    # two-team penalty of a region is bounded, so a long kernel pays a smaller share of it.
+    # The factors were timed on an `add` whose call took `oversub_ref_us` at all the cores;
+    # None: no fade (a profile calibrated before 2026-12-06, or two sizes that showed none)
+    oversub_decay_us: float | None = None
+    oversub_ref_us: float = 0.0
     # whether `latency_us` was fitted with views paying it too, as every op of a co-run plan
     # does (`Profile.kernel_us`; calibrated since 2026-11-28); a profile from before fitted it
     # on the other ops alone, and its views keep paying nothing
@@ -73,6 +88,15 @@ class CorunFigures:
     def latency(self, threads: int) -> float:
         """`latency_us` at `threads` (the nearest measured count; 0 when none was)."""
         return _nearest(self.latency_us, threads)
+
+    def oversub_share(self, kernel_us: float) -> float:
+        """The share (0..1] of the oversubscription factors' excess that an op whose kernel
+        takes `kernel_us` at all the cores pays: ``(decay + ref) / (decay + kernel_us)``
+        (`oversub_fade`), at most 1; 1 without a fade."""
+        t = self.oversub_decay_us
+        if t is None:
+            return 1.0
+        return min(1.0, (t + self.oversub_ref_us) / (t + max(0.0, kernel_us)))
 
     def team_latency(self, threads: int) -> float:
         """`team_latency_us` at `threads` (the nearest fitted count); 0 at one thread, or
@@ -90,6 +114,8 @@ class CorunFigures:
             "oversub_mem": round(self.oversub_mem, 4),
             "oversub_compute": round(self.oversub_compute, 4),
             "serial_window_us": round(self.serial_window_us, 4),
+            "oversub_decay_us": None if self.oversub_decay_us is None else round(self.oversub_decay_us, 3),
+            "oversub_ref_us": round(self.oversub_ref_us, 3),
             "latency_us": {str(k): round(v, 4) for k, v in sorted(self.latency_us.items())},
             "team_latency_us": {str(k): round(v, 4) for k, v in sorted(self.team_latency_us.items())},
             "views_wait": self.views_wait,
@@ -181,6 +207,29 @@ def serial_window(duration_s: float, rounds: int) -> float:
     return window
 
 
+def oversub_fade(short: tuple[float, float], long: tuple[float, float]) -> float | None:
+    """The decay time T (us) of ``factor - 1 = A * T / (T + kernel_us)`` through two measured
+    (kernel us, factor) of the same op at two sizes, `short` and `long`; None where they show
+    no fade (the long call's excess not below the short one's, times their ratio)."""
+    (d1, f1), (d2, f2) = short, long
+    if not (d2 > d1 > 0.0) or f1 <= 1.0:
+        return None
+    if f2 <= 1.0:
+        return 0.0  # the long call paid nothing: the excess falls as 1 / kernel time
+    r = (f1 - 1.0) / (f2 - 1.0)
+    if r <= 1.0 or d2 <= r * d1:
+        return None
+    return (d2 - r * d1) / (r - 1.0)
+
+
+def _oversub_and_alone(fn: Callable[..., Any], args: tuple[Any, ...], duration_s: float, rounds: int,
+                       cores: int) -> tuple[float, float]:
+    """(factor beyond processor sharing, time per call alone) of two teams of `cores` threads."""
+    alone = min(_in_threads(fn, args, 1, duration_s, cores) for _ in range(rounds))
+    together = min(_in_threads(fn, args, 2, duration_s, cores) for _ in range(rounds))
+    return max(1.0, together / alone / 2.0), alone
+
+
 def measure_corun(cores: int, duration_s: float = 0.25, rounds: int = 3) -> CorunFigures:
     """Co-run slowdowns on a machine with `cores` cores (1.0 each where cores < 2)."""
     if cores < 2:
@@ -191,13 +240,18 @@ def measure_corun(cores: int, duration_s: float = 0.25, rounds: int = 3) -> Coru
     mat = (torch.randn(256, 256), torch.randn(256, 256))
     tiny = (torch.ones(1), torch.ones(1))
     mid = (torch.randn(1 << 18), torch.randn(1 << 18))  # 1 MiB each: short parallel regions
+    long = (torch.randn(1 << 22), torch.randn(1 << 22))  # 16 MiB each: the same op, 16x the work
+    oversub_mem, mid_us = _oversub_and_alone(aten.add.Tensor, mid, duration_s, rounds, cores)
+    long_factor, long_us = _oversub_and_alone(aten.add.Tensor, long, duration_s, rounds, cores)
     return CorunFigures(
         mem_slowdown=slowdown(aten.add.Tensor, big, duration_s, rounds),
         compute_slowdown=slowdown(aten.mm.default, mat, duration_s, rounds),
         gil_slowdown=slowdown(aten.add.Tensor, tiny, duration_s, rounds),
         measured=True,
         # Two teams of `cores` threads on `cores` cores: processor sharing accounts for 2x.
-        oversub_mem=max(1.0, slowdown(aten.add.Tensor, mid, duration_s, rounds, intra=cores) / 2.0),
+        oversub_mem=oversub_mem,
+        oversub_decay_us=oversub_fade((mid_us, oversub_mem), (long_us, long_factor)),
+        oversub_ref_us=mid_us,
         oversub_compute=max(1.0, slowdown(aten.mm.default, mat, duration_s, rounds, intra=cores) / 2.0),
         serial_window_us=serial_window(duration_s / 4, rounds),
         foreign_cpu_frac=foreign_cpu_frac(start, snapshot()),

@@ -530,7 +530,8 @@ class Profile:
         out = max(1.0, 1.0 + (factor - 1.0) * frac * work)
         if busy_cores >= total_cores:
             oversub = c.oversub_compute + (c.oversub_mem - c.oversub_compute) * mem
-            out *= max(1.0, 1.0 + (oversub - 1.0) * parallel)
+            fade = c.oversub_share(self._alone_us(op, total_cores)) if c.oversub_decay_us is not None else 1.0
+            out *= max(1.0, 1.0 + (oversub - 1.0) * parallel * fade)
         return out
 
     # ---- lookups -----------------------------------------------------------------------
@@ -960,11 +961,17 @@ def _corun_from_json(d: dict[str, Any]) -> CorunFigures:
         oversub_mem=_number(d.get("oversub_mem", 1.0)),
         oversub_compute=_number(d.get("oversub_compute", 1.0)),
         serial_window_us=_number(d.get("serial_window_us", 0.0)),
+        oversub_decay_us=_oversub_decay(d.get("oversub_decay_us")),
+        oversub_ref_us=_number(d.get("oversub_ref_us", 0.0)),
         latency_us={int(k): _number(v) for k, v in dict(d.get("latency_us", {})).items()},
         team_latency_us={int(k): _number(v) for k, v in dict(d.get("team_latency_us", {})).items()},
         views_wait=_flag(d.get("views_wait", False), "views_wait"),
         team_share=_flag(d.get("team_share", False), "team_share"),
     )
+
+
+def _oversub_decay(v: Any) -> float | None:
+    return None if v is None else _number(v)  # `_number` refuses a negative or non-finite time
 
 
 def _flag(v: Any, what: str) -> bool:

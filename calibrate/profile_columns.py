@@ -287,6 +287,10 @@ class ProfileColumns:
         slowed = np.maximum(1.0, 1.0 + (factor - 1.0) * frac * work)
         if busy_cores >= total_cores:
             oversub = c.oversub_compute + (c.oversub_mem - c.oversub_compute) * mem
-            slowed = slowed * np.maximum(1.0, 1.0 + (oversub - 1.0) * parallel)
+            excess = (oversub - 1.0) * parallel
+            if c.oversub_decay_us is not None:
+                t = c.oversub_decay_us
+                excess = excess * np.minimum(1.0, (t + c.oversub_ref_us) / (t + np.maximum(0.0, self.alone_us(total_cores))))
+            slowed = slowed * np.maximum(1.0, 1.0 + excess)
         out[self.kernel] = slowed
         return out

@@ -225,6 +225,41 @@ def test_oversubscription_factor_applies_only_when_others_fill_every_core() -> N
     assert type(prof).from_json(d).corun.oversub_mem == 1.0
 
 
+def test_the_oversubscription_factor_fades_with_the_kernel_time_as_two_sizes_measured() -> None:
+    """A team descheduled inside its region costs its op a bounded time: the factor's excess
+    is ``A * T / (T + kernel)``, and two sizes of one op give T. A long kernel of a profile
+    with the fade pays less of the factor than a short one; without it (a profile of before),
+    all of it."""
+    from schedlab.calibrate.corun import CorunFigures, oversub_fade
+    from tests.calibrate.factories import make_op
+
+    def factor(d: float) -> float:
+        return 1.0 + 2.0 * 60.0 / (60.0 + d)
+
+    assert oversub_fade((23.0, factor(23.0)), (700.0, factor(700.0))) == pytest.approx(60.0)
+    assert oversub_fade((23.0, 2.0), (700.0, 2.0)) is None  # no fade: the long call paid as much
+    assert oversub_fade((23.0, 2.0), (700.0, 1.0)) == 0.0  # the long call paid nothing
+    assert oversub_fade((23.0, 1.0), (700.0, 1.0)) is None  # nothing to fade
+    figs = CorunFigures(1.0, 1.0, 1.0, measured=True, oversub_mem=3.0, oversub_compute=3.0,
+                        oversub_decay_us=60.0, oversub_ref_us=23.0)
+    assert figs.oversub_share(23.0) == 1.0 and figs.oversub_share(5.0) == 1.0  # no more than measured
+    assert figs.oversub_share(700.0) == pytest.approx(83.0 / 760.0)
+    assert dataclasses.replace(figs, oversub_decay_us=None).oversub_share(700.0) == 1.0
+    base = make_profile()
+    op = make_op(flops=2e8)  # 2 ms of one-thread work under MM_MODEL
+    faded = dataclasses.replace(base, corun=figs)
+    whole = dataclasses.replace(base, corun=dataclasses.replace(figs, oversub_decay_us=None))
+    assert 1.0 < faded.corun_slowdown(op, 2, 2) < whole.corun_slowdown(op, 2, 2)
+    again = Profile.from_json(json.loads(json.dumps(faded.to_json())))
+    assert again.corun == faded.corun
+    d = faded.to_json()
+    d["corun"]["oversub_decay_us"] = -1.0
+    with pytest.raises(SchedlabError, match=r"bad corun: .*>= 0"):
+        Profile.from_json(d)
+    del d["corun"]["oversub_decay_us"], d["corun"]["oversub_ref_us"]  # a profile of before: no fade
+    assert Profile.from_json(d).corun.oversub_decay_us is None
+
+
 def test_kept_signatures_are_the_ops_own_and_change_no_answer() -> None:
     """A bound Profile reads signatures kept on the graph (`graph_signatures`) and keeps each
     op's kernel time for its other questions: the answers must equal a fresh lookup's."""

@@ -81,7 +81,8 @@ def rich_profile(graph: Graph) -> Profile:
               POOLED: WakeFit(2.0, 0.02, 2, 30)},
         wake_scale={1: 0.0, 2: 0.6},
         corun=CorunFigures(mem_slowdown=1.6, compute_slowdown=1.1, gil_slowdown=2.0, measured=True,
-                           oversub_mem=1.3, oversub_compute=1.7, serial_window_us=6.0,
+                           oversub_mem=1.3, oversub_compute=1.7, serial_window_us=6.0, oversub_decay_us=40.0,
+                           oversub_ref_us=20.0,
                            latency_us={1: 11.0, 2: 17.5}, team_latency_us={2: 3.0, 4: 5.0}, views_wait=True),
     )  # fmt: skip
 
