@@ -18,6 +18,10 @@ Load one as ``dev:NAME`` wherever a MODEL is accepted; ``dev:`` is a reserved pr
 - ``conv-bn``, ``ln-mlp``, ``conv1d-instnorm``: megabytes per op at size default, where a
   memory-bound op in a step runs from memory rather than from the caches a benchmark
   keeps warm; smaller at size tiny.
+- ``towers``: two independent towers of `nn.Conv2d` over one image, so that two slots co-run
+  two big convolutions at once, as held-out conv1d-two-branch and bilstm-classifier do and
+  no other dev model did (added 2026-12-06 to judge the fade of the oversubscription factor,
+  `calibrate.corun`); smaller at size tiny.
 """
 
 from __future__ import annotations
@@ -236,6 +240,45 @@ class Conv1dInstanceNorm(nn.Module):
         return F.cross_entropy(self.out(h.amax(dim=2)), y)
 
 
+@dataclass(frozen=True)
+class TowersConfig:
+    batch: int
+    image: int
+    width: int
+    classes: int = 10
+
+
+TOWERS = {
+    "tiny": TowersConfig(batch=2, image=8, width=4),
+    "default": TowersConfig(batch=8, image=32, width=32),
+}
+
+
+class TwoTowers(nn.Module):
+    """Two independent towers of Conv2d + ReLU (3x3 and 5x5 kernels) over one image, their
+    pooled features summed into class logits."""
+
+    def __init__(self, cfg: TowersConfig) -> None:
+        super().__init__()
+
+        def tower(k: int) -> nn.Sequential:
+            return nn.Sequential(nn.Conv2d(3, cfg.width, k, padding=k // 2), nn.ReLU(),
+                                 nn.Conv2d(cfg.width, cfg.width, k, padding=k // 2), nn.ReLU())
+
+        self.small, self.large = tower(3), tower(5)
+        self.head = nn.Linear(cfg.width, cfg.classes)
+
+    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+        # x: [B, 3, H, W], y: [B] int64
+        h = self.small(x).mean(dim=(2, 3)) + self.large(x).mean(dim=(2, 3))
+        return F.cross_entropy(self.head(h), y)
+
+
+def _towers(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
+    cfg = config_at(TOWERS, size)
+    return TwoTowers(cfg), (torch.randn(cfg.batch, 3, cfg.image, cfg.image), torch.randint(cfg.classes, (cfg.batch,)))
+
+
 def _conv_bn(size: str) -> tuple[nn.Module, tuple[Tensor, ...]]:
     cfg = config_at(CONV_BN, size)
     return ConvBN(cfg), (torch.randn(cfg.batch, 3, cfg.image, cfg.image), torch.randint(cfg.classes, (cfg.batch,)))
@@ -263,6 +306,7 @@ DEV: dict[str, Factory] = {
     "conv-bn": _conv_bn,
     "ln-mlp": _ln_mlp,
     "conv1d-instnorm": _conv1d_instnorm,
+    "towers": _towers,
 }
 # Their MODEL specs, in the order `schedlab fidelity --dev` runs them.
 DEV_WORKLOADS: tuple[str, ...] = tuple(PREFIX + name for name in DEV)
