@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from schedlab.calibrate.host_load import foreign_cpu_frac, snapshot
@@ -89,14 +90,15 @@ class CorunFigures:
         """`latency_us` at `threads` (the nearest measured count; 0 when none was)."""
         return _nearest(self.latency_us, threads)
 
-    def oversub_share(self, kernel_us: float) -> float:
+    def oversub_share(self, kernel_us: Any) -> Any:
         """The share (0..1] of the oversubscription factors' excess that an op whose kernel
         takes `kernel_us` at all the cores pays: ``(decay + ref) / (decay + kernel_us)``
-        (`oversub_fade`), at most 1; 1 without a fade."""
+        (`oversub_fade`), at most 1; 1 without a fade. A float or an array of them alike
+        (`Profile.corun_slowdown` and its column ask the same arithmetic)."""
         t = self.oversub_decay_us
         if t is None:
             return 1.0
-        return min(1.0, (t + self.oversub_ref_us) / (t + max(0.0, kernel_us)))
+        return np.minimum(1.0, (t + self.oversub_ref_us) / (t + np.maximum(0.0, kernel_us)))
 
     def team_latency(self, threads: int) -> float:
         """`team_latency_us` at `threads` (the nearest fitted count); 0 at one thread, or
@@ -181,11 +183,20 @@ def slowdown(
     fn: Callable[..., Any], args: tuple[Any, ...], duration_s: float, rounds: int = 3, intra: int = 1
 ) -> float:
     """Per-call time with two threads calling `fn` / with one: best of `rounds` each."""
+    alone, together = alone_and_together_us(fn, args, duration_s, rounds, intra)
+    return together / alone
+
+
+def alone_and_together_us(
+    fn: Callable[..., Any], args: tuple[Any, ...], duration_s: float, rounds: int = 3, intra: int = 1
+) -> tuple[float, float]:
+    """Per-call time (us) of `fn` from one thread and from two at once, `intra` intra-op
+    threads each: the best of `rounds` each, alone and together alternating."""
     alone, together = [], []
     for _ in range(rounds):
         alone.append(_in_threads(fn, args, 1, duration_s, intra))
         together.append(_in_threads(fn, args, 2, duration_s, intra))
-    return min(together) / min(alone)
+    return min(alone), min(together)
 
 
 SERIAL_RATIO = 1.5  # together / alone per call at or above which two threads take turns
@@ -225,8 +236,7 @@ def oversub_fade(short: tuple[float, float], long: tuple[float, float]) -> float
 def _oversub_and_alone(fn: Callable[..., Any], args: tuple[Any, ...], duration_s: float, rounds: int,
                        cores: int) -> tuple[float, float]:
     """(factor beyond processor sharing, time per call alone) of two teams of `cores` threads."""
-    alone = min(_in_threads(fn, args, 1, duration_s, cores) for _ in range(rounds))
-    together = min(_in_threads(fn, args, 2, duration_s, cores) for _ in range(rounds))
+    alone, together = alone_and_together_us(fn, args, duration_s, rounds, intra=cores)
     return max(1.0, together / alone / 2.0), alone
 
 

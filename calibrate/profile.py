@@ -247,9 +247,12 @@ class Profile:
         quick calibration of 2026-12-06: its 13 cases paid 316-5,502 us each to wake their
         helpers, where the share-gated pooled fit charged them about 1 us)."""
         found = self._lookup(op)
-        if not isinstance(found.model, WorkThreadsModel):
-            return False
-        fit = self.wake.get(found.class_key)
+        return self.class_forks_at_any_size(found.class_key, isinstance(found.model, WorkThreadsModel))
+
+    def class_forks_at_any_size(self, class_key: str, fitted: bool) -> bool:
+        """`forks_at_any_size` of an op of `class_key`, whose kernel comes from a class fit
+        (`fitted`; the roofline's never forks so)."""
+        fit = self.wake.get(class_key) if fitted else None
         return fit is not None and not fit.share_gated
 
     def team_basis_column(self, graph: Graph, ids: np.ndarray, threads: int) -> np.ndarray:
@@ -530,7 +533,7 @@ class Profile:
         out = max(1.0, 1.0 + (factor - 1.0) * frac * work)
         if busy_cores >= total_cores:
             oversub = c.oversub_compute + (c.oversub_mem - c.oversub_compute) * mem
-            fade = c.oversub_share(self._alone_us(op, total_cores)) if c.oversub_decay_us is not None else 1.0
+            fade = 1.0 if c.oversub_decay_us is None else float(c.oversub_share(self._alone_us(op, total_cores)))
             out *= max(1.0, 1.0 + (oversub - 1.0) * parallel * fade)
         return out
 

@@ -198,9 +198,9 @@ class ProfileColumns:
 
     def _forks_at_any_size(self) -> np.ndarray:
         """`Profile.forks_at_any_size` of each kernel op, from its class key (once per class)."""
-        wake = self.profile.wake
-        forks_u = np.array([fitted and key in wake and not wake[key].share_gated
-                            for key, fitted in zip(self._keys_u, self._fitted_u.tolist(), strict=True)], dtype=bool)
+        forks = self.profile.class_forks_at_any_size
+        forks_u = np.array([forks(key, fitted) for key, fitted in zip(self._keys_u, self._fitted_u.tolist(), strict=True)],
+                           dtype=bool)
         return forks_u[self._inverse] if len(forks_u) else np.zeros(len(self.kernel), dtype=bool)
 
     def dispatch_us(self) -> np.ndarray:
@@ -289,8 +289,7 @@ class ProfileColumns:
             oversub = c.oversub_compute + (c.oversub_mem - c.oversub_compute) * mem
             excess = (oversub - 1.0) * parallel
             if c.oversub_decay_us is not None:
-                t = c.oversub_decay_us
-                excess = excess * np.minimum(1.0, (t + c.oversub_ref_us) / (t + np.maximum(0.0, self.alone_us(total_cores))))
+                excess = excess * c.oversub_share(self.alone_us(total_cores))
             slowed = slowed * np.maximum(1.0, 1.0 + excess)
         out[self.kernel] = slowed
         return out

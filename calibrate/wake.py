@@ -232,12 +232,12 @@ class WakePoint:
 
 
 def fit_wake(points: Sequence[WakePoint], model_of: Callable[[str], WorkThreadsModel | None]) -> dict[str, WakeFit]:
-    """Per class, the non-negative `WakeFit` of least absolute deviation over its cases, in
-    the form that misses them by less: times the region share (with at least
-    `MIN_FIT_POINTS` cases in its parallel regime, region share >= 0.5) or without it (with
-    at least `MIN_FIT_POINTS` cases; `WakeFit.share_gated`). Under `POOLED`, one share-gated
-    fit of every class's points (each scored with its own class model), for the classes
-    without."""
+    """Per class with at least `MIN_FIT_POINTS` cases in its parallel regime (region share
+    >= 0.5), the non-negative share-gated `WakeFit` of least absolute deviation; under
+    `POOLED`, one such fit of every class's points (each scored with its own class model),
+    for the classes without. A class with at least `MIN_UNGATED_POINTS` cases takes instead
+    its fit without the share (`WakeFit.share_gated` False) where that misses its cases by
+    at most `UNGATED_GAIN` of what its gated fit (its own, else the pooled one) misses."""
     rows: dict[str, list[tuple[float, float, float]]] = {}
     threads = max((p.threads for p in points), default=0)
     for p in points:
