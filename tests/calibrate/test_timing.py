@@ -122,6 +122,24 @@ def test_corun_on_one_core_is_neutral() -> None:
     assert (figs.mem_slowdown, figs.compute_slowdown, figs.measured) == (1.0, 1.0, False)
 
 
+def test_corun_times_the_one_thread_pairs_before_any_team(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timed after the two teams of all the cores, the 96 MB add beside itself read 1.60-2.36
+    in three quick calibrations (1.08-1.12 before): the one-thread pairs come first."""
+    from schedlab.calibrate import corun
+
+    order: list[int] = []
+
+    def fake_alone_and_together(fn, args, duration_s, rounds=3, intra=1):  # type: ignore[no-untyped-def]
+        order.append(intra)
+        return 10.0, 25.0
+
+    monkeypatch.setattr(corun, "alone_and_together_us", fake_alone_and_together)
+    monkeypatch.setattr(corun, "serial_window", lambda duration_s, rounds: 0.0)
+    figs = corun.measure_corun(cores=2, duration_s=0.001, rounds=1)
+    assert order[:3] == [1, 1, 1] and set(order[3:]) == {2}  # add, mm, tiny add; then the teams
+    assert figs.mem_slowdown == figs.gil_slowdown == 2.5 and figs.oversub_mem == 1.25
+
+
 def test_retries_stop_when_the_budget_is_spent() -> None:
     from schedlab.calibrate.timing import RetryBudget
 
