@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from schedlab.calibrate.cold import MIB
 from schedlab.calibrate.in_turn import IN_TURN_CLASSES, distinct_in_turn
 from schedlab.calibrate.model import PARAM_NAMES, WorkThreadsModel
 from schedlab.calibrate.op_features import op_features
 from schedlab.calibrate.wake import POOLED, WakeFit, wake_share
-from schedlab.graph import Graph, Op
+from schedlab.graph import COMPUTE_CLASSES, Graph, Op
 
 if TYPE_CHECKING:
     from schedlab.calibrate.profile import Profile
@@ -78,6 +79,7 @@ class ProfileColumns:
         self.params = {name: params[:, j] for j, name in enumerate(PARAM_NAMES)}
         self.fitted = fitted_u[inverse]  # over self.kernel
         self._keys_u, self._inverse, self._fitted_u = keys_u, inverse, fitted_u
+        self._op_class_u = [feats.fit_op_class[code] for code in fit_codes.tolist()]  # each fit class's op class
         sigs, row_of = feats.signature, profile.signatures.get
         self.rows = [row_of(sigs[i]) or None for i in self._kid]  # `if row:` in `Profile._alone_us`: an empty row is none
         self.first_use_us = np.zeros(len(kid), dtype=F64)
@@ -150,9 +152,9 @@ class ProfileColumns:
                 asked.append(j)
             elif not self.fitted[j]:
                 asked.append(j)
-        cold: np.ndarray | float = 0.0  # `Profile.cold_us`, asked per op where the Profile has cold costs
+        cold: np.ndarray | float = 0.0  # `Profile.cold_us` where the Profile has cold costs
         if prof.cold is not None:
-            cold = np.array([prof.cold_us(self._op(j), n) for j in range(len(self._kid))], dtype=F64)
+            cold = self._cold_us(n)
         turn: np.ndarray | float = 0.0  # `Profile._turn_extra_us` of each op: the convolutions taking turns
         curve = prof.context.in_turn
         if curve is not None and (self.in_turn != 1.0).any():
@@ -162,6 +164,16 @@ class ProfileColumns:
             out[j] = prof._alone_us(self._op(j), n)
         self._alone[n] = out
         return out
+
+    def _cold_us(self, threads: int) -> np.ndarray:
+        """`Profile.cold_us` of each kernel op at `threads` (`ColdCosts.extra_us`, its
+        arithmetic in the same order): one slope per fit class, not one call per op, which
+        was a quarter of a cold simulation of the 308-op heldout:mha-regressor."""
+        cold = self.profile.cold
+        assert cold is not None
+        slope_u = np.array([0.0 if c in COMPUTE_CLASSES else cold.slope(c, threads) for c in self._op_class_u],
+                           dtype=F64)
+        return cold.share * (slope_u[self._inverse] * np.maximum(0.0, self.nbytes) / MIB)
 
     def _serial_us(self) -> np.ndarray:
         """`Profile.serial_us` of each kernel op (several slots)."""
