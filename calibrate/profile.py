@@ -54,7 +54,7 @@ JSON layout (version 2; version 1 files, without "views" and "roofline", still l
                                                     "per_tensor_us"}}}},  # calibrate.comm_host
      "cuda": null | {"device", "torch", "launch_us", "flops_per_s", "bw_bytes_per_s",   # calibrate.cuda_costs
               "signatures": {signature: kernel_us}, ...},
-     "wake": {op_class or "*": {"base_us", "per_work", "threads", "n_points", "share_gated", "cap_us"}},   # calibrate.wake
+     "wake": {op_class or "*": {"base_us", "per_work", "threads", "n_points", "share_gated", "cap_us", "floor_us"}},   # calibrate.wake
      "wake_scale": {threads: share},   # the wake below the fits' thread count, calibrate.wake
      "cold": null | {"model": "share_x_class_slope", "share", "slope_us_per_mib": {op_class:
               {threads: us}}, "pooled_us_per_mib": {threads: us}, "n_points", "n_share_ops"},  # calibrate.cold
@@ -240,8 +240,8 @@ class Profile:
 
     def forks_at_any_size(self, op: Op) -> bool:
         """Whether `op`'s class opens its parallel regions whatever their size: its wake fit
-        is not times the region share (`WakeFit.share_gated`, chosen by calibration where the
-        class's wake cases fit far better without it). Such an op holds its team in a co-run
+        charges its small calls too (`WakeFit.forks_at_any_size`: a floor, where calibration
+        saw its small calls pay to wake helpers, or a fit not times the region share). Such an op holds its team in a co-run
         plan (`team_basis_us`) and pays its wake, however flat its thread scaling: oneDNN's
         LSTM layer, no faster at two threads than at one, forks a region per time step (a
         quick calibration of 2026-12-06: its 13 cases paid 316-5,502 us each to wake their
@@ -253,7 +253,7 @@ class Profile:
         """`forks_at_any_size` of an op of `class_key`, whose kernel comes from a class fit
         (`fitted`; the roofline's never forks so)."""
         fit = self.wake.get(class_key) if fitted else None
-        return fit is not None and not fit.share_gated
+        return fit is not None and fit.forks_at_any_size
 
     def team_basis_column(self, graph: Graph, ids: np.ndarray, threads: int) -> np.ndarray:
         """`team_basis_us(op, threads)` of the ops `ids` of `graph`, as an array."""

@@ -283,7 +283,8 @@ class ProfileColumns:
         gated = np.fromiter((f.share_gated if f is not None else True for f in fits), dtype=bool, count=len(fits))
         cap = np.fromiter((f.cap_us if f is not None and f.cap_us is not None else np.inf for f in fits), dtype=F64,
                           count=len(fits))
-        extra = np.minimum(np.where(gated, region, 1.0) * (base + per_work * work), cap)
+        floor = np.fromiter((f.floor_us if f is not None else 0.0 for f in fits), dtype=F64, count=len(fits))
+        extra = np.minimum(floor + np.where(gated, region, 1.0) * (base + per_work * work), cap)
         out[self.kernel] = np.where(pays, extra * scale, 0.0)
         return out
 

@@ -59,6 +59,23 @@ hour (`fidelity --rescore`, the co-run waits fitted again): profile-only 15.2% t
 trace-calibrated 11.9% to 10.6%, `dev:lstm` 32.4% to 22.2% (two slots of two threads -62% to
 -81% before, -37% to -50% after), no other model more than 0.3 points worse.
 
+That rule still left the convolutions share-gated (their forms' misses 0.82-0.93 apart: the
+cases are noisy), though their small calls fork as surely. A direct test reads it off the
+small calls themselves (`forks_small`): the median wake of a class's cases below a tenth of
+its grain (region share under `SMALL_SHARE`), which ATen would run inline if the class
+respected it. On two quick profiles of 2026-12-07 those medians split cleanly: 0.0-2.1 us
+for `add`, `mm`, `addmm`, `relu`, `sum`, `cat`, `lerp` and the rest, 27-1,168 us for the
+convolutions (142-374), the LSTM layer and its backward (785-1,168), the norms, the pools'
+and softmax's backward, `gelu`, `sqrt` and `tanh`. A class whose small calls paid at least
+`FORK_EXTRA_US` gets a floor that every call pays under the share-gated part
+(``floor_us + region_share * (base_us + per_work * work_us)``, capped), fitted the same way;
+one whose small calls paid nothing is share-gated whatever the misses say (`lerp` and
+`select_backward` had been taken as forking); the miss rule decides only where a class has
+fewer than `MIN_SMALL_POINTS` small cases. Re-scored (the waits fitted again): the dev runs
+of that night 14.0% / 12.6% to 13.3% / 11.8% and 15.8% / 12.0% to 14.7% / 10.8%
+(`dev:lstm` 25.7% to 20.5%, `dev:dwconv` 24.4% to 22.1%); the held-out runs 8.9% / 8.7% to
+8.8% / 8.6% and 10.4% / 10.3% to 10.7% / 10.7%.
+
 The fits are timed at the most threads calibration benchmarks (all
 the cores: 2 here). On a host of more cores every fourth case is timed at each smaller
 count of two or more too, and `fit_wake_scale` gives the wake there as a share of the fits'
@@ -95,6 +112,11 @@ WAKE_ROUNDS = 2  # rounds, alternating plain and throttled; each keeps its best 
 MIN_FIT_POINTS = 3  # cases in a class's parallel regime for the class to get its own fit
 MIN_UNGATED_POINTS = 6  # cases of a class for a fit without the region share (`fit_wake`)
 UNGATED_GAIN = 0.5  # ... taken where it misses them by at most this share of the gated form's miss
+# The direct test of forking at any size (`forks_small`): a class's cases below this region
+# share, which ATen would run on the calling thread, ...
+SMALL_SHARE = 0.1
+MIN_SMALL_POINTS = 3  # ... at least this many of them ...
+FORK_EXTRA_US = 10.0  # ... paying at least this much (median) to wake helpers: they forked
 POOLED = "*"  # the key of the fit over every class, for classes without their own
 
 
@@ -110,15 +132,23 @@ class WakeFit:
     # whether the charge is times the op's region share (the form of every fit before
     # 2026-12-06, and of the pooled one); False: the class forks its regions at any size
     share_gated: bool = True
-    cap_us: float | None = None  # the most it charges (an ungated fit: its cases' largest extra)
+    cap_us: float | None = None  # the most it charges (a class that forks at any size: its cases' largest extra)
+    # what every call pays whatever its share, before the share-gated part: a class whose
+    # small calls were seen to fork (`forks_small`; fitted so since 2026-12-07)
+    floor_us: float = 0.0
 
     def extra_us(self, region_share: float, work_us: float) -> float:
-        extra = (region_share if self.share_gated else 1.0) * (self.base_us + self.per_work * work_us)
+        extra = self.floor_us + (region_share if self.share_gated else 1.0) * (self.base_us + self.per_work * work_us)
         return extra if self.cap_us is None else min(extra, self.cap_us)
+
+    @property
+    def forks_at_any_size(self) -> bool:
+        """Whether a call of any size pays: a fit without the share, or with a floor."""
+        return not self.share_gated or self.floor_us > 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {"base_us": self.base_us, "per_work": self.per_work, "threads": self.threads, "n_points": self.n_points,
-                "share_gated": self.share_gated, "cap_us": self.cap_us}
+                "share_gated": self.share_gated, "cap_us": self.cap_us, "floor_us": self.floor_us}
 
     @staticmethod
     def from_json(d: Any) -> WakeFit:
@@ -133,8 +163,11 @@ class WakeFit:
         cap = d.get("cap_us")
         if cap is not None and not float(cap) >= 0.0:
             raise ValueError(f"a wake fit's cap_us must be >= 0 or null, got {cap}")
+        floor = float(d.get("floor_us", 0.0))
+        if not floor >= 0.0:
+            raise ValueError(f"a wake fit's floor_us must be >= 0, got {floor}")
         return WakeFit(base_us=base, per_work=per_work, threads=int(d["threads"]), n_points=int(d["n_points"]),
-                       share_gated=gated, cap_us=None if cap is None else float(cap))
+                       share_gated=gated, cap_us=None if cap is None else float(cap), floor_us=floor)
 
 
 def region_share(model: WorkThreadsModel, flops: float, nbytes: float) -> float:
@@ -235,9 +268,11 @@ def fit_wake(points: Sequence[WakePoint], model_of: Callable[[str], WorkThreadsM
     """Per class with at least `MIN_FIT_POINTS` cases in its parallel regime (region share
     >= 0.5), the non-negative share-gated `WakeFit` of least absolute deviation; under
     `POOLED`, one such fit of every class's points (each scored with its own class model),
-    for the classes without. A class with at least `MIN_UNGATED_POINTS` cases takes instead
-    its fit without the share (`WakeFit.share_gated` False) where that misses its cases by
-    at most `UNGATED_GAIN` of what its gated fit (its own, else the pooled one) misses."""
+    for the classes without. A class with at least `MIN_UNGATED_POINTS` cases whose small
+    calls fork (`forks_small`) takes instead the fit with a floor (`WakeFit.floor_us`); one
+    with too few small calls to tell takes its fit without the share (`WakeFit.share_gated`
+    False) where that misses its cases by at most `UNGATED_GAIN` of what its gated fit (its
+    own, else the pooled one) misses."""
     rows: dict[str, list[tuple[float, float, float]]] = {}
     threads = max((p.threads for p in points), default=0)
     for p in points:
@@ -259,11 +294,28 @@ def fit_wake(points: Sequence[WakePoint], model_of: Callable[[str], WorkThreadsM
     for cls, rs in sorted(rows.items()):
         if len(rs) < MIN_UNGATED_POINTS:
             continue
-        gated = fits.get(cls) or fits[POOLED]
-        ungated = _lad_fit(rs, threads, gated=False)
-        if _deviation_us(ungated, rs) <= UNGATED_GAIN * _deviation_us(gated, rs):
-            fits[cls] = ungated
+        forks = forks_small(rs)
+        if forks:  # its small calls fork: a floor, and the share-gated part above it
+            fits[cls] = _lad_fit(rs, threads, gated=True, floor=True)
+        elif forks is None:  # too few small calls to tell: the form that fits its cases better
+            gated = fits.get(cls) or fits[POOLED]
+            ungated = _lad_fit(rs, threads, gated=False)
+            if _deviation_us(ungated, rs) <= UNGATED_GAIN * _deviation_us(gated, rs):
+                fits[cls] = ungated
     return fits
+
+
+def forks_small(rows: Sequence[tuple[float, float, float]]) -> bool | None:
+    """Whether a class's small calls fork, from its cases `rows` of (region share, work us,
+    extra us): the median wake of those below `SMALL_SHARE` is at least `FORK_EXTRA_US`;
+    None with fewer than `MIN_SMALL_POINTS` of them. On two quick profiles of 2026-12-07 the
+    medians split cleanly: 0.0-2.1 us (`add`, `mm`, `addmm`, `relu`, `sum`, `cat`, `lerp`,
+    `select_backward`...) against 27-1,168 us (the convolutions 142-374, the oneDNN LSTM
+    layer and its backward 785-1,168, the norms' backward 67-119, `tanh` 27-31)."""
+    small = [e for s, _, e in rows if s < SMALL_SHARE]
+    if len(small) < MIN_SMALL_POINTS:
+        return None
+    return float(np.median(small)) >= FORK_EXTRA_US
 
 
 def _deviation_us(fit: WakeFit, rows: Sequence[tuple[float, float, float]]) -> float:
@@ -308,23 +360,25 @@ def wake_share(scale: Mapping[int, float], fit_threads: int, threads: int) -> fl
     return 1.0
 
 
-def _lad_fit(rows: Sequence[tuple[float, float, float]], threads: int, gated: bool = True) -> WakeFit:
+def _lad_fit(rows: Sequence[tuple[float, float, float]], threads: int, gated: bool = True, floor: bool = False) -> WakeFit:
     """The non-negative (base, per-work) of least absolute deviation over `rows` of
     (region share, work us, extra us), times the share or not (`gated`): a linear program
     (HiGHS). Absolute, not squared: a case that a neighbour or a halted helper slowed
     tenfold must not set the class's charge (module docstring)."""
-    a = np.array([[s, s * w] if gated else [1.0, w] for s, w, _ in rows], dtype=np.float64)
+    a = np.array([([1.0] if floor else []) + ([s, s * w] if gated else [1.0, w]) for s, w, _ in rows],
+                 dtype=np.float64)
     b = np.array([e for _, _, e in rows], dtype=np.float64)
     scale = np.maximum(a.max(axis=0), 1e-12)  # columns of similar size for the solver
-    n = len(b)
+    n, k = len(b), a.shape[1]
     # minimise sum(up + down) subject to (a / scale) coef + up - down = b, everything >= 0
-    cost = np.concatenate([np.zeros(2), np.ones(2 * n)])
+    cost = np.concatenate([np.zeros(k), np.ones(2 * n)])
     eq = np.hstack([a / scale, np.eye(n), -np.eye(n)])
-    res = linprog(cost, A_eq=eq, b_eq=b, bounds=[(0.0, None)] * (2 + 2 * n), method="highs")
+    res = linprog(cost, A_eq=eq, b_eq=b, bounds=[(0.0, None)] * (k + 2 * n), method="highs")
     if not res.success:  # cannot happen for a feasible, bounded program; say so if it does
         raise RuntimeError(f"the wake fit's linear program failed: {res.message}")
-    coef = np.maximum(res.x[:2], 0.0) / scale
+    coef = np.maximum(res.x[:k], 0.0) / scale
+    floor_us, (base, per_work) = (float(coef[0]), coef[1:]) if floor else (0.0, coef)
     # rounded as saved, so a Profile predicts the same before and after a round trip
-    cap = None if gated else round(float(b.max()), 3)
-    return WakeFit(base_us=round(float(coef[0]), 3), per_work=round(float(coef[1]), 6), threads=threads, n_points=n,
-                   share_gated=gated, cap_us=cap)
+    cap = None if gated and not floor else round(float(b.max()), 3)
+    return WakeFit(base_us=round(float(base), 3), per_work=round(float(per_work), 6), threads=threads, n_points=n,
+                   share_gated=gated, cap_us=cap, floor_us=round(floor_us, 3))

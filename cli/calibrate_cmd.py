@@ -178,8 +178,9 @@ def _wake_summary(profile: Any) -> dict[str, Any] | None:
     return {
         "pooled": pooled.to_json(),
         "classes": len(profile.wake) - 1,
-        # classes that fork at any size: their fit is not times the region share (calibrate.wake)
-        "any_size": sorted(k for k, f in profile.wake.items() if k != POOLED and not f.share_gated),
+        # classes that fork at any size: their small calls pay a floor, or their fit is not
+        # times the region share (calibrate.wake)
+        "any_size": sorted(k for k, f in profile.wake.items() if k != POOLED and f.forks_at_any_size),
         "scale": {str(k): v for k, v in sorted(profile.wake_scale.items())},
     }
 
@@ -236,7 +237,7 @@ def _print_table(s: dict[str, Any]) -> None:
               f"{p['threads']} threads (pooled over {p['n_points']} cases; {w['classes']} classes of their own)"
               + (f"; {scale}" if scale else ""))
         if w.get("any_size"):
-            print(f"  forking at any size (fitted without the region share): {', '.join(w['any_size'])}")
+            print(f"  forking at any size (their small calls pay to wake helpers too): {', '.join(w['any_size'])}")
     if s.get("thread_wake"):
         from schedlab.calibrate.thread_wake import WakeLevel
         from schedlab.calibrate.thread_wake import describe as describe_thread_wake

@@ -21,6 +21,7 @@ from schedlab.calibrate.wake import (
     WakePoint,
     fit_wake,
     fit_wake_scale,
+    forks_small,
     region_share,
     throttled_omp,
     time_wake,
@@ -94,7 +95,9 @@ def test_profile_charges_the_class_fit_else_the_pooled_one_and_never_one_thread_
 
 def test_wake_fits_round_trip_and_a_corrupt_one_is_one_clear_error(tmp_path: Path) -> None:
     p = dataclasses.replace(
-        make_profile(), wake={"mm": WakeFit(40.0, 0.1, 8, 5), POOLED: WakeFit(7.0, 0.0, 8, 50)}, wake_scale={2: 0.3, 4: 0.6}
+        make_profile(), wake={"mm": WakeFit(40.0, 0.1, 8, 5), "convolution": WakeFit(250.0, 0.04, 8, 9, cap_us=900.0,
+                                                                                       floor_us=190.0),
+                              POOLED: WakeFit(7.0, 0.0, 8, 50)}, wake_scale={2: 0.3, 4: 0.6}
     )
     path = p.save(tmp_path / "p.json")
     q = Profile.load(path, check_machine=False)
@@ -105,6 +108,14 @@ def test_wake_fits_round_trip_and_a_corrupt_one_is_one_clear_error(tmp_path: Pat
     path.write_text(json.dumps(bad))
     with pytest.raises(SchedlabError, match=r"bad wake_scale: .*must be >= 2"):
         Profile.load(path, check_machine=False)
+    bad = json.loads(json.dumps(d))
+    bad["wake"]["convolution"]["floor_us"] = -1.0
+    path.write_text(json.dumps(bad))
+    with pytest.raises(SchedlabError, match=r"bad wake\.convolution: .*floor_us must be >= 0"):
+        Profile.load(path, check_machine=False)
+    del d["wake"]["convolution"]["floor_us"]  # a fit of before 2026-12-07: no floor
+    path.write_text(json.dumps(d))
+    assert Profile.load(path, check_machine=False).wake["convolution"].floor_us == 0.0
     d["wake"]["mm"]["base_us"] = -3.0
     path.write_text(json.dumps(d))
     with pytest.raises(SchedlabError, match=r"corrupt .*: bad wake\.mm: .*base_us and per_work must be >= 0"):
@@ -168,23 +179,39 @@ def test_a_few_cases_timed_far_off_do_not_set_the_class_fit() -> None:
     assert fit.n_points == 10
 
 
-def test_a_class_that_pays_at_any_region_share_is_fitted_without_it_and_capped() -> None:
-    """oneDNN's LSTM layer forks a region per time step however flat its thread scaling: its
-    cases pay hundreds of microseconds at a region share near 0. A class like it gets the
-    fit without the share (at most its cases' largest extra); one whose small cases pay
-    nothing keeps the share-gated fit."""
+def test_a_class_whose_small_calls_pay_a_wake_gets_a_floor_and_is_capped() -> None:
+    """oneDNN's LSTM layer and convolutions fork a region however flat their thread scaling:
+    their small cases pay hundreds of microseconds at a region share near 0. Such a class
+    gets a floor that every call pays, under the share-gated part (at most its cases'
+    largest extra); one whose small cases pay nothing keeps the share-gated fit."""
     small = (1e3, 2e3, 5e3, 1e4, 2e4, 5e4)  # bytes: 0.1-5 us of work under GRAINY's 50 us grain, share under 0.1
     points = [WakePoint("rnn", 0.0, b, 2, 400.0 + 2.0 * b * 1e-4) for b in small]
     points += [WakePoint("mm", 0.0, b, 2, 0.0) for b in small]  # small calls run inline: nothing to wake
     points += [WakePoint("mm", 0.0, b, 2, 70.0) for b in (5e6, 1e7, 2e7)]
     fits = fit_wake(points, {"rnn": GRAINY, "mm": GRAINY}.get)
     rnn, mm = fits["rnn"], fits["mm"]
-    assert not rnn.share_gated and rnn.base_us == pytest.approx(400.0, rel=1e-3)
-    assert rnn.per_work == pytest.approx(2.0, rel=1e-3) and rnn.cap_us == pytest.approx(400.0 + 2.0 * 5.0)
-    assert rnn.extra_us(0.0, 1.0) == pytest.approx(402.0, rel=1e-3)  # the share does not matter
-    assert rnn.extra_us(0.0, 1e4) == rnn.cap_us  # no further than its cases went
-    assert mm.share_gated and mm.cap_us is None and mm.extra_us(0.0, 1.0) == 0.0
-    assert fits[POOLED].share_gated
+    assert rnn.forks_at_any_size and rnn.share_gated and rnn.floor_us == pytest.approx(400.0, rel=1e-3)
+    assert rnn.cap_us == pytest.approx(400.0 + 2.0 * 5.0)
+    assert rnn.extra_us(0.0, 1.0) == pytest.approx(400.0, rel=1e-3)  # a call that never reaches the grain pays it
+    assert rnn.extra_us(1.0, 1e4) == rnn.cap_us  # no further than its cases went
+    assert mm.share_gated and mm.floor_us == 0.0 and mm.cap_us is None and mm.extra_us(0.0, 1.0) == 0.0
+    assert not mm.forks_at_any_size and not fits[POOLED].forks_at_any_size
+
+
+def test_whether_small_calls_fork_is_read_off_their_median_wake() -> None:
+    assert forks_small([(0.01, 1.0, 0.0)] * 5 + [(0.01, 1.0, 300.0)] * 2) is False  # most paid nothing
+    assert forks_small([(0.05, 1.0, 60.0)] * 3 + [(0.9, 1e3, 0.0)] * 9) is True  # the big ones do not count
+    assert forks_small([(0.05, 1.0, 60.0)] * 2 + [(0.5, 1e3, 60.0)] * 9) is None  # too few small ones to tell
+
+
+def test_with_too_few_small_calls_the_better_fitting_form_decides() -> None:
+    """A class whose cases are all past a tenth of its grain cannot show whether small calls
+    fork: it takes the fit without the share where that misses its cases by at most half."""
+    mid = (3e5, 4e5, 6e5, 8e5, 1e6, 1.5e6)  # bytes: 30-150 us of work, shares 0.4-0.75 under GRAINY
+    points = [WakePoint("lstm", 0.0, b, 2, 500.0) for b in mid]
+    fits = fit_wake(points, {"lstm": GRAINY}.get)
+    assert not fits["lstm"].share_gated and fits["lstm"].base_us == pytest.approx(500.0, rel=1e-3)
+    assert fits["lstm"].floor_us == 0.0 and fits["lstm"].forks_at_any_size
 
 
 def test_a_class_that_forks_at_any_size_holds_its_team_and_pays_its_wake(tmp_path: Path) -> None:
@@ -221,6 +248,7 @@ def test_calibrations_summary_names_the_classes_that_fork_at_any_size() -> None:
 
     p = dataclasses.replace(make_profile(), wake={
         "mkldnn_rnn_layer": WakeFit(400.0, 2.0, 2, 13, share_gated=False, cap_us=5500.0),
+        "convolution": WakeFit(250.0, 0.04, 2, 49, cap_us=960.0, floor_us=190.0),
         "mm": WakeFit(70.0, 0.0, 2, 40), POOLED: WakeFit(60.0, 0.03, 2, 1200)})
     s = _wake_summary(p)
-    assert s is not None and s["classes"] == 2 and s["any_size"] == ["mkldnn_rnn_layer"]
+    assert s is not None and s["classes"] == 3 and s["any_size"] == ["convolution", "mkldnn_rnn_layer"]
