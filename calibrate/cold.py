@@ -117,13 +117,15 @@ class ColdCosts:
         """What a call of `op_class` moving `nbytes` pays with all its data in memory."""
         return self.slope(op_class, threads) * max(0.0, nbytes) / MIB
 
+    def paid_slope(self, op_class: str, threads: int) -> float:
+        """`slope` as a step pays it: none for a compute-bound class (`graph.COMPUTE_CLASSES`:
+        charged, the built-in cnn's convolutions came out 16-21% slow)."""
+        return 0.0 if op_class in COMPUTE_CLASSES else self.slope(op_class, threads)
+
     def extra_us(self, op_class: str, nbytes: float, threads: int) -> float:
-        """What such a call pays in a step: the share of `cold_us`; nothing for a
-        compute-bound class (`graph.COMPUTE_CLASSES`: charged, the built-in cnn's
-        convolutions came out 16-21% slow)."""
-        if op_class in COMPUTE_CLASSES:
-            return 0.0
-        return self.share * self.cold_us(op_class, nbytes, threads)
+        """What such a call pays in a step: the share of `cold_us` at its `paid_slope`
+        (`ProfileColumns` does the same arithmetic over arrays)."""
+        return self.share * (self.paid_slope(op_class, threads) * max(0.0, nbytes) / MIB)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -253,9 +253,10 @@ def measure_corun(cores: int, duration_s: float = 0.25, rounds: int = 3) -> Coru
     long = (torch.randn(1 << 22), torch.randn(1 << 22))  # 16 MiB each: the same op, 16x the work
     # The one-thread pairs before any team of `cores` threads: timed after the
     # oversubscribed ones (as from 2026-12-06 to 12-07), the 96 MB add beside itself read
-    # 1.60-2.36 in three quick calibrations, where it had read 1.08-1.12 in five before;
-    # timed first again, 1.0x-1.1x (the dispatch probe, then this function, on the 2-core
-    # Intel Xeon VM). The big ops of the held-out models measure 1.03-1.04x co-run in a step.
+    # 1.60-2.36 in three quick calibrations, where it had read 1.08-1.12 in five before. On
+    # the 2-core Intel Xeon VM (the dispatch probe, then this function): 2.50 and 1.56 with
+    # the teams first, 1.11-1.17 with the pairs first; three quick calibrations after the
+    # fix read 1.10-1.21. The big ops of the held-out models measure 1.03-1.04x co-run in a step.
     mem = slowdown(aten.add.Tensor, big, duration_s, rounds)
     compute = slowdown(aten.mm.default, mat, duration_s, rounds)
     gil = slowdown(aten.add.Tensor, tiny, duration_s, rounds)

@@ -243,10 +243,10 @@ class Profile:
         charges its small calls too (`WakeFit.forks_at_any_size`: a floor, where calibration
         saw its small calls pay to wake helpers, or a fit not times the region share). Such
         an op holds its team in a co-run plan (`team_basis_us`) and pays its wake, however
-        flat its thread scaling: oneDNN's
-        LSTM layer, no faster at two threads than at one, forks a region per time step (a
-        quick calibration of 2026-12-06: its 13 cases paid 316-5,502 us each to wake their
-        helpers, where the share-gated pooled fit charged them about 1 us)."""
+        flat its thread scaling: oneDNN's LSTM layer, no faster at two threads than at one,
+        forks a region per time step (a quick calibration of 2026-12-06: its 13 cases paid
+        316-5,502 us each to wake their helpers, where the share-gated pooled fit charged
+        them about 1 us)."""
         found = self._lookup(op)
         return self.class_forks_at_any_size(found.class_key, isinstance(found.model, WorkThreadsModel))
 

@@ -34,7 +34,7 @@ from schedlab.calibrate.in_turn import IN_TURN_CLASSES, distinct_in_turn
 from schedlab.calibrate.model import PARAM_NAMES, WorkThreadsModel
 from schedlab.calibrate.op_features import op_features
 from schedlab.calibrate.wake import POOLED, WakeFit, wake_share
-from schedlab.graph import COMPUTE_CLASSES, Graph, Op
+from schedlab.graph import Graph, Op
 
 if TYPE_CHECKING:
     from schedlab.calibrate.profile import Profile
@@ -167,12 +167,11 @@ class ProfileColumns:
 
     def _cold_us(self, threads: int) -> np.ndarray:
         """`Profile.cold_us` of each kernel op at `threads` (`ColdCosts.extra_us`, its
-        arithmetic in the same order): one slope per fit class, not one call per op, which
-        was a quarter of a cold simulation of the 308-op heldout:mha-regressor."""
+        arithmetic in the same order): one `paid_slope` per fit class, not one call per op,
+        which was a quarter of a cold simulation of the 308-op heldout:mha-regressor."""
         cold = self.profile.cold
         assert cold is not None
-        slope_u = np.array([0.0 if c in COMPUTE_CLASSES else cold.slope(c, threads) for c in self._op_class_u],
-                           dtype=F64)
+        slope_u = np.array([cold.paid_slope(c, threads) for c in self._op_class_u], dtype=F64)
         return cold.share * (slope_u[self._inverse] * np.maximum(0.0, self.nbytes) / MIB)
 
     def _serial_us(self) -> np.ndarray:

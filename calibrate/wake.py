@@ -308,10 +308,8 @@ def fit_wake(points: Sequence[WakePoint], model_of: Callable[[str], WorkThreadsM
 def forks_small(rows: Sequence[tuple[float, float, float]]) -> bool | None:
     """Whether a class's small calls fork, from its cases `rows` of (region share, work us,
     extra us): the median wake of those below `SMALL_SHARE` is at least `FORK_EXTRA_US`;
-    None with fewer than `MIN_SMALL_POINTS` of them. On two quick profiles of 2026-12-07 the
-    medians split cleanly: 0.0-2.1 us (`add`, `mm`, `addmm`, `relu`, `sum`, `cat`, `lerp`,
-    `select_backward`...) against 27-1,168 us (the convolutions 142-374, the oneDNN LSTM
-    layer and its backward 785-1,168, the norms' backward 67-119, `tanh` 27-31)."""
+    None with fewer than `MIN_SMALL_POINTS` of them (the module docstring has how the
+    medians split)."""
     small = [e for s, _, e in rows if s < SMALL_SHARE]
     if len(small) < MIN_SMALL_POINTS:
         return None

@@ -77,7 +77,8 @@ def rich_profile(graph: Graph) -> Profile:
             ViewFit(0.2, 0.1, 9),
         ),
         # convolution forks at any size (no share, capped): it holds its team, `team_basis_us`
-        wake={"addmm": WakeFit(6.0, 0.05, 4, 10, cap_us=70.0, floor_us=4.0),  # small calls fork: a floor "convolution": WakeFit(40.0, 0.5, 2, 8, share_gated=False, cap_us=90.0),
+        wake={"addmm": WakeFit(6.0, 0.05, 4, 10, cap_us=70.0, floor_us=4.0),  # small calls fork: a floor
+              "convolution": WakeFit(40.0, 0.5, 2, 8, share_gated=False, cap_us=90.0),
               POOLED: WakeFit(2.0, 0.02, 2, 30)},
         wake_scale={1: 0.0, 2: 0.6},
         corun=CorunFigures(mem_slowdown=1.6, compute_slowdown=1.1, gil_slowdown=2.0, measured=True,
