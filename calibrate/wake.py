@@ -202,16 +202,19 @@ def throttled_omp(cores: int) -> Iterator[None]:
         holder.join(timeout=10.0)
 
 
-def _busy_wait_us(us: float) -> None:
+def busy_wait_us(us: float) -> None:
+    """Spin `us` on the calling thread, in Python (holding the interpreter lock)."""
     end = time.perf_counter_ns() + int(us * 1e3)
     while time.perf_counter_ns() < end:
         pass
 
 
-def _gapped_median_us(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], reps: int) -> float:
+def gapped_median_us(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], reps: int) -> float:
+    """Median us of `reps` calls of `fn`, each after `GAP_US` of work on the calling thread
+    alone (one more call first, untimed, to warm up)."""
     times = []
     for _ in range(reps + 1):  # the first call warms up
-        _busy_wait_us(GAP_US)
+        busy_wait_us(GAP_US)
         t0 = time.perf_counter_ns()
         out = fn(*args, **kwargs)
         times.append(time.perf_counter_ns() - t0)
@@ -245,9 +248,9 @@ def time_wake_pair(
     before = set_intra_op_threads(threads)
     try:
         for _ in range(max(1, rounds)):
-            plain = min(plain, _gapped_median_us(fn, args, kwargs, reps))
+            plain = min(plain, gapped_median_us(fn, args, kwargs, reps))
             with throttled_omp(cores):
-                throttled = min(throttled, _gapped_median_us(fn, args, kwargs, reps))
+                throttled = min(throttled, gapped_median_us(fn, args, kwargs, reps))
     finally:
         set_intra_op_threads(before)
     return plain, throttled
