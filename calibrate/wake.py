@@ -178,28 +178,37 @@ def region_share(model: WorkThreadsModel, flops: float, nbytes: float) -> float:
 
 
 @contextmanager
+def side_thread(run: Callable[[threading.Event, threading.Event], None], name: str) -> Iterator[None]:
+    """While inside, `run(ready, stop)` runs on a daemon thread called `name`: it sets `ready`
+    once its team is up (within 10 s, else RuntimeError) and returns soon after `stop` is
+    set, which leaving the block does (joined for at most 10 s)."""
+    ready, stop = threading.Event(), threading.Event()
+    worker = threading.Thread(target=run, args=(ready, stop), name=name, daemon=True)
+    worker.start()
+    try:
+        if not ready.wait(timeout=10.0):
+            raise RuntimeError(f"the side thread {name!r} did not start within 10 s")
+        yield
+    finally:
+        stop.set()
+        worker.join(timeout=10.0)
+
+
+@contextmanager
 def throttled_omp(cores: int) -> Iterator[None]:
     """While inside, another thread holds an idle OpenMP team of `cores` threads, as the
     executor's main thread does: with any other team of two or more threads, libgomp then
     manages more threads than there are cores and throttles its helpers' spinning, as the
     co-run executor's workers find it."""
-    ready, stop = threading.Event(), threading.Event()
 
-    def hold() -> None:
+    def hold(ready: threading.Event, stop: threading.Event) -> None:
         set_intra_op_threads(cores)
         torch.add(torch.ones(1 << 18), torch.ones(1 << 18))  # a parallel region: the team exists
         ready.set()
         stop.wait()
 
-    holder = threading.Thread(target=hold, name="schedlab-idle-team", daemon=True)
-    holder.start()
-    try:
-        if not ready.wait(timeout=10.0):
-            raise RuntimeError("the idle OpenMP team did not start within 10 s")
+    with side_thread(hold, "schedlab-idle-team"):
         yield
-    finally:
-        stop.set()
-        holder.join(timeout=10.0)
 
 
 def busy_wait_us(us: float) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from schedlab.calibrate.wake import busy_wait_us, gapped_median_us, time_wake_pair
+from schedlab.calibrate.wake import busy_wait_us, gapped_median_us, side_thread, time_wake_pair
 from schedlab.exec.threads import set_intra_op_threads
 
 THREADS = 2  # the timed call's team, and the busy one's
@@ -61,9 +61,8 @@ def _cases() -> list[tuple[str, Callable[..., Any], tuple[Any, ...]]]:
 def busy_team(threads: int, gap_us: float) -> Iterator[None]:
     """While inside, another thread runs `mm` of 256x256 at `threads` intra-op threads, with
     `gap_us` of Python busy-wait between calls."""
-    ready, stop = threading.Event(), threading.Event()
 
-    def run() -> None:
+    def run(ready: threading.Event, stop: threading.Event) -> None:
         set_intra_op_threads(threads)
         a, b = torch.randn(256, 256), torch.randn(256, 256)
         ready.set()
@@ -72,15 +71,8 @@ def busy_team(threads: int, gap_us: float) -> Iterator[None]:
             if gap_us > 0.0:
                 busy_wait_us(gap_us)
 
-    worker = threading.Thread(target=run, name="schedlab-busy-team", daemon=True)
-    worker.start()
-    try:
-        if not ready.wait(timeout=10.0):
-            raise RuntimeError("the busy team did not start within 10 s")
+    with side_thread(run, "schedlab-busy-team"):
         yield
-    finally:
-        stop.set()
-        worker.join(timeout=10.0)
 
 
 def main() -> None:

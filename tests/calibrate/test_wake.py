@@ -23,6 +23,7 @@ from schedlab.calibrate.wake import (
     fit_wake_scale,
     forks_small,
     region_share,
+    side_thread,
     throttled_omp,
     time_wake,
     wake_reps,
@@ -252,3 +253,19 @@ def test_calibrations_summary_names_the_classes_that_fork_at_any_size() -> None:
         "mm": WakeFit(70.0, 0.0, 2, 40), POOLED: WakeFit(60.0, 0.03, 2, 1200)})
     s = _wake_summary(p)
     assert s is not None and s["classes"] == 3 and s["any_size"] == ["convolution", "mkldnn_rnn_layer"]
+
+
+def test_side_thread_runs_while_inside_and_is_stopped_and_joined_on_leaving() -> None:
+    seen: list[str] = []
+    names: list[str] = []
+
+    def run(ready: threading.Event, stop: threading.Event) -> None:
+        names.append(threading.current_thread().name)
+        ready.set()
+        stop.wait(timeout=5.0)
+        seen.append("stopped" if stop.is_set() else "timed out")
+
+    with side_thread(run, "schedlab-test-side"):
+        assert names == ["schedlab-test-side"] and seen == []
+    assert seen == ["stopped"]
+    assert not any(t.name == "schedlab-test-side" for t in threading.enumerate())
