@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from schedlab.calibrate.wake import busy_wait_us, gapped_median_us, side_thread, time_wake_pair
+from schedlab.calibrate.wake import WAKE_ROUNDS, busy_wait_us, gapped_median_us, side_thread, time_wake_pair
 from schedlab.exec.threads import set_intra_op_threads
 
 THREADS = 2  # the timed call's team, and the busy one's
@@ -78,15 +78,15 @@ def busy_team(threads: int, gap_us: float) -> Iterator[None]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--other-gap-us", type=float, default=0.0, help="Python busy-wait between the busy team's calls")
-    ap.add_argument("--reps", type=int, default=15, help="timed calls per round (best of two rounds)")
+    ap.add_argument("--reps", type=int, default=15, help=f"timed calls per round (best of {WAKE_ROUNDS} rounds)")
     args = ap.parse_args()
     print(f"{'call':32s} {'plain us':>9s} {'idle team':>10s} {'busy team':>10s}")
     for name, fn, fargs in _cases():
-        plain, idle = time_wake_pair(fn, fargs, {}, THREADS, THREADS, reps=args.reps, rounds=2)
+        plain, idle = time_wake_pair(fn, fargs, {}, THREADS, THREADS, reps=args.reps, rounds=WAKE_ROUNDS)
         before = set_intra_op_threads(THREADS)
         try:
             with busy_team(THREADS, args.other_gap_us):
-                busy = min(gapped_median_us(fn, fargs, {}, args.reps) for _ in range(2))
+                busy = min(gapped_median_us(fn, fargs, {}, args.reps) for _ in range(WAKE_ROUNDS))
         finally:
             set_intra_op_threads(before)
         print(f"{name:32s} {plain:9.1f} {f'+{idle - plain:.0f}':>10s} {busy / plain:9.2f}x", flush=True)
