@@ -279,7 +279,8 @@ class Profile:
     def wake_us(self, op: Op, threads: int) -> float:
         """What `op` with `threads` intra-op threads pays, in a co-run plan, to wake its
         OpenMP helpers on idle cores (`calibrate.wake`; the simulator scales it by the idle
-        share of the other cores, `sim.wake`): its class's fit, else the fit over every
+        share of the other cores, and charges `region_wake_us` of it beside busy ones,
+        `sim.wake`): its class's fit, else the fit over every
         class, at the share of it measured at `threads` (`wake_scale`); 0 for a view, one
         thread, a class the roofline costs, or a Profile calibrated before wake costs were
         measured."""
@@ -294,6 +295,16 @@ class Profile:
             return 0.0
         extra = fit.extra_us(region_share(model, op.flops, op.bytes_moved), model.work_us(op.flops, op.bytes_moved))
         return extra * wake_share(self.wake_scale, fit.threads, threads)
+
+    def region_wake_us(self, threads: int) -> float:
+        """What one parallel region of `threads` intra-op threads pays to wake its helpers:
+        the fit over every class at a small call (`calibrate.wake`: its floor and base), at
+        the share measured at `threads`; a call beside a busy team pays this much of its
+        wake (`sim.wake`). 0 at one thread or for a Profile without wake fits."""
+        fit = self.wake.get(POOLED) if threads >= 2 and self.wake else None
+        if fit is None:
+            return 0.0
+        return (fit.floor_us + fit.base_us) * wake_share(self.wake_scale, fit.threads, threads)
 
     def _alone_us(self, op: Op, n: int) -> float:
         found = self._lookup(op)

@@ -19,10 +19,13 @@ runs re-scored with and without it). The same
 op timed back to back pays nothing (its helper is still awake), so `time_wake` times each
 call after `GAP_US` of work on the calling thread alone, as a step's smaller ops leave it.
 
-Only a helper that lands on an idle core pays: one that shares a core busy with another
-kernel is time-sliced, not woken from a halt, and processor sharing already charges that.
-The simulator therefore adds this cost to an op with two or more threads of a co-run plan
-in proportion to the idle share of the other cores (`sim.wake`).
+A helper that lands on an idle core pays it all. One that shares a core busy with another
+kernel is time-sliced, not woken from a halt, and processor sharing charges that, except
+for the call's first region, which waits out the other team's turn: one region's wake, the
+pooled fit's at a small call (`Profile.region_wake_us`). The simulator therefore adds this
+cost to an op with two or more threads of a co-run plan in proportion to the idle share of
+the other cores, and one region's worth of it in proportion to their busy share
+(`sim.wake`).
 
 A class's cost is fitted as ``region_share * (base_us + per_work * work_us)``
 (`WakeFit`): ``region_share`` (0..1) is how far the op is into its class model's parallel

@@ -42,7 +42,7 @@ from schedlab.sim.prepare import (
     wakes_on,
 )
 from schedlab.sim.result import RankStats, SimResult, Timeline, build_trace
-from schedlab.sim.wake import wake_fractions, wake_table
+from schedlab.sim.wake import first_shares, region_cost, wake_fractions, wake_table
 from schedlab.steps import copied_op
 
 __all__ = ["ENGINES", "Simulator", "run_simpy", "simulate"]
@@ -249,11 +249,18 @@ class Simulator:
         interpreter lock, or None where no op pays a wake (the floats `prepare.waking` gives)."""
         if threads.size == 0 or threads.max() < 2:
             return slowdown, None
-        fractions = wake_fractions(self._costs.wake_us(threads, mirror), kernel_us, demand)
+        wake = self._costs.wake_us(threads, mirror)
+        fractions = wake_fractions(wake, kernel_us, demand)
         if fractions is None:
             return slowdown, None
-        return (wake_table(slowdown, fractions, threads, capacity),
-                wake_table(slowdown, fractions, threads, capacity, held=1))
+        region = region_cost(self.cost)
+        firsts = None
+        if region is not None:
+            counts, at = np.unique(threads, return_inverse=True)
+            per_count = np.fromiter((float(region(int(k))) for k in counts), dtype=np.float64, count=len(counts))
+            firsts = first_shares(wake, per_count[at.reshape(-1)])
+        return (wake_table(slowdown, fractions, threads, capacity, firsts=firsts),
+                wake_table(slowdown, fractions, threads, capacity, held=1, firsts=firsts))
 
     def _kernels_arr(self, threads: np.ndarray) -> np.ndarray:
         """Kernel µs of every op at its thread count (`sim.cost_table`)."""

@@ -54,7 +54,7 @@ from schedlab.sim.device_cost import (
     device_dispatches_us,
     device_kernels_us,
 )
-from schedlab.sim.wake import wake_cost, wake_fractions, with_wake
+from schedlab.sim.wake import first_shares, region_cost, wake_cost, wake_fractions, with_wake
 
 PINNED = 1 << 60  # reference count of a storage that is never freed (graph inputs and outputs)
 
@@ -484,14 +484,19 @@ def waking(
     on = set(devices)
     wake = [float(ask(op, threads[i])) if op_device[i] in on and demand[i] >= 2 and op.kind is not OpKind.COMM else 0.0
             for i, op in enumerate(ops)]
-    fractions = wake_fractions(np.asarray(wake, dtype=np.float64), np.asarray(kernel_us, dtype=np.float64),
-                               np.asarray(demand, dtype=np.int64))
+    wake_arr = np.asarray(wake, dtype=np.float64)
+    fractions = wake_fractions(wake_arr, np.asarray(kernel_us, dtype=np.float64), np.asarray(demand, dtype=np.int64))
     if fractions is None:
         return slowdown, none
     per_op = fractions.tolist()
+    region = region_cost(cost)
+    firsts = None
+    if region is not None:
+        firsts = first_shares(wake_arr, np.asarray([float(region(k)) for k in threads], dtype=np.float64)).tolist()
     cores = [d.cores for d in machine.devices]
-    return (tuple(with_wake(fn, per_op, threads, cores[d]) if d in on else fn for d, fn in enumerate(slowdown)),
-            tuple(with_wake(fn, per_op, threads, cores[d], held=1) if d in on else None for d, fn in enumerate(slowdown)))
+    return (tuple(with_wake(fn, per_op, threads, cores[d], firsts=firsts) if d in on else fn for d, fn in enumerate(slowdown)),
+            tuple(with_wake(fn, per_op, threads, cores[d], held=1, firsts=firsts) if d in on else None
+                  for d, fn in enumerate(slowdown)))
 
 
 def slowdown_fns(

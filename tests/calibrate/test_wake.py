@@ -144,6 +144,17 @@ def test_a_co_run_plan_of_two_threads_is_predicted_slower_with_the_wake(mm_at_tw
         assert (b > a) if slower else (b == a), plan
 
 
+def test_one_regions_wake_is_the_fit_over_every_class_at_a_small_call() -> None:
+    p = dataclasses.replace(make_profile(), wake={"mm": WakeFit(400.0, 0.1, 8, 5),
+                                                  POOLED: WakeFit(60.0, 0.5, 8, 50, floor_us=5.0)},
+                            wake_scale={2: 0.5})
+    assert p.region_wake_us(8) == pytest.approx(65.0)  # floor and base, not the class's own fit
+    assert p.region_wake_us(16) == pytest.approx(65.0)
+    assert p.region_wake_us(2) == pytest.approx(32.5)  # the share measured at two threads
+    assert p.region_wake_us(1) == 0.0
+    assert make_profile().region_wake_us(8) == 0.0  # no wake fits
+
+
 def test_throttled_omp_holds_an_idle_team_only_while_inside() -> None:
     def holders() -> int:
         return sum(1 for t in threading.enumerate() if t.name == "schedlab-idle-team")

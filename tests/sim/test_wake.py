@@ -22,7 +22,7 @@ from schedlab.sim.testing import (
     random_dag,
     random_plan,
 )
-from schedlab.sim.wake import idle_share, wake_table, with_wake
+from schedlab.sim.wake import busy_share, first_shares, idle_share, wake_table, with_wake
 from tests.sim.conftest import rows, spans
 
 ENGINES = ("fast", "simpy", "compiled")
@@ -38,10 +38,23 @@ class WakingCost(TableCost):
         return self.wake if threads >= 2 and not op.is_view else 0.0
 
 
+@dataclass
+class RegionWakingCost(WakingCost):
+    """A WakingCost whose call beside a busy team pays `region` µs of its wake."""
+
+    region: float = 10.0
+
+    def region_wake_us(self, threads: int) -> float:
+        return self.region if threads >= 2 else 0.0
+
+
 @dataclass(frozen=True)
 class WakingRandomCost(RandomCost):
     def wake_us(self, op: Op, threads: int) -> float:
         return 0.0 if op.is_view or threads < 2 else self._draw("wake:" + op.name, 0.0, 80.0)
+
+    def region_wake_us(self, threads: int) -> float:
+        return 0.0 if threads < 2 else self._draw(f"region:{threads}", 5.0, 60.0)
 
 
 
@@ -90,8 +103,25 @@ def test_a_helper_that_shares_a_busy_core_pays_no_wake(engine: str) -> None:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_a_core_kept_awake_by_a_worker_dispatching_python_wakes_no_helper(engine: str) -> None:
-    cost = WakingCost(kernel={"a": 300.0, "b": 0.0}, dispatch={"a": 0.0, "b": 100.0})
+def test_a_call_beside_a_busy_team_pays_its_first_regions_wake(engine: str) -> None:
+    cost = RegionWakingCost(kernel={"a": 100.0, "b": 300.0})
+    res = run(independent("a", "b"), Plan(slots=2, threads=2), 2, cost, engine)
+    # Together, each helper lands on a core the other team keeps busy and pays one region's
+    # 10 of its 20 us of wake: a at 0.5 / (1 + 20/100 * 0.5) ends at 220, b has done
+    # 220 * 0.5 / (1 + 20/300 * 0.5) by then, and its rest alone pays the whole wake.
+    b_done = 220 * 0.5 / (1 + 20 / 300 * 0.5)
+    b_end = 220 + (300 - b_done) * (1 + 20 / 300)
+    assert spans(res.trace) == [("a", 0, pytest.approx(220), 0), ("b", 0, pytest.approx(b_end), 1)]
+    # A region's wake above the call's whole wake is charged as the whole wake.
+    whole = run(independent("a", "b"), Plan(slots=2, threads=2), 2, RegionWakingCost(kernel=cost.kernel, region=500.0), engine)
+    assert spans(whole.trace)[0] == ("a", 0, pytest.approx(100 * 1.2 / 0.5), 0)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("cost_type", [WakingCost, RegionWakingCost])
+def test_a_core_kept_awake_by_a_worker_dispatching_python_wakes_no_helper(engine: str, cost_type: type[WakingCost]) -> None:
+    # A core running a worker's Python holds no team: nothing to wait out beside it either.
+    cost = cost_type(kernel={"a": 300.0, "b": 0.0}, dispatch={"a": 0.0, "b": 100.0})
     res = run(independent("a", "b"), Plan(slots=2, threads=2), 2, cost, engine)
     # a's kernel starts at 0; the other worker dispatches b under the lock until 100, so a's
     # helper finds no halted core and a runs at full speed. From 100 the other core idles:
@@ -108,17 +138,35 @@ def test_idle_share_counts_the_cores_the_others_leave_idle() -> None:
     assert idle_share(0, 4, 8, held=1) == 1.0  # 6 idle cores for 3 helpers
 
 
-def test_the_table_and_the_function_give_the_same_floats() -> None:
+def test_busy_share_counts_the_helpers_landing_beside_other_kernels() -> None:
+    assert busy_share(0, 2, 2) == 0.0
+    assert busy_share(1, 2, 2) == 1.0
+    assert busy_share(2, 2, 2) == 1.0
+    assert busy_share(10, 8, 16) == pytest.approx(2 / 7)  # 5 idle cores for 7 helpers
+    assert busy_share(3, 1, 4) == 0.0  # no helper
+
+
+def test_a_call_pays_one_regions_wake_beside_a_busy_team_and_at_most_its_whole_wake() -> None:
+    shares = first_shares(np.array([0.0, 20.0, 5.0, 100.0]), np.array([10.0, 10.0, 10.0, 0.0]))
+    assert shares.tolist() == [0.0, 0.5, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("with_firsts", [False, True])
+def test_the_table_and_the_function_give_the_same_floats(with_firsts: bool) -> None:
     rng = np.random.default_rng(0)
     n, cores = 40, 8
     table = 1.0 + rng.random((n, cores + 1))
     fractions = np.where(rng.random(n) < 0.3, 0.0, rng.random(n))
     threads = rng.integers(1, cores + 1, n)
+    firsts = rng.random(n) if with_firsts else None
     for held in (0, 1):
-        scaled = wake_table(table, fractions, threads, cores, held)
-        fn = with_wake(lambda op, busy: float(table[op, busy]), fractions.tolist(), threads.tolist(), cores, held)
+        scaled = wake_table(table, fractions, threads, cores, held, firsts=firsts)
+        fn = with_wake(lambda op, busy: float(table[op, busy]), fractions.tolist(), threads.tolist(), cores, held,
+                       firsts=firsts.tolist() if firsts is not None else None)
         assert all(scaled[o, b] == fn(o, b) for o in range(n) for b in range(cores + 1))
         assert (scaled >= table).all() and (scaled > table).any()
+    if firsts is not None:  # beside busy cores, more than the idle share alone
+        assert (wake_table(table, fractions, threads, cores, firsts=firsts) > wake_table(table, fractions, threads, cores)).any()
 
 
 @pytest.mark.parametrize("seed", range(10))
