@@ -239,6 +239,10 @@ def test_the_oversubscription_factor_fades_with_the_kernel_time_as_two_sizes_mea
     assert oversub_fade((23.0, factor(23.0)), (700.0, factor(700.0))) == pytest.approx(60.0)
     assert oversub_fade((23.0, 2.0), (700.0, 2.0)) is None  # no fade: the long call paid as much
     assert oversub_fade((23.0, 2.0), (700.0, 1.0)) == 0.0  # the long call paid nothing
+    # It paid a little, but less than 1 / kernel time would leave (1.0 * 23 / 700 = 0.033):
+    # the fade is at least that fast, not absent.
+    assert oversub_fade((23.0, 2.0), (700.0, 1.02)) == 0.0
+    assert oversub_fade((23.0, 2.0), (700.0, 1.05)) > 0.0
     assert oversub_fade((23.0, 1.0), (700.0, 1.0)) is None  # nothing to fade
     figs = CorunFigures(1.0, 1.0, 1.0, measured=True, oversub_mem=3.0, oversub_compute=3.0,
                         oversub_decay_us=60.0, oversub_ref_us=23.0)
