@@ -225,8 +225,8 @@ def oversub_fade(short: tuple[float, float], long: tuple[float, float]) -> float
     fast as 1 / kernel time or faster (the long call paid nothing, or less than the short
     one's excess times their time ratio: a quick calibration of 2026-12-07 read a 28 us
     call's 2.42x and left the fade out, so every long kernel of a co-run pair paid the full
-    factor and held-out bilstm-classifier and conv1d-two-branch were predicted 47-55% slow
-    at two slots of two threads)."""
+    factor and held-out bilstm-classifier and conv1d-two-branch were predicted 55-57% slow
+    on average at two slots of two threads; the next calibration read a fade of 0)."""
     (d1, f1), (d2, f2) = short, long
     if not (d2 > d1 > 0.0) or f1 <= 1.0:
         return None

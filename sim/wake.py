@@ -6,12 +6,12 @@ parallel region; the op's next region wakes it (`calibrate.wake` measures what t
 a cost model's `wake_us(op, threads)`, over all of a call's regions). A helper that lands on
 an idle core pays the wake. One that lands on a core busy with another kernel is
 time-sliced there, which the processor-sharing server already charges, except for the
-call's first region: the team that just ran on both cores is held off them until the
-other team has had its turn, and the call waits that out before its regions interleave
-with the other team's. So beside a busy team a call pays one region's wake, the cost
-model's `region_wake_us(threads)` (the fit over every class: a small call's one region),
-and no more than its whole wake. On a CPU device with two or more slots, an op of
-k >= 2 threads runs at its co-run rate divided further by
+call's first region: as the executor's traces read, the team that just ran on both cores
+is held off them until the other team has had its turn, and the call waits that out
+before its regions interleave with the other team's. So beside a busy team a call pays
+one region's wake, the cost model's `region_wake_us(threads)` (the fit over every class:
+a small call's one region), and no more than its whole wake. On a CPU device with two or
+more slots, an op of k >= 2 threads runs at its co-run rate divided further by
 
     1 + wake_us / kernel_us * (idle_share + busy_share * first),
     idle_share = min(1, idle / (k - 1)),   busy_share = 1 - min(1, (cores - 1 - busy) / (k - 1)),
@@ -33,7 +33,9 @@ directions, of a region per time step, took 1.7-1.9x their one-slot time each. R
 session 50's runs (`fidelity --rescore`, the waits fitted again), the first region's wake
 took the dev runs 13.3% / 11.8% to 11.7% / 9.9% and 14.7% / 10.8% to 13.2% / 9.1%
 (profile-only / trace-calibrated), the three held-out runs 8.8% / 8.6% to 8.0% / 7.7%,
-10.3% / 8.0% to 9.7% / 7.4% and 10.7% / 10.7% to 9.3% / 9.0%.
+10.3% / 8.0% to 9.7% / 7.4% and 10.7% / 10.7% to 9.3% / 9.0%. A held-out run measured
+afresh with it (run BC, 08:10-08:13, its own quick profile) read 8.7% / 7.2%, where the
+previous model reads 9.8% / 8.3% on the same measurements.
 
 The factor multiplies the cost model's own co-run slowdown, as a function of the same
 (op, busy cores of the others), so the SimPy, fast and compiled engines charge it alike:
