@@ -81,6 +81,11 @@ class CorunFigures:
     # None: no fade (a profile calibrated before 2026-12-06, or two sizes that showed none)
     oversub_decay_us: float | None = None
     oversub_ref_us: float = 0.0
+    # the long `add` the fade was read from: its call at all the cores and its factor (0 us:
+    # a profile calibrated before 2026-12-07 kept neither), so a profile says why its fade
+    # is what it is
+    oversub_long_us: float = 0.0
+    oversub_long: float = 1.0
     # whether `latency_us` was fitted with views paying it too, as every op of a co-run plan
     # does (`Profile.kernel_us`; calibrated since 2026-11-28); a profile from before fitted it
     # on the other ops alone, and its views keep paying nothing
@@ -118,6 +123,8 @@ class CorunFigures:
             "serial_window_us": round(self.serial_window_us, 4),
             "oversub_decay_us": None if self.oversub_decay_us is None else round(self.oversub_decay_us, 3),
             "oversub_ref_us": round(self.oversub_ref_us, 3),
+            "oversub_long_us": round(self.oversub_long_us, 3),
+            "oversub_long": round(self.oversub_long, 4),
             "latency_us": {str(k): round(v, 4) for k, v in sorted(self.latency_us.items())},
             "team_latency_us": {str(k): round(v, 4) for k, v in sorted(self.team_latency_us.items())},
             "views_wait": self.views_wait,
@@ -278,6 +285,8 @@ def measure_corun(cores: int, duration_s: float = 0.25, rounds: int = 3) -> Coru
         oversub_mem=oversub_mem,
         oversub_decay_us=oversub_fade((mid_us, oversub_mem), (long_us, long_factor)),
         oversub_ref_us=mid_us,
+        oversub_long_us=long_us,
+        oversub_long=long_factor,
         oversub_compute=max(1.0, slowdown(aten.mm.default, mat, duration_s, rounds, intra=cores) / 2.0),
         serial_window_us=serial_window(duration_s / 4, rounds),
         foreign_cpu_frac=foreign_cpu_frac(start, snapshot()),

@@ -978,6 +978,8 @@ def _corun_from_json(d: dict[str, Any]) -> CorunFigures:
         serial_window_us=_number(d.get("serial_window_us", 0.0)),
         oversub_decay_us=_oversub_decay(d.get("oversub_decay_us")),
         oversub_ref_us=_number(d.get("oversub_ref_us", 0.0)),
+        oversub_long_us=_number(d.get("oversub_long_us", 0.0)),
+        oversub_long=_number(d.get("oversub_long", 1.0)),
         latency_us={int(k): _number(v) for k, v in dict(d.get("latency_us", {})).items()},
         team_latency_us={int(k): _number(v) for k, v in dict(d.get("team_latency_us", {})).items()},
         views_wait=_flag(d.get("views_wait", False), "views_wait"),

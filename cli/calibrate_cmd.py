@@ -219,6 +219,7 @@ def _print_table(s: dict[str, Any]) -> None:
         f"co-run wait per op {', '.join(f'{v:.1f} us ({k} thr)' for k, v in c['latency_us'].items()) or 'not fitted'}; "
         f"one slot's team wait per op {', '.join(f'{v:.1f} us ({k} thr)' for k, v in c['team_latency_us'].items()) or 'not fitted'}"
     )
+    print(_oversub_line(c))
     if s["roofline"]:
         r = s["roofline"]
         print(
@@ -507,3 +508,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_table(s)
     return 0
+
+
+def _oversub_line(c: dict[str, Any]) -> str:
+    """Two teams of all the cores each (`calibrate.corun`): the short and long `add`'s
+    factors beyond processor sharing, and the fade read from them."""
+    fade = c.get("oversub_decay_us")
+    line = f"two teams oversubscribing the cores: an add of {c.get('oversub_ref_us', 0.0):.0f} us x{c['oversub_mem']:.2f}"
+    if c.get("oversub_long_us"):
+        line += f", one of {c['oversub_long_us']:.0f} us x{c['oversub_long']:.2f}"
+    line += f" beyond processor sharing, mm x{c['oversub_compute']:.2f}; "
+    return line + ("no fade with kernel time" if fade is None else f"the excess fades with the kernel time, T = {fade:.0f} us")

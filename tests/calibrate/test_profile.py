@@ -245,7 +245,8 @@ def test_the_oversubscription_factor_fades_with_the_kernel_time_as_two_sizes_mea
     assert oversub_fade((23.0, 2.0), (700.0, 1.05)) > 0.0
     assert oversub_fade((23.0, 1.0), (700.0, 1.0)) is None  # nothing to fade
     figs = CorunFigures(1.0, 1.0, 1.0, measured=True, oversub_mem=3.0, oversub_compute=3.0,
-                        oversub_decay_us=60.0, oversub_ref_us=23.0)
+                        oversub_decay_us=60.0, oversub_ref_us=23.0, oversub_long_us=700.0,
+                        oversub_long=factor(700.0))
     assert figs.oversub_share(23.0) == 1.0 and figs.oversub_share(5.0) == 1.0  # no more than measured
     assert figs.oversub_share(700.0) == pytest.approx(83.0 / 760.0)
     assert dataclasses.replace(figs, oversub_decay_us=None).oversub_share(700.0) == 1.0
@@ -255,13 +256,33 @@ def test_the_oversubscription_factor_fades_with_the_kernel_time_as_two_sizes_mea
     whole = dataclasses.replace(base, corun=dataclasses.replace(figs, oversub_decay_us=None))
     assert 1.0 < faded.corun_slowdown(op, 2, 2) < whole.corun_slowdown(op, 2, 2)
     again = Profile.from_json(json.loads(json.dumps(faded.to_json())))
-    assert again.corun == faded.corun
+    assert again.corun == dataclasses.replace(faded.corun, oversub_long=round(factor(700.0), 4))
+    assert (again.corun.oversub_long_us, again.corun.oversub_long) == (700.0, pytest.approx(factor(700.0), abs=1e-4))
     d = faded.to_json()
     d["corun"]["oversub_decay_us"] = -1.0
     with pytest.raises(SchedlabError, match=r"bad corun: .*>= 0"):
         Profile.from_json(d)
-    del d["corun"]["oversub_decay_us"], d["corun"]["oversub_ref_us"]  # a profile of before: no fade
-    assert Profile.from_json(d).corun.oversub_decay_us is None
+    d["corun"]["oversub_decay_us"] = 60.0
+    d["corun"]["oversub_long"] = float("nan")
+    with pytest.raises(SchedlabError, match=r"bad corun"):
+        Profile.from_json(d)
+    # a profile of before: no fade, and no long call kept
+    for key in ("oversub_decay_us", "oversub_ref_us", "oversub_long_us", "oversub_long"):
+        del d["corun"][key]
+    before = Profile.from_json(d).corun
+    assert before.oversub_decay_us is None and (before.oversub_long_us, before.oversub_long) == (0.0, 1.0)
+
+
+def test_calibrate_prints_the_two_sizes_the_fade_was_read_from() -> None:
+    from schedlab.calibrate.corun import CorunFigures
+    from schedlab.cli.calibrate_cmd import _oversub_line
+
+    figs = CorunFigures(1.0, 1.0, 1.0, measured=True, oversub_mem=2.42, oversub_compute=1.03,
+                        oversub_decay_us=0.0, oversub_ref_us=28.0, oversub_long_us=750.0, oversub_long=1.03)
+    line = _oversub_line(figs.to_json())
+    assert "28 us x2.42" in line and "750 us x1.03" in line and "T = 0 us" in line
+    before = dataclasses.replace(figs, oversub_decay_us=None, oversub_long_us=0.0).to_json()
+    assert "750 us" not in _oversub_line(before) and "no fade" in _oversub_line(before)
 
 
 def test_kept_signatures_are_the_ops_own_and_change_no_answer() -> None:
