@@ -42,7 +42,7 @@ from schedlab.sim.prepare import (
     wakes_on,
 )
 from schedlab.sim.result import RankStats, SimResult, Timeline, build_trace
-from schedlab.sim.wake import first_shares, region_cost, wake_fractions, wake_table
+from schedlab.sim.wake import cost_first_shares, wake_fractions, wake_table
 from schedlab.steps import copied_op
 
 __all__ = ["ENGINES", "Simulator", "run_simpy", "simulate"]
@@ -253,12 +253,7 @@ class Simulator:
         fractions = wake_fractions(wake, kernel_us, demand)
         if fractions is None:
             return slowdown, None
-        region = region_cost(self.cost)
-        firsts = None
-        if region is not None:
-            counts, at = np.unique(threads, return_inverse=True)
-            per_count = np.fromiter((float(region(int(k))) for k in counts), dtype=np.float64, count=len(counts))
-            firsts = first_shares(wake, per_count[at.reshape(-1)])
+        firsts = cost_first_shares(self.cost, wake, threads)
         return (wake_table(slowdown, fractions, threads, capacity, firsts=firsts),
                 wake_table(slowdown, fractions, threads, capacity, held=1, firsts=firsts))
 

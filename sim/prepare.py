@@ -54,7 +54,7 @@ from schedlab.sim.device_cost import (
     device_dispatches_us,
     device_kernels_us,
 )
-from schedlab.sim.wake import first_shares, region_cost, wake_cost, wake_fractions, with_wake
+from schedlab.sim.wake import cost_first_shares, wake_cost, wake_fractions, with_wake
 
 PINNED = 1 << 60  # reference count of a storage that is never freed (graph inputs and outputs)
 
@@ -489,10 +489,8 @@ def waking(
     if fractions is None:
         return slowdown, none
     per_op = fractions.tolist()
-    region = region_cost(cost)
-    firsts = None
-    if region is not None:
-        firsts = first_shares(wake_arr, np.asarray([float(region(k)) for k in threads], dtype=np.float64)).tolist()
+    shares = cost_first_shares(cost, wake_arr, threads)
+    firsts = None if shares is None else shares.tolist()
     cores = [d.cores for d in machine.devices]
     return (tuple(with_wake(fn, per_op, threads, cores[d], firsts=firsts) if d in on else fn for d, fn in enumerate(slowdown)),
             tuple(with_wake(fn, per_op, threads, cores[d], held=1, firsts=firsts) if d in on else None

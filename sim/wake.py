@@ -91,6 +91,18 @@ def first_shares(wake_us: np.ndarray, region_us: np.ndarray) -> np.ndarray:
     return out
 
 
+def cost_first_shares(cost: object, wake_us: np.ndarray, threads: Sequence[int] | np.ndarray) -> np.ndarray | None:
+    """`first_shares` of each op with the cost model's `region_wake_us` at its thread count
+    (asked once per count), or None for a cost model without it: what every engine passes
+    as `firsts`."""
+    region = region_cost(cost)
+    if region is None:
+        return None
+    counts, at = np.unique(np.asarray(threads, dtype=np.int64), return_inverse=True)
+    per_count = np.fromiter((float(region(int(k))) for k in counts), dtype=np.float64, count=len(counts))
+    return first_shares(wake_us, per_count[at.reshape(-1)])
+
+
 def wake_fractions(wake_us: np.ndarray, kernel_us: np.ndarray, demand: np.ndarray) -> np.ndarray | None:
     """Per op: its wake cost over its kernel time; 0 where its kernel holds one core
     (`demand`: one thread, or a call run inline, `sim.cost.team_or_inline`, has no helper to
