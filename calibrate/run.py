@@ -53,6 +53,7 @@ from schedlab.calibrate.profile import Profile
 from schedlab.calibrate.roofline import Roofline, measure_roofline
 from schedlab.calibrate.signature import base_class, short_row_floats, signature
 from schedlab.calibrate.sweep import SWEEP_SOURCE, SweepConfig, sweep_cases, sweep_specs
+from schedlab.calibrate.team_stall import StallLevel, measure_team_stall
 from schedlab.calibrate.thread_wake import WakeLevel, idle_state, measure_thread_wake
 from schedlab.calibrate.threads import thread_counts
 from schedlab.calibrate.timing import RetryBudget, TimingConfig, time_point
@@ -99,6 +100,8 @@ class CalibrationConfig:
     # time the wakes of a blocked co-run worker (calibrate.thread_wake), a host condition kept
     # in the Profile's meta beside the co-run figures
     thread_wake: bool = True
+    # time a small call's stall beside another worker's busy team (calibrate.team_stall), recorded
+    team_stall: bool = True
     links: LinkConfig | None = None  # the link benchmark between local ranks (links.py); None: none
     seed: int = 0
 
@@ -411,6 +414,11 @@ def run_calibration(
             with bars.bar(1, "thread wake", "step") as bar:
                 wake_levels = measure_thread_wake()
                 bar.update()
+        stall_levels: list[StallLevel] = []
+        if cfg.team_stall and cores > 1:  # what a call waits beside a busy team (recorded)
+            with bars.bar(1, "team stall", "step") as bar:
+                stall_levels = measure_team_stall(threads, cores)
+                bar.update()
         scaling = probe_host_scaling(max(threads))  # the host's two-core state this hour (host_scaling.py)
         with bars.bar(1, "roofline", "step") as bar:
             roofline = measure_roofline(threads, set_intra_op_threads)
@@ -467,6 +475,7 @@ def run_calibration(
         # each case's wake as timed (class, flops, bytes, threads, extra us): a fit can be tried again offline
         "wake_points": [[p.op_class, p.flops, p.nbytes, p.threads, round(p.extra_us, 2)] for p in acc.wake],
         "thread_wake": {"levels": [lv.to_json() for lv in wake_levels], "idle_state": idle_state()} if wake_levels else None,
+        "team_stall": [lv.to_json() for lv in stall_levels] or None,
         "host_scaling": None if scaling is None else scaling.to_json(),
         "foreign_cpu_frac": _round(foreign_cpu_frac(cpu_start, cpu_end)),
         "steal_frac": _round(steal_frac(cpu_start, cpu_end)),  # the hypervisor's share meanwhile

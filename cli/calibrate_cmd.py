@@ -136,6 +136,7 @@ def summary(profile: Any, path: Path, wall_s: float) -> dict[str, Any]:
         "links": None if profile.links is None else links_summary(profile.links),
         "wake": _wake_summary(profile),
         "thread_wake": profile.meta.get("thread_wake"),
+        "team_stall": profile.meta.get("team_stall"),
         "cold": None if profile.cold is None else _cold_summary(profile.cold),
         "signatures": len(profile.signatures),
         "view_signatures": len(profile.views.signatures),
@@ -245,6 +246,11 @@ def _print_table(s: dict[str, Any]) -> None:
 
         t = s["thread_wake"]
         print(describe_thread_wake([WakeLevel(**lv) for lv in t["levels"]], t["idle_state"]))
+    if s.get("team_stall"):
+        from schedlab.calibrate.team_stall import StallLevel
+        from schedlab.calibrate.team_stall import describe as describe_team_stall
+
+        print(describe_team_stall([StallLevel(**lv) for lv in s["team_stall"]]))
     if s.get("cold"):
         c = s["cold"]
         per_mib = ", ".join(f"{v:.1f} us/MiB at {k} thr" for k, v in c["pooled_us_per_mib"].items()) or "none measured"

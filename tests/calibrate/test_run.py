@@ -34,6 +34,7 @@ TINY = CalibrationConfig(
     corun_s=0.01,
     corun_rounds=1,
     thread_wake=False,
+    team_stall=False,
     in_turn_rounds=2,
 )
 
