@@ -22,7 +22,7 @@ import numpy as np
 from scipy.optimize import least_squares, minimize_scalar
 
 from schedlab.calibrate.model import PARAM_NAMES, Array, WorkThreadsModel, predict_array
-from schedlab.calibrate.signature import base_class
+from schedlab.calibrate.signature import GROUPED_CLASS, base_class
 from schedlab.graph import COMPUTE_CLASSES  # the fallback model is fitted on the other classes
 
 MIN_SIGNATURES_FULL_FIT = 8  # fewer: the fallback's shape, scaled to the class
@@ -33,6 +33,13 @@ MIN_WORK_SPAN_FULL_FIT = 8.0
 # The steepest memory slope a fit may take: 5,000 us per MB is 0.2 GB/s, slower than any
 # memory-bound op of a CPU; a steeper one is a fit to the noise of a few small points.
 MAX_US_PER_MB = 5000.0
+# Variants that always take their plain class's shape times one factor (`fit_class`), however
+# many cases calibration timed: a quick calibration times a grouped convolution a dozen times
+# or so, at group counts from 2 to one per channel. Fitted in full on those (2026-12-07, 2-core
+# Intel Xeon VM, session 52's profile fitted again from its own cases), its two models missed
+# their held-out cases by 72% and 26% and put held-out depthwise-cnn's one-slot step 80% slow;
+# as a factor of the dense fit (x2.2 for the backward), -1.9% where the dense fit read -12.7%.
+SCALED_VARIANTS = (GROUPED_CLASS,)
 HOLDOUT_FRAC = 0.2
 MIN_SIGNATURES_HOLDOUT = 5  # fewer: no held-out error (null)
 CACHE_MB_RANGE = (0.05, 256.0)  # where the fitted cache cliff may lie
@@ -213,16 +220,18 @@ def fit_class(
     floor_us: float,
     seed: int,
     fallback: WorkThreadsModel | None = None,
+    scaled: bool = False,
 ) -> ClassFit:
     """Fit one class (or the fallback pool when `fallback` is None), with held-out error;
-    points under the call floor count as at it (`at_floor`)."""
+    points under the call floor count as at it (`at_floor`). `scaled`: the class takes
+    `fallback`'s shape scaled to its points whatever their number (`SCALED_VARIANTS`)."""
     points = at_floor(points, floor_us)
     sigs = [p.signature for p in points]
     n_sigs = len(set(sigs))
     held = split_signatures(sigs, seed)
     train = [p for p in points if p.signature not in held] or list(points)
     test = [p for p in points if p.signature in held]
-    if fallback is not None and (n_sigs < MIN_SIGNATURES_FULL_FIT or work_span(points) < MIN_WORK_SPAN_FULL_FIT):
+    if fallback is not None and (scaled or n_sigs < MIN_SIGNATURES_FULL_FIT or work_span(points) < MIN_WORK_SPAN_FULL_FIT):
         name, model = "work_threads_scaled", fit_scale(train, floor_us, fallback)
     else:
         name, model = "work_threads", fit_work_threads(train, floor_us)
@@ -254,7 +263,8 @@ def fit_all(points: Sequence[Point], floor_us: float, seed: int) -> tuple[ClassF
     pooled shape scaled to it predicted held-out mixer's strided one of 262 thousand at
     1,116 us (339 measured in its step, 174 predicted for the contiguous one): the plain
     class's shape is fitted over the sizes the sweep spans, and a variant costs about a
-    factor of it."""
+    factor of it. A grouped convolution (`SCALED_VARIANTS`) takes that form however many
+    cases it has (see there)."""
     pool = [p for p in points if base_class(p.op_class) not in COMPUTE_CLASSES] or list(points)
     fallback = fit_class(pool, floor_us, seed)
     by_class: dict[str, list[Point]] = {}
@@ -265,5 +275,5 @@ def fit_all(points: Sequence[Point], floor_us: float, seed: int) -> tuple[ClassF
         plain, shape = classes.get(base_class(cls)), fallback.model
         if plain is not None and plain.model_name == "work_threads" and plain.trusted:
             shape = plain.model
-        classes[cls] = fit_class(by_class[cls], floor_us, seed, fallback=shape)
+        classes[cls] = fit_class(by_class[cls], floor_us, seed, fallback=shape, scaled=cls.endswith(SCALED_VARIANTS))
     return fallback, dict(sorted(classes.items()))

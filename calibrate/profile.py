@@ -253,8 +253,15 @@ class Profile:
     def class_forks_at_any_size(self, class_key: str, fitted: bool) -> bool:
         """`forks_at_any_size` of an op of `class_key`, whose kernel comes from a class fit
         (`fitted`; the roofline's never forks so)."""
-        fit = self.wake.get(class_key) if fitted else None
+        fit = self.class_wake_fit(class_key, pooled=False) if fitted else None
         return fit is not None and fit.forks_at_any_size
+
+    def class_wake_fit(self, class_key: str, pooled: bool = True) -> WakeFit | None:
+        """The wake fit an op of `class_key` pays under: its class's; for a variant without
+        one (``convolution_backward[grouped]``: calibration times a dozen or so), its plain
+        class's; else, with `pooled`, the fit over every class (None where there is none)."""
+        fit = self.wake.get(class_key) or self.wake.get(base_class(class_key))
+        return self.wake.get(POOLED) if fit is None and pooled else fit
 
     def team_basis_column(self, graph: Graph, ids: np.ndarray, threads: int) -> np.ndarray:
         """`team_basis_us(op, threads)` of the ops `ids` of `graph`, as an array."""
@@ -281,7 +288,7 @@ class Profile:
         OpenMP helpers on idle cores (`calibrate.wake`; the simulator scales it by the idle
         share of the other cores, and charges `region_wake_us` of it beside busy ones,
         `sim.wake`): its class's fit, else the fit over every
-        class, at the share of it measured at `threads` (`wake_scale`); 0 for a view, one
+        class (`class_wake_fit`), at the share of it measured at `threads` (`wake_scale`); 0 for a view, one
         thread, a class the roofline costs, or a Profile calibrated before wake costs were
         measured."""
         if op.is_view or threads < 2 or not self.wake:
@@ -290,7 +297,7 @@ class Profile:
         key, model = found.class_key, found.model
         if not isinstance(model, WorkThreadsModel):
             return 0.0
-        fit = self.wake.get(key) or self.wake.get(POOLED)
+        fit = self.class_wake_fit(key)
         if fit is None:
             return 0.0
         extra = fit.extra_us(region_share(model, op.flops, op.bytes_moved), model.work_us(op.flops, op.bytes_moved))

@@ -33,7 +33,7 @@ from schedlab.calibrate.cold import MIB
 from schedlab.calibrate.in_turn import IN_TURN_CLASSES, distinct_in_turn
 from schedlab.calibrate.model import PARAM_NAMES, WorkThreadsModel
 from schedlab.calibrate.op_features import op_features
-from schedlab.calibrate.wake import POOLED, WakeFit, wake_share
+from schedlab.calibrate.wake import WakeFit, wake_share
 from schedlab.graph import Graph, Op
 
 if TYPE_CHECKING:
@@ -262,10 +262,10 @@ class ProfileColumns:
         if threads < 2 or not prof.wake or not len(self.kernel):
             return out
         if self._wake_fits is None:
-            get = prof.wake.get
+            get = prof.class_wake_fit
             keys, inverse = self._keys_u, self._inverse.tolist()
             self._wake_fits = [
-                (get(keys[u]) or get(POOLED)) if fitted else None
+                get(keys[u]) if fitted else None
                 for u, fitted in zip(inverse, self.fitted.tolist(), strict=True)
             ]  # fmt: skip
         fits = self._wake_fits

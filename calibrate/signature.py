@@ -76,6 +76,25 @@ def is_conv1d(op_class: str, args: Any) -> bool:
     return isinstance(stride, (list, tuple)) and len(stride) == 1
 
 
+GROUPED_CLASS = "[grouped]"  # a class model's name for grouped (and depthwise) 2-D and 3-D convolutions
+_CONV_GROUPS_ARG = {"convolution": 8, "convolution_backward": 9}  # where each call's group count is
+
+
+def is_grouped_conv(op_class: str, args: Any) -> bool:
+    """Whether a call of `op_class` on `args` (as called, or in the Graph's encoding) is a
+    convolution of more than one group (`groups` > 1: ResNeXt's grouped, MobileNet's
+    depthwise). Its FLOPs are a group's share of a dense one's on the same tensors, and
+    oneDNN runs it at another rate: on a quick profile of 2026-12-07 (2-core Intel Xeon VM)
+    the class model fitted over every 2-D convolution put the 13 grouped backward cases at a
+    median 0.38x their time (the dense ones 1.05x) and the 16 grouped forward ones at 0.89x,
+    so they get a model of their own (`fit_class`)."""
+    at = _CONV_GROUPS_ARG.get(op_class)
+    if at is None or len(args) <= at:
+        return False
+    groups = args[at]
+    return isinstance(groups, int) and not isinstance(groups, bool) and groups > 1
+
+
 SHORT_ROW_CLASS = "[short]"  # a class model's name for a softmax over rows shorter than the vector
 
 
@@ -100,7 +119,9 @@ def fit_class(op_class: str, strided: bool, args: Any = (), row_len: int = 0) ->
         return op_class + STRIDED_CLASS
     if 0 < row_len < short_row_floats():
         return op_class + SHORT_ROW_CLASS
-    return op_class + CONV1D_CLASS if is_conv1d(op_class, args) else op_class
+    if is_conv1d(op_class, args):
+        return op_class + CONV1D_CLASS
+    return op_class + GROUPED_CLASS if is_grouped_conv(op_class, args) else op_class
 
 
 def op_fit_class(op: Op) -> str:
@@ -110,7 +131,8 @@ def op_fit_class(op: Op) -> str:
 
 def base_class(name: str) -> str:
     """`fit_class`'s op class: ``add[strided]`` -> ``add``, ``convolution[1d]`` -> ``convolution``."""
-    return name.removesuffix(STRIDED_CLASS).removesuffix(CONV1D_CLASS).removesuffix(SHORT_ROW_CLASS)
+    return (name.removesuffix(STRIDED_CLASS).removesuffix(CONV1D_CLASS).removesuffix(GROUPED_CLASS)
+            .removesuffix(SHORT_ROW_CLASS))
 
 
 def graph_signatures(graph: Graph) -> tuple[str, ...]:

@@ -11,7 +11,7 @@ import torch
 
 from schedlab.calibrate.aten_call import decode, decode_call, resolve_target
 from schedlab.calibrate.cases import new_signatures, workload_cases
-from schedlab.calibrate.signature import signature, signature_of
+from schedlab.calibrate.signature import GROUPED_CLASS, signature, signature_of
 from schedlab.calibrate.sweep import SweepConfig, sweep_cases, sweep_specs
 from schedlab.capture import capture
 from schedlab.errors import SchedlabError
@@ -91,8 +91,9 @@ def test_sweep_spreads_each_class_over_its_whole_range_of_work() -> None:
     attention = "_scaled_dot_product_flash_attention_for_cpu"
     by_class: dict[str, list[float]] = {}
     for c in sweep_cases(sweep_specs(cfg), set()):
-        compute = c.op_class in ("mm", "convolution", attention, f"{attention}_backward")
-        by_class.setdefault(c.op_class, []).append(c.flops if compute else c.nbytes)
+        cls = c.op_class.removesuffix(GROUPED_CLASS)  # a grouped convolution is banded with the dense ones
+        compute = cls in ("mm", "convolution", attention, f"{attention}_backward")
+        by_class.setdefault(cls, []).append(c.flops if compute else c.nbytes)
     for cls, lo, hi in (("mm", 1e3, 3e8), ("convolution", 1e4, 3e8), ("relu", 4 * 16 * 2, 4 * (1 << 20) * 2),
                         (attention, 1e4, 3e8)):
         works = by_class[cls]
@@ -127,9 +128,10 @@ def test_sweep_times_grouped_and_depthwise_convolutions_at_their_own_cost() -> N
     """About one convolution draw in four is grouped: a few groups or one per channel
     (depthwise), its weight [O, C/g, k, k]; the FLOP count is the grouped one."""
     specs = [s for s in sweep_specs(SweepConfig(per_class=40, max_flops=2e8)) if "convolution" in s.target]
-    convs = [c for c in sweep_cases(specs, set()) if c.op_class == "convolution"]
+    convs = [c for c in sweep_cases(specs, set()) if c.op_class.removesuffix(GROUPED_CLASS) == "convolution"]
     grouped = [c for c in convs if c.args[-1] > 1]
     assert 0.1 * len(convs) <= len(grouped) <= 0.5 * len(convs)
+    assert all((c.op_class == "convolution[grouped]") == (c in grouped) for c in convs)  # fitted as their own class
     assert any(c.args[-1] == c.args[0].shape[1] for c in grouped)  # depthwise
     assert any(1 < c.args[-1] < c.args[0].shape[1] for c in grouped)  # a few groups
     for c in grouped:
@@ -138,7 +140,7 @@ def test_sweep_times_grouped_and_depthwise_convolutions_at_their_own_cost() -> N
         assert w.shape[1] * groups == ch
         out = torch.ops.aten.convolution.default(*c.args)
         assert c.flops == 2 * n * out.shape[1] * out.shape[2] * out.shape[3] * w.shape[1] * w.shape[2] * w.shape[3]
-    backward = [c for c in sweep_cases(specs, set()) if c.op_class == "convolution_backward"]
+    backward = [c for c in sweep_cases(specs, set()) if c.op_class == "convolution_backward[grouped]"]
     assert any(c.args[9] > 1 for c in backward)
 
 
@@ -154,7 +156,7 @@ def test_big_matmuls_span_the_range_above_the_cap_and_leave_every_other_case_as_
     added = list(sweep_cases(more[len(plain):], set()))
     assert sorted(c.op_class for c in added) == ["addmm"] * 3 + ["mm"] * 3
     for cls in ("mm", "addmm"):
-        works = sorted(c.flops for c in added if c.op_class == cls)
+        works = sorted(c.flops for c in added if c.op_class.removesuffix(GROUPED_CLASS) == cls)
         assert all(1e6 < w <= 1e8 for w in works), works
         assert works[-1] > 10 * works[0]  # banded over the range, not bunched
     assert len(sweep_specs(replace(base, big_matmul_flops=1e5))) == len(plain)  # a cap under max_flops adds none
@@ -198,10 +200,10 @@ def test_extra_convolutions_come_from_a_stream_of_their_own() -> None:
     assert len(more) == len(plain) + 16
     assert [(s.target, s.build.args) for s in more[: len(plain)]] == [(s.target, s.build.args) for s in plain]
     added = list(sweep_cases(more[len(plain):], set()))
-    assert sorted(c.op_class for c in added) == sorted(
+    assert sorted(c.op_class.removesuffix(GROUPED_CLASS) for c in added) == sorted(
         [k + d for k in ("convolution", "convolution_backward") for d in ("", "[1d]")] * 4)
     for cls in ("convolution", "convolution[1d]"):
-        works = sorted(c.flops for c in added if c.op_class == cls)
+        works = sorted(c.flops for c in added if c.op_class.removesuffix(GROUPED_CLASS) == cls)
         assert all(1e4 <= w <= 1e6 for w in works) and works[-1] > 10 * works[0], (cls, works)
 
 
@@ -216,8 +218,8 @@ def test_big_convolutions_span_the_range_above_the_cap_and_leave_every_other_cas
     assert [(s.target, s.build.args) for s in more[: len(plain)]] == [(s.target, s.build.args) for s in plain]
     added = list(sweep_cases(more[len(plain):], set()))
     kinds = ["convolution", "convolution[1d]", "convolution_backward", "convolution_backward[1d]"]
-    assert sorted(c.op_class for c in added) == [k for k in kinds for _ in range(3)]
-    forward = sorted(c.flops for c in added if c.op_class == "convolution")
+    assert sorted(c.op_class.removesuffix(GROUPED_CLASS) for c in added) == [k for k in kinds for _ in range(3)]
+    forward = sorted(c.flops for c in added if c.op_class.removesuffix(GROUPED_CLASS) == "convolution")
     assert all(1e6 < w <= 1e8 for w in forward), forward
     assert forward[-1] > 10 * forward[0]  # banded over the range, not bunched
     assert len(sweep_specs(replace(base, big_conv_flops=1e5))) == len(plain)  # a cap under max_flops adds none
