@@ -38,7 +38,8 @@ MAX_US_PER_MB = 5000.0
 # or so, at group counts from 2 to one per channel. Fitted in full on those (2026-12-07, 2-core
 # Intel Xeon VM, session 52's profile fitted again from its own cases), its two models missed
 # their held-out cases by 72% and 26% and put held-out depthwise-cnn's one-slot step 80% slow;
-# as a factor of the dense fit (x2.2 for the backward), -1.9% where the dense fit read -12.7%.
+# as a factor of the dense fit (x1.9 for the backward, x1.4 forward), -1.9% where the dense fit
+# read -12.7%.
 SCALED_VARIANTS = (GROUPED_CLASS,)
 HOLDOUT_FRAC = 0.2
 MIN_SIGNATURES_HOLDOUT = 5  # fewer: no held-out error (null)

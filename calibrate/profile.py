@@ -287,10 +287,10 @@ class Profile:
         """What `op` with `threads` intra-op threads pays, in a co-run plan, to wake its
         OpenMP helpers on idle cores (`calibrate.wake`; the simulator scales it by the idle
         share of the other cores, and charges `region_wake_us` of it beside busy ones,
-        `sim.wake`): its class's fit, else the fit over every
-        class (`class_wake_fit`), at the share of it measured at `threads` (`wake_scale`); 0 for a view, one
-        thread, a class the roofline costs, or a Profile calibrated before wake costs were
-        measured."""
+        `sim.wake`): its class's fit, a variant's plain class's, else the fit over every
+        class (`class_wake_fit`), at the share of it measured at `threads` (`wake_scale`); 0
+        for a view, one thread, a class the roofline costs, or a Profile calibrated before
+        wake costs were measured."""
         if op.is_view or threads < 2 or not self.wake:
             return 0.0
         found = self._lookup(op)
