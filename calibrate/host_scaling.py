@@ -13,14 +13,13 @@ recorded figure: calibration keeps it in the Profile's meta, and `schedlab fidel
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from schedlab.calibrate.timing import back_to_back_median_us
 from schedlab.exec.threads import set_intra_op_threads
 
 MM_SHAPE = (512, 1024, 1024)  # compute-bound: about 1 GFLOP
@@ -55,13 +54,7 @@ class HostScaling:
 
 def _median_us(fn: Callable[[], None], threads: int, reps: int) -> float:
     set_intra_op_threads(threads)
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter_ns()
-        fn()
-        times.append(time.perf_counter_ns() - t0)
-    return statistics.median(times) / 1e3
+    return back_to_back_median_us(fn, reps)
 
 
 def probe_host_scaling(threads: int, reps: int = REPS) -> HostScaling | None:

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from schedlab.calibrate.timing import back_to_back_median_us
 from schedlab.graph import Graph, kept_on
 from schedlab.io import json_number
 
@@ -184,17 +185,6 @@ def _probe_calls(torch: Any) -> list[Callable[[], Any]]:
     return out
 
 
-def _alone_us(call: Callable[[], Any], rounds: int) -> float:
-    for _ in range(3):
-        call()
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter_ns()
-        call()
-        times.append(time.perf_counter_ns() - t0)
-    return statistics.median(times) / 1e3
-
-
 def _in_turn_us(calls: Sequence[Callable[[], Any]], rounds: int) -> list[float]:
     times: list[list[int]] = [[] for _ in calls]
     for r in range(rounds + 2):
@@ -217,7 +207,7 @@ def measure_in_turn(
     per_n: dict[int, list[float]] = {}
     longest: list[float] = []
     for _ in range(max(1, repeats)):
-        alone = [_alone_us(c, rounds) for c in calls]
+        alone = [back_to_back_median_us(c, rounds, warmup=3) for c in calls]
         longest.append(max(alone))
         for n in sizes:
             n = min(n, len(calls))

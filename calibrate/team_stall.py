@@ -8,8 +8,8 @@ the scheduler hands it one after a time slice, or when the long kernel ends. Mea
 call after a 300 us sleep), beside a back-to-back two-thread `mm` of 0.36 to 14 ms:
 
 - a `sum` over a 1 MiB tensor's rows, an `add` of two, and a 128 x 128 `mm`, 9-18 us each
-  back to back alone, took a median of 75-180 us and a mean of 170-570 us; the 90th
-  percentile was about the long kernel's own length up to 3 ms, and 150-2,000 us beyond it;
+  back to back alone, took a median of 75-178 us and a mean of 169-566 us; the 90th
+  percentile was about the long kernel's own length up to 3 ms, and 87-2,003 us beyond it;
 - the long `mm` itself ran at its own pace (395 us a call against 360 alone, 1,205 against
   1,246): the newcomer waits, the team that holds the cores does not;
 - a one-thread call (`t()`) beside it: 10-17 us against 0.8, which is the co-run dispatch's.
@@ -18,7 +18,7 @@ So the stall is a property of the machine's scheduler, bounded by what the other
 left, and heavy-tailed: in three rounds of 450 calls beside a 4 ms `mm`, a median of 56-99
 us, a 90th percentile of 133-274 us, and 0-42 calls of more than a millisecond, which moved
 the mean from 79 to 308 us. The simulator charges a call beside a busy team one region's
-wake (`sim.wake`, `Profile.region_wake_us`: 64.5 us on the profile of those rounds), about
+wake (`sim.wake`, `Profile.region_wake_us`: 64.5 us on run BC's quick profile), about
 the median here. Re-scored on that profile's dev and held-out runs (the waits fitted again),
 a charge of 150 or 300 us read 10.5% / 8.7% and 10.4% / 8.4% on the dev set against 10.8% /
 9.2%, and 8.5-8.6% / 6.9-7.0% held-out against 8.7% / 7.2%; the same 300 us charged even
@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from schedlab.calibrate.timing import back_to_back_median_us
 from schedlab.calibrate.wake import busy_wait_us, side_thread
 from schedlab.exec.threads import set_intra_op_threads
 
@@ -74,16 +75,6 @@ def _small_calls() -> list[Callable[[], Any]]:
     x = torch.randn(4096, 64)
     m = torch.randn(128, 128)
     return [lambda: x.sum(0), lambda: torch.add(x, x), lambda: torch.mm(m, m)]
-
-
-def _alone_us(call: Callable[[], Any]) -> float:
-    call()
-    times = []
-    for _ in range(ALONE_REPS):
-        t0 = time.perf_counter_ns()
-        call()
-        times.append(time.perf_counter_ns() - t0)
-    return statistics.median(times) / 1e3
 
 
 def _beside_us(call: Callable[[], Any], calls: int) -> list[float]:
@@ -126,7 +117,7 @@ def time_team_stall(threads: int, calls: int | None = None, side_us: float | Non
     try:
         a, b = _side_mm(threads, side_us)
         small = _small_calls()
-        alone = [_alone_us(c) for c in small]
+        alone = [back_to_back_median_us(c, ALONE_REPS) for c in small]
 
         def side(ready: threading.Event, stop: threading.Event) -> None:
             set_intra_op_threads(threads)

@@ -83,6 +83,20 @@ CONTENDED_FACTOR = 1.5
 CONTENDED_ABS_US = 20.0
 
 
+def back_to_back_median_us(call: Callable[[], Any], reps: int, warmup: int = 1) -> float:
+    """Median wall time (us) of `reps` calls of `call` back to back, after `warmup` untimed
+    ones: a probe's figure for a call alone (`calibrate.in_turn`, `host_scaling`,
+    `team_stall`), where `time_call` is an op point's, with its budget."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        call()
+        times.append(time.perf_counter_ns() - t0)
+    return statistics.median(times) / 1e3
+
+
 def looks_contended(call_us: float, one_thread_us: float) -> bool:
     """Whether a multi-thread time is too slow to be the op's own (see module docstring)."""
     return call_us > CONTENDED_FACTOR * one_thread_us + CONTENDED_ABS_US
