@@ -195,6 +195,7 @@ def test_calibration_runs_join_as_one_trace_with_their_steps_in_turn() -> None:
     assert joined.meta == {"a": 1, "joined_runs": 2}
 
 
+@pytest.mark.slow
 def test_two_rank_fidelity_in_rounds(capsys, tmp_path: Path, links_profile: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "ranks.json"
     argv = ["fidelity", "mlp", "--size", "tiny", "--devices", "2", "--plans", "dp-b25", "--steps", "2", "--rounds", "2",

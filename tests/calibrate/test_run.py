@@ -74,6 +74,7 @@ def test_a_calibration_at_two_threads_fits_what_waking_helpers_costs(tmp_path: P
     assert again[POOLED].n_points == pooled.n_points
 
 
+@pytest.mark.slow
 def test_a_calibration_with_megabyte_ops_fits_what_a_step_pays_for_data_not_in_the_caches(tmp_path: Path) -> None:
     """The stream coverage model's ops move megabytes: they are timed cold, and their step
     gives the in-step share (calibrate.cold); without cold timing the profile has none."""

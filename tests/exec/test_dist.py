@@ -257,6 +257,7 @@ def test_a_hung_rank_times_out_with_one_clear_error_and_leaves_no_process(tmp_pa
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_ranks_stuck_after_writing_their_results_are_stopped_and_the_run_kept(tmp_path: Path) -> None:
     from schedlab.exec.launch import TEARDOWN_GRACE_S, RankTeardownWarning
 

@@ -111,7 +111,7 @@ def assert_eagers_step(got: dict[str, torch.Tensor], w: Any, step: Any) -> None:
 
 
 @pytest.mark.parametrize(("model", "schedule", "cls"), [
-    ("heldout:gru-tagger", "gpipe", "ScheduleGPipe"),
+    pytest.param("heldout:gru-tagger", "gpipe", "ScheduleGPipe", marks=pytest.mark.slow),
     # nn.LSTM(batch_first=True)'s output, which crosses the cut, is a transposed view (one that
     # is not contiguous when a micro-batch holds more than one sequence: the whole batch here)
     ("heldout:lstm-lm", "gpipe:1", "ScheduleGPipe"),
@@ -127,7 +127,8 @@ def test_torch_pipelines_a_held_out_model_to_eagers_full_batch_step(model: str, 
     assert_eagers_step(got, w, step)
 
 
-@pytest.mark.parametrize(("model", "schedule", "micro_batches"), [("heldout:mixer", "gpipe", 1), ("mlp", "1f1b", 2)])
+@pytest.mark.parametrize(("model", "schedule", "micro_batches"), [
+    pytest.param("heldout:mixer", "gpipe", 1, marks=pytest.mark.slow), ("mlp", "1f1b", 2)])
 def test_torch_pipelines_with_replicas_reach_eagers_full_batch_step(model: str, schedule: str,
                                                                    micro_batches: int) -> None:
     """2 replicas x 2 stages on 4 ranks, each stage's gradients averaged over its 2 ranks

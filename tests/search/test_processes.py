@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 
 def _search(run_dir: Path, profile: Path, *extra: str) -> list[str]:
     return [
@@ -63,6 +65,7 @@ def test_search_killed_with_sigkill_resumes_without_losing_trials(tmp_path: Path
     assert not _trials(db, "RUNNING")  # the trial the kill interrupted was failed on restart
 
 
+@pytest.mark.slow
 def test_two_workers_complete_the_asked_trials_together(tmp_path: Path, profile_path: Path) -> None:
     run_dir, db = tmp_path / "run", tmp_path / "run" / "study.db"
     n = 120

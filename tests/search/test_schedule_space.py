@@ -165,6 +165,7 @@ def test_on_four_devices_pipelines_with_replicas_are_searched_each_on_its_own_gr
         space.plan("1f1b", 1, "equal", replicas=3)
 
 
+@pytest.mark.slow
 def test_search_and_validate_a_schedule_space_on_two_ranks(capsys, tmp_path: Path, profile_path: Path) -> None:  # type: ignore[no-untyped-def]
     d = tmp_path / "sched"
     argv = ["search", "mlp", "--size", "tiny", "--run-dir", str(d), "--profile", str(profile_path), "--no-progress",

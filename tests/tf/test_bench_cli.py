@@ -39,6 +39,7 @@ def test_what_the_tf_bench_cannot_do_is_refused(capsys, argv: tuple[str, ...], s
     assert says in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_adam_runs_on_both_sides(capsys) -> None:  # type: ignore[no-untyped-def]
     """--optimizer reaches TF's worker, not only torch's step: both sides name the optimizer they built."""
     rc = main(["bench", "mlp", "--backend", "tensorflow", "--size", "tiny", "--intra-op", "1", "--inter-op", "1",

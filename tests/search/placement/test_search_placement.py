@@ -131,6 +131,7 @@ def test_placement_search_killed_with_sigkill_resumes_without_losing_trials(tmp_
     assert all("device." in params for _, params in after.values())  # placement parameters, one per group
 
 
+@pytest.mark.slow
 def test_rl_search_killed_with_sigkill_resumes_to_the_uninterrupted_result(tmp_path: Path, profile_path: Path) -> None:
     rl = ("--strategy", "rl", "--rl-iterations", "24", "--rl-samples", "4")
     whole = tmp_path / "whole"
