@@ -11,9 +11,10 @@ the same op in a loop; each call's time is compared with the same op alone. Thre
   intra-op threads as the machine has cores, so twice as many OpenMP threads as cores.
   Processor sharing alone predicts twice the time alone; what is measured beyond that
   (threads descheduled inside a parallel region while their team waits at a barrier)
-  is the oversubscription factor. It is timed again on an ``add`` of 16x the elements: a
-  team descheduled inside its region costs its op a bounded time, so a long kernel pays a
-  smaller share of the factor. The two sizes give the fade, ``factor - 1 = A * T / (T +
+  is the oversubscription factor. The ``add`` writes into an output its thread keeps
+  (`AddInto`), so that the allocator's page faults stay out of it. It is timed again on
+  an ``add`` of 16x the elements: a team descheduled inside its region costs its op a
+  bounded time, so a long kernel pays a smaller share of the factor. The two sizes give the fade, ``factor - 1 = A * T / (T +
   kernel)`` (`oversub_fade`; `CorunFigures.oversub_share`). On the 2-core Intel Xeon VM
   (2026-12-06, a scratch probe: two threads each calling the op at two intra-op threads,
   against the op alone at two) a 1 MiB ``add`` paid 2.24x and a 16 MiB one 1.14x, and the
@@ -247,6 +248,25 @@ def oversub_fade(short: tuple[float, float], long: tuple[float, float]) -> float
     return (d2 - r * d1) / (r - 1.0)
 
 
+class AddInto:
+    """``aten.add.out`` into an output tensor that each calling thread allocates once and
+    keeps: the oversubscription probes' call. A fresh output per call put the allocator's
+    page faults in the factor: on the 2-core Intel Xeon VM (2026-12-07, five fresh
+    processes, three rounds each) the 16 MiB `add` read x1.12-1.33 beyond processor sharing
+    with a fresh output and x0.93-0.99 into a kept one (x1.08 and x1.66 in two quick
+    calibrations an hour apart), and each call alone ran 5-20% slower; the two teams' own
+    cost is what the factor is for. The 1 MiB call read x2.2-3.0 and x1.9-2.8."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        out = getattr(self._local, "out", None)
+        if out is None or out.shape != a.shape:
+            out = self._local.out = torch.empty_like(a)
+        return torch.ops.aten.add.out(a, b, out=out)
+
+
 def _oversub_and_alone(fn: Callable[..., Any], args: tuple[Any, ...], duration_s: float, rounds: int,
                        cores: int) -> tuple[float, float]:
     """(factor beyond processor sharing, time per call alone) of two teams of `cores` threads."""
@@ -274,8 +294,8 @@ def measure_corun(cores: int, duration_s: float = 0.25, rounds: int = 3) -> Coru
     mem = slowdown(aten.add.Tensor, big, duration_s, rounds)
     compute = slowdown(aten.mm.default, mat, duration_s, rounds)
     gil = slowdown(aten.add.Tensor, tiny, duration_s, rounds)
-    oversub_mem, mid_us = _oversub_and_alone(aten.add.Tensor, mid, duration_s, rounds, cores)
-    long_factor, long_us = _oversub_and_alone(aten.add.Tensor, long, duration_s, rounds, cores)
+    oversub_mem, mid_us = _oversub_and_alone(AddInto(), mid, duration_s, rounds, cores)
+    long_factor, long_us = _oversub_and_alone(AddInto(), long, duration_s, rounds, cores)
     return CorunFigures(
         mem_slowdown=mem,
         compute_slowdown=compute,
