@@ -251,11 +251,13 @@ def oversub_fade(short: tuple[float, float], long: tuple[float, float]) -> float
 class AddInto:
     """``aten.add.out`` into an output tensor that each calling thread allocates once and
     keeps: the oversubscription probes' call. A fresh output per call put the allocator's
-    page faults in the factor: on the 2-core Intel Xeon VM (2026-12-07, five fresh
-    processes, three rounds each) the 16 MiB `add` read x1.12-1.33 beyond processor sharing
-    with a fresh output and x0.93-0.99 into a kept one (x1.08 and x1.66 in two quick
-    calibrations an hour apart), and each call alone ran 5-20% slower; the two teams' own
-    cost is what the factor is for. The 1 MiB call read x2.2-3.0 and x1.9-2.8."""
+    page faults in the factor: on the 2-core Intel Xeon VM (2026-12-07) the 16 MiB `add`
+    took 240-300 minor faults a call with a fresh output and none into a kept one; in five
+    fresh processes, three rounds each, it read x1.12-1.33 beyond processor sharing with a
+    fresh output and x0.93-0.99 into a kept one (x1.08 and x1.66 in two quick calibrations
+    an hour apart before; x1.00 in the two after), and each call alone ran 1-27% slower.
+    The two teams' own cost is what the factor is for. The 1 MiB call read x2.2-3.0 and
+    x1.9-2.8."""
 
     def __init__(self) -> None:
         self._local = threading.local()
