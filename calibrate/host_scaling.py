@@ -9,6 +9,13 @@ figures are those of the hour it was calibrated in, so a fidelity figure of two-
 plans measures the host's drift as much as the model. The probe makes that drift a
 recorded figure: calibration keeps it in the Profile's meta, and `schedlab fidelity
 --held-out` takes it before and after each model, beside its errors.
+
+The probe also times a tiny call, a one-element `add` into a kept output called back to
+back: what the interpreter and the dispatcher cost an op, which a small model's step is
+made of and which the `mm` does not see. Between two quick calibrations of 2026-12-07 (the
+2-core Intel Xeon VM) the executor's own per-op floor went from 1.18 to 1.68 us while the
+one-thread `mm` moved 3%; the dev set's small models ran their one-slot plans 1.36-1.75x
+slower in a run of the hour before than in one two hours earlier, their big ones 1.05-1.10x.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from schedlab.exec.threads import set_intra_op_threads
 MM_SHAPE = (512, 1024, 1024)  # compute-bound: about 1 GFLOP
 ADD_ELEMS = 1 << 22  # memory-bound: 48 MB of traffic, far beyond the caches
 REPS = 5
+TINY_CALLS = 200  # tiny calls per timed rep: far above the timer's resolution
 
 
 @dataclass(frozen=True)
@@ -36,19 +44,20 @@ class HostScaling:
     memory_speedup: float
     compute_1t_us: float
     memory_1t_us: float
+    call_us: float = 0.0  # one tiny call (interpreter and dispatcher); 0: a probe from before it was timed
 
     def to_json(self) -> dict[str, Any]:
         return {"threads": self.threads, "compute_speedup": round(self.compute_speedup, 3),
                 "memory_speedup": round(self.memory_speedup, 3), "compute_1t_us": round(self.compute_1t_us, 1),
-                "memory_1t_us": round(self.memory_1t_us, 1)}
+                "memory_1t_us": round(self.memory_1t_us, 1), "call_us": round(self.call_us, 3)}
 
     @staticmethod
     def from_json(d: Any) -> HostScaling | None:
         """The probe as saved; None for anything else (a file from before the probe)."""
         try:
             return HostScaling(int(d["threads"]), float(d["compute_speedup"]), float(d["memory_speedup"]),
-                               float(d["compute_1t_us"]), float(d["memory_1t_us"]))
-        except (KeyError, TypeError, ValueError):
+                               float(d["compute_1t_us"]), float(d["memory_1t_us"]), float(d.get("call_us", 0.0)))
+        except (AttributeError, KeyError, TypeError, ValueError):
             return None
 
 
@@ -72,10 +81,17 @@ def probe_host_scaling(threads: int, reps: int = REPS) -> HostScaling | None:
     def add() -> None:
         torch.add(x, y, out=z)
 
+    one, out1, add_out = torch.ones(1), torch.empty(1), torch.ops.aten.add.out
+
+    def tiny() -> None:
+        for _ in range(TINY_CALLS):
+            add_out(one, one, out=out1)
+
     before = set_intra_op_threads(threads)
     try:
         mm1, add1 = _median_us(mm, 1, reps), _median_us(add, 1, reps)
+        call_us = _median_us(tiny, 1, reps) / TINY_CALLS
         mmk, addk = _median_us(mm, threads, reps), _median_us(add, threads, reps)
     finally:
         set_intra_op_threads(before)
-    return HostScaling(threads, mm1 / mmk, add1 / addk, mm1, add1)
+    return HostScaling(threads, mm1 / mmk, add1 / addk, mm1, add1, call_us)

@@ -657,41 +657,49 @@ def print_one_round(summaries: dict[str, dict[str, Any]], rounds: int | None) ->
 def print_host_scaling(scaling: dict[str, Any] | None) -> None:
     """The host's one-thread over all-threads speedup of a compute-bound and a memory-bound
     probe (`calibrate.host_scaling`) when the Profile was calibrated and around each model;
-    and the compute probe's one-thread time against calibration's, where both were taken:
-    the host's own drift since the Profile (the same quick profile scored 9.8% and 19.7%
-    profile-only on the held-out set ten minutes apart, 2026-11-28, while this ratio's
-    median over the probes went from 1.02x to 1.13x)."""
+    and, where both were taken, the compute probe's one-thread time and one tiny call's
+    against calibration's: the host's own drift since the Profile (the same quick profile
+    scored 9.8% and 19.7% profile-only on the held-out set ten minutes apart, 2026-11-28,
+    while the `mm` ratio's median over the probes went from 1.02x to 1.13x). The tiny call
+    is the interpreter's and dispatcher's share, which a small model's step is made of."""
     from schedlab.calibrate.host_scaling import HostScaling
 
     if not scaling or not any(m.get("before") for m in scaling.get("models", [])):
         return
     cal = HostScaling.from_json(scaling.get("calibration"))
+    calls = cal is not None and cal.call_us > 0
 
     def pair(d: Any) -> str:
         p = HostScaling.from_json(d)
         return "   -  /   - " if p is None else f"{p.compute_speedup:5.2f} / {p.memory_speedup:4.2f}"
 
-    def slower(d: Any) -> float | None:
+    def against(d: Any, field: str) -> float | None:
         p = HostScaling.from_json(d)
-        return None if p is None or cal is None or cal.compute_1t_us <= 0 else p.compute_1t_us / cal.compute_1t_us
+        if p is None or cal is None:
+            return None
+        here, base = float(getattr(p, field)), float(getattr(cal, field))
+        return here / base if here > 0 and base > 0 else None
 
     def ratio(x: float | None) -> str:
         return "  -  " if x is None else f"{x:4.2f}x"
 
+    against_what = ", and its one-thread mm time" + (" and one tiny call" if calls else "") + " against calibration's:"
     print("\nthe host's speedup from one thread to all cores (compute mm / memory add; calibrate/host_scaling.py)"
-          + (", and its one-thread mm time against calibration's:" if cal is not None else ":"))
+          + (against_what if cal is not None else ":"))
     print(f"  {'at calibration':<26}{pair(scaling.get('calibration'))}")
-    ratios: list[float] = []
+    ratios: dict[str, list[float]] = {"compute_1t_us": [], "call_us": []}
     for m in scaling["models"]:
         line = f"  {short(m['workload']):<26}{pair(m.get('before'))}  ->  {pair(m.get('after'))}"
-        if cal is not None:
-            here = [slower(m.get("before")), slower(m.get("after"))]
-            ratios += [x for x in here if x is not None]
+        for field in ("compute_1t_us", "call_us") if calls else ("compute_1t_us",) if cal is not None else ():
+            here = [against(m.get("before"), field), against(m.get("after"), field)]
+            ratios[field] += [x for x in here if x is not None]
             line += f"    {ratio(here[0])} -> {ratio(here[1])}"
         print(line)
-    if ratios:
-        print(f"  one-thread mm against calibration: {min(ratios):.2f}-{max(ratios):.2f}x, median "
-              f"{statistics.median(ratios):.2f}x (above 1: the host ran it slower than when the profile was calibrated)")
+    for field, what in (("compute_1t_us", "one-thread mm"), ("call_us", "one tiny call")):
+        if ratios[field]:
+            r = ratios[field]
+            print(f"  {what} against calibration: {min(r):.2f}-{max(r):.2f}x, median {statistics.median(r):.2f}x "
+                  "(above 1: the host ran it slower than when the profile was calibrated)")
 
 
 def print_plan_shapes(shapes: list[dict[str, Any]]) -> None:

@@ -623,9 +623,21 @@ def test_the_host_probe_table_says_how_much_slower_the_host_ran_than_at_calibrat
     out = capsys.readouterr().out
     assert "mixer" in out and "1.50x -> 2.00x" in out and "0.90x ->   -" in out
     assert "one-thread mm against calibration: 0.90-2.00x, median 1.50x" in out
+    assert "one tiny call" not in out  # probes from before the tiny call was timed
     print_host_scaling({"calibration": None, "models": models})  # a profile from before the probe: speedups only
     out = capsys.readouterr().out
     assert "mixer" in out and "x ->" not in out and "against calibration" not in out
+
+    def timed(mm_us: float, call_us: float) -> dict[str, Any]:
+        return {**probe(mm_us), "call_us": call_us}
+
+    models = [{"workload": "heldout:mixer", "before": timed(1000.0, 1.5), "after": timed(1010.0, 1.8)},
+              {"workload": "heldout:lstm-lm", "before": timed(990.0, 1.2), "after": probe(1000.0)}]  # one from before
+    print_host_scaling({"calibration": timed(1000.0, 1.2), "models": models})
+    out = capsys.readouterr().out
+    assert "1.00x -> 1.01x    1.25x -> 1.50x" in out and "0.99x -> 1.00x    1.00x ->   -" in out
+    assert "one-thread mm against calibration: 0.99-1.01x" in out
+    assert "one tiny call against calibration: 1.00-1.50x, median 1.25x" in out
 
 
 def test_sim_cost_is_the_measured_step_over_the_simulation_median_and_least_over_plans() -> None:
