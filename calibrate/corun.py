@@ -14,8 +14,9 @@ the same op in a loop; each call's time is compared with the same op alone. Thre
   is the oversubscription factor. The ``add`` writes into an output its thread keeps
   (`AddInto`), so that the allocator's page faults stay out of it. It is timed again on
   an ``add`` of 16x the elements: a team descheduled inside its region costs its op a
-  bounded time, so a long kernel pays a smaller share of the factor. The two sizes give the fade, ``factor - 1 = A * T / (T +
-  kernel)`` (`oversub_fade`; `CorunFigures.oversub_share`). On the 2-core Intel Xeon VM
+  bounded time, so a long kernel pays a smaller share of the factor. The two sizes give
+  the fade, ``factor - 1 = A * T / (T + kernel)`` (`oversub_fade`;
+  `CorunFigures.oversub_share`). On the 2-core Intel Xeon VM
   (2026-12-06, a scratch probe: two threads each calling the op at two intra-op threads,
   against the op alone at two) a 1 MiB ``add`` paid 2.24x and a 16 MiB one 1.14x, and the
   big kernels of the held-out models that co-run two branches paid none: a ``Conv1d``

@@ -16,6 +16,9 @@ made of and which the `mm` does not see. Between two quick calibrations of 2026-
 2-core Intel Xeon VM) the executor's own per-op floor went from 1.18 to 1.68 us while the
 one-thread `mm` moved 3%; the dev set's small models ran their one-slot plans 1.36-1.75x
 slower in a run of the hour before than in one two hours earlier, their big ones 1.05-1.10x.
+Neither figure sees every drift: in a run of the hour after, the tiny call read 0.89-1.07x
+and the `mm` 1.01-1.08x their calibration while the held-out models' one-slot steps ran
+1.05-1.22x their time of three hours before.
 """
 
 from __future__ import annotations
