@@ -256,7 +256,7 @@ class AddInto:
     took 240-300 minor faults a call with a fresh output and none into a kept one; in five
     fresh processes, three rounds each, it read x1.12-1.33 beyond processor sharing with a
     fresh output and x0.93-0.99 into a kept one (x1.08 and x1.66 in two quick calibrations
-    an hour apart before; x1.00 in the two after), and each call alone ran 1-27% slower.
+    an hour apart before; x1.00 in each of the three after), and each call alone ran 1-27% slower.
     The two teams' own cost is what the factor is for. The 1 MiB call read x2.2-3.0 and
     x1.9-2.8."""
 

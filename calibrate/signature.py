@@ -61,7 +61,15 @@ def signature(op: Op) -> str:
 
 
 CONV1D_CLASS = "[1d]"  # a class model's name for the convolutions over one spatial dimension
-_CONV_STRIDE_ARG = {"convolution": 3, "convolution_backward": 4}  # where each call's stride list is
+# Where a convolution call's arguments are (aten.convolution, aten.convolution_backward)
+_CONV_ARG = {"stride": {"convolution": 3, "convolution_backward": 4}, "groups": {"convolution": 8, "convolution_backward": 9}}
+
+
+def _conv_arg(op_class: str, args: Any, name: str) -> Any:
+    """Argument `name` of a convolution call of `op_class` on `args`; None for another
+    class or a call without it."""
+    at = _CONV_ARG[name].get(op_class)
+    return None if at is None or len(args) <= at else args[at]
 
 
 def is_conv1d(op_class: str, args: Any) -> bool:
@@ -69,15 +77,11 @@ def is_conv1d(op_class: str, args: Any) -> bool:
     convolution over one spatial dimension (`nn.Conv1d`): its stride list has one element.
     oneDNN runs those at another rate per FLOP than 2-D ones of the same work, so they get
     a model of their own (`fit_class`)."""
-    at = _CONV_STRIDE_ARG.get(op_class)
-    if at is None or len(args) <= at:
-        return False
-    stride = args[at]
+    stride = _conv_arg(op_class, args, "stride")
     return isinstance(stride, (list, tuple)) and len(stride) == 1
 
 
 GROUPED_CLASS = "[grouped]"  # a class model's name for grouped (and depthwise) 2-D and 3-D convolutions
-_CONV_GROUPS_ARG = {"convolution": 8, "convolution_backward": 9}  # where each call's group count is
 
 
 def is_grouped_conv(op_class: str, args: Any) -> bool:
@@ -88,10 +92,7 @@ def is_grouped_conv(op_class: str, args: Any) -> bool:
     the class model fitted over every 2-D convolution put the 13 grouped backward cases at a
     median 0.38x their time (the dense ones 1.05x) and the 16 grouped forward ones at 0.89x,
     so they get a model of their own (`fit_class`)."""
-    at = _CONV_GROUPS_ARG.get(op_class)
-    if at is None or len(args) <= at:
-        return False
-    groups = args[at]
+    groups = _conv_arg(op_class, args, "groups")
     return isinstance(groups, int) and not isinstance(groups, bool) and groups > 1
 
 

@@ -667,7 +667,9 @@ def print_host_scaling(scaling: dict[str, Any] | None) -> None:
     if not scaling or not any(m.get("before") for m in scaling.get("models", [])):
         return
     cal = HostScaling.from_json(scaling.get("calibration"))
-    calls = cal is not None and cal.call_us > 0
+    # the probe figures taken against calibration's: none without its probe, the tiny call
+    # only where calibration timed it
+    against_cal = {} if cal is None else {"compute_1t_us": "one-thread mm", **({"call_us": "one tiny call"} if cal.call_us > 0 else {})}
 
     def pair(d: Any) -> str:
         p = HostScaling.from_json(d)
@@ -675,7 +677,7 @@ def print_host_scaling(scaling: dict[str, Any] | None) -> None:
 
     def against(d: Any, field: str) -> float | None:
         p = HostScaling.from_json(d)
-        if p is None or cal is None:
+        if p is None or cal is None:  # `cal` is set wherever `against_cal` names a field
             return None
         here, base = float(getattr(p, field)), float(getattr(cal, field))
         return here / base if here > 0 and base > 0 else None
@@ -683,19 +685,19 @@ def print_host_scaling(scaling: dict[str, Any] | None) -> None:
     def ratio(x: float | None) -> str:
         return "  -  " if x is None else f"{x:4.2f}x"
 
-    against_what = ", and its one-thread mm time" + (" and one tiny call" if calls else "") + " against calibration's:"
-    print("\nthe host's speedup from one thread to all cores (compute mm / memory add; calibrate/host_scaling.py)"
-          + (against_what if cal is not None else ":"))
+    heading = ":" if not against_cal else (
+        ", and its one-thread mm time" + (" and one tiny call" if "call_us" in against_cal else "") + " against calibration's:")
+    print("\nthe host's speedup from one thread to all cores (compute mm / memory add; calibrate/host_scaling.py)" + heading)
     print(f"  {'at calibration':<26}{pair(scaling.get('calibration'))}")
-    ratios: dict[str, list[float]] = {"compute_1t_us": [], "call_us": []}
+    ratios: dict[str, list[float]] = {field: [] for field in against_cal}
     for m in scaling["models"]:
         line = f"  {short(m['workload']):<26}{pair(m.get('before'))}  ->  {pair(m.get('after'))}"
-        for field in ("compute_1t_us", "call_us") if calls else ("compute_1t_us",) if cal is not None else ():
+        for field in against_cal:
             here = [against(m.get("before"), field), against(m.get("after"), field)]
             ratios[field] += [x for x in here if x is not None]
             line += f"    {ratio(here[0])} -> {ratio(here[1])}"
         print(line)
-    for field, what in (("compute_1t_us", "one-thread mm"), ("call_us", "one tiny call")):
+    for field, what in against_cal.items():
         if ratios[field]:
             r = ratios[field]
             print(f"  {what} against calibration: {min(r):.2f}-{max(r):.2f}x, median {statistics.median(r):.2f}x "
