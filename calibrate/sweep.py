@@ -46,6 +46,8 @@ class SweepConfig:
     big_matmul_flops: float = 0.0
     big_matmuls: int = 4  # per class (mm, addmm) when big_matmul_flops > max_flops
     extra_convs: int = 0  # more cases per convolution class, 2-D and 1-D, on random streams of their own
+    # more `mm` and `addmm` cases, banded from `EXTRA_MATMUL_MIN_FLOPS` to `max_flops`, on a stream of their own
+    extra_matmuls: int = 0
     # convolutions above `max_flops`, up to this cap, on random streams of their own (`_big_conv_specs`)
     big_conv_flops: float = 0.0
     big_convs: int = 3  # per convolution class (2-D and 1-D, forward and backward) when big_conv_flops > max_flops
@@ -377,21 +379,29 @@ def _attention_backward(b: int, h: int, s: int, d: int) -> Call:
 
 
 MIN_MATMUL_FLOPS = 1e3  # the bands of work the sweep spreads matmuls and convolutions over
+EXTRA_MATMUL_MIN_FLOPS = 1e6  # where `extra_matmuls` start: below it a matmul costs a few microseconds
 MIN_CONV_FLOPS = 1e4
 
 
-def _matmul_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
+def _matmul_specs(
+    cfg: SweepConfig, rng: random.Random, count: int | None = None, lo_flops: float = MIN_MATMUL_FLOPS,
+    batched: bool = True,
+) -> list[SweepSpec]:
+    """`count` (default `per_class`) cases each of `mm`, `addmm` and (`batched`) `bmm`, their
+    work banded from `lo_flops` to `max_flops`."""
+    count = cfg.per_class if count is None else count
+
     def dims(batch: int = 1) -> tuple[int, int, int] | None:
         d = _log_int(rng, 4, 2048), _model_dim(rng, 4, 2048), _model_dim(rng, 4, 2048)  # rows: any
         return d if 2.0 * batch * math.prod(d) <= cfg.max_flops else None
 
     def banded(i: int, batch: int = 1) -> tuple[int, int, int]:
         return _draw_in_band(rng, lambda: dims(batch), lambda d: 2.0 * batch * math.prod(d),
-                             MIN_MATMUL_FLOPS, cfg.max_flops, i, cfg.per_class)
+                             lo_flops, cfg.max_flops, i, count)
 
-    specs = [SweepSpec("aten.mm.default", partial(_mm, *banded(i))) for i in range(cfg.per_class)]
-    specs += [SweepSpec("aten.addmm.default", partial(_addmm, *banded(i))) for i in range(cfg.per_class)]
-    for i in range(cfg.per_class):
+    specs = [SweepSpec("aten.mm.default", partial(_mm, *banded(i))) for i in range(count)]
+    specs += [SweepSpec("aten.addmm.default", partial(_addmm, *banded(i))) for i in range(count)]
+    for i in range(count if batched else 0):
         b = _log_int(rng, 2, 64)
         specs.append(SweepSpec("aten.bmm.default", partial(_bmm, b, *banded(i, b))))
     return specs
@@ -751,6 +761,8 @@ def sweep_specs(cfg: SweepConfig) -> list[SweepSpec]:
     if cfg.extra_convs > 0:  # more of both convolution kinds
         specs += _conv_specs(cfg, random.Random(cfg.seed + 5), cfg.extra_convs)
         specs += _conv1d_specs(cfg, random.Random(cfg.seed + 7), cfg.extra_convs)
+    if cfg.extra_matmuls > 0:  # more `mm` and `addmm` where models spend their matmul time
+        specs += _matmul_specs(cfg, random.Random(cfg.seed + 11), cfg.extra_matmuls, EXTRA_MATMUL_MIN_FLOPS, False)
     return specs
 
 

@@ -12,7 +12,7 @@ import torch
 from schedlab.calibrate.aten_call import decode, decode_call, resolve_target
 from schedlab.calibrate.cases import new_signatures, workload_cases
 from schedlab.calibrate.signature import GROUPED_CLASS, signature, signature_of
-from schedlab.calibrate.sweep import SweepConfig, sweep_cases, sweep_specs
+from schedlab.calibrate.sweep import EXTRA_MATMUL_MIN_FLOPS, SweepConfig, sweep_cases, sweep_specs
 from schedlab.capture import capture
 from schedlab.errors import SchedlabError
 from schedlab.workloads import load_workload
@@ -205,6 +205,21 @@ def test_extra_convolutions_come_from_a_stream_of_their_own() -> None:
     for cls in ("convolution", "convolution[1d]"):
         works = sorted(c.flops for c in added if c.op_class.removesuffix(GROUPED_CLASS) == cls)
         assert all(1e4 <= w <= 1e6 for w in works) and works[-1] > 10 * works[0], (cls, works)
+
+
+def test_extra_matmuls_come_from_a_stream_of_their_own_above_a_megaflop() -> None:
+    """`extra_matmuls` adds that many `mm` and `addmm` cases each (no `bmm`), banded from
+    `EXTRA_MATMUL_MIN_FLOPS` to `max_flops`, after every other case, which stays as drawn."""
+    base = SweepConfig(per_class=3, max_flops=1e8, max_elems=1 << 12)
+    more = sweep_specs(replace(base, extra_matmuls=5))
+    plain = sweep_specs(base)
+    assert len(more) == len(plain) + 10
+    assert [(s.target, s.build.args) for s in more[: len(plain)]] == [(s.target, s.build.args) for s in plain]
+    added = list(sweep_cases(more[len(plain):], set()))
+    assert sorted(c.op_class for c in added) == ["addmm"] * 5 + ["mm"] * 5
+    for cls in ("mm", "addmm"):
+        works = sorted(c.flops for c in added if c.op_class == cls)
+        assert all(EXTRA_MATMUL_MIN_FLOPS <= w <= 1e8 for w in works) and works[-1] > 10 * works[0], (cls, works)
 
 
 def test_big_convolutions_span_the_range_above_the_cap_and_leave_every_other_case_as_drawn() -> None:
