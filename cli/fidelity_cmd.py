@@ -431,7 +431,7 @@ def run_builtin(args: argparse.Namespace, models: list[str]) -> int:
     print(TAU_RESOLVED_NOTE)
     print(ROUNDS_NOTE)
     print_plan_shapes(result["plan_shapes"])
-    print_host_scaling(result["host_scaling"])
+    print_host_scaling(result["host_scaling"], result.get("plans"))
     for d in drifts:
         if abs(d["drift"]) > DRIFT_WARN:
             print(f"warning: {d['workload']}: its trace-calibration run ({d['threads']} thread(s), one slot, program "
@@ -654,7 +654,7 @@ def print_one_round(summaries: dict[str, dict[str, Any]], rounds: int | None) ->
         print(ONE_ROUND_HINT)
 
 
-def print_host_scaling(scaling: dict[str, Any] | None) -> None:
+def print_host_scaling(scaling: dict[str, Any] | None, plans: list[dict[str, Any]] | None = None) -> None:
     """The host's one-thread over all-threads speedup of a compute-bound and a memory-bound
     probe (`calibrate.host_scaling`) when the Profile was calibrated and around each model;
     and, where both were taken, the compute probe's one-thread time and one tiny call's
@@ -702,6 +702,18 @@ def print_host_scaling(scaling: dict[str, Any] | None) -> None:
             r = ratios[field]
             print(f"  {what} against calibration: {min(r):.2f}-{max(r):.2f}x, median {statistics.median(r):.2f}x "
                   "(above 1: the host ran it slower than when the profile was calibrated)")
+    print_drift_scaled(scaling, plans or [])
+
+
+def print_drift_scaled(scaling: dict[str, Any], plans: list[dict[str, Any]]) -> None:
+    """The profile-only MAPE with each model's predictions scaled by its `mm` probe against
+    calibration (`calibrate.host_drift`), beside the MAPE as predicted."""
+    from schedlab.calibrate.host_drift import drift_scaled_mape, mm_drift
+
+    mapes = drift_scaled_mape(plans, mm_drift(scaling))
+    if mapes is not None:
+        print(f"  profile-only MAPE {mapes[0] * 100:.1f}% as predicted, {mapes[1] * 100:.1f}% with each model's "
+              "predictions times its one-thread mm against calibration (the host's drift, calibrate/host_drift.py)")
 
 
 def print_plan_shapes(shapes: list[dict[str, Any]]) -> None:
@@ -828,7 +840,7 @@ def print_held_out(result: dict[str, Any], cpu: Any, out: Path) -> None:
     print_sim_cost(result)
     print_op_classes(result.get("op_classes", []), cal)
     print_plan_shapes(result.get("plan_shapes", []))
-    print_host_scaling(result.get("host_scaling"))
+    print_host_scaling(result.get("host_scaling"), result.get("plans"))
     _flag_warning(result["busy_plans"], len(by_key), f"other processes used over {result['busy_frac']:.0%} of the CPU "
                   "(column 'others'); their times are unreliable")
     _flag_warning(result.get("steal_plans") or [], len(by_key), "the hypervisor took over "

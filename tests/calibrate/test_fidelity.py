@@ -638,6 +638,9 @@ def test_the_host_probe_table_says_how_much_slower_the_host_ran_than_at_calibrat
     assert "1.00x -> 1.01x    1.25x -> 1.50x" in out and "0.99x -> 1.00x    1.00x ->   -" in out
     assert "one-thread mm against calibration: 0.99-1.01x" in out
     assert "one tiny call against calibration: 1.00-1.50x, median 1.25x" in out
+    plans = [{"workload": "heldout:mixer", "predicted_s": 0.010, "measured_s": 0.0101, "method": "profile-only"}]
+    print_host_scaling({"calibration": timed(1000.0, 1.2), "models": models}, plans)
+    assert "profile-only MAPE 1.0% as predicted, 0.5% with each model's predictions times" in capsys.readouterr().out
 
 
 def test_sim_cost_is_the_measured_step_over_the_simulation_median_and_least_over_plans() -> None:
