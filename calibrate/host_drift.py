@@ -5,13 +5,13 @@ calibration: what the simulator would score if it knew the host's drift and noth
 model; its one-thread `mm` (about 1 GFLOP, into a kept output) against the same probe at
 calibration is the host's compute speed now against then. Each model's profile-only
 predictions times the median of its two ratios is a prediction that reads the host and no
-measurement of the model. On the 2-core Intel Xeon VM, five quick profiles of 2026-12-07
-(runs BE-BI), each scored at once on both sets, as predicted against scaled: held-out 9.3
-/ 11.2 / 13.2 / 13.7 / 11.4% against 9.3 / 10.1 / 12.8 / 12.4 / 11.2%; dev 11.5 / 18.5 /
-17.5 / 16.8 / 13.5% against 11.5 / 16.8 / 14.9 / 15.1 / 14.8%. The tiny call (`call_us`)
-as the factor read worse on both runs that had it. A figure printed beside the unscaled
-one, not folded into the predictions: it helped in three dev runs of five and hurt in one,
-and the probe misses drift the steps see (`calibrate.host_scaling`).
+measurement of the model. On the 2-core Intel Xeon VM, six quick profiles of 2026-12-07
+(runs BE-BJ), each scored at once on both sets, as predicted against scaled: held-out 9.3
+/ 11.2 / 13.2 / 13.7 / 11.4 / 11.5% against 9.3 / 10.1 / 12.8 / 12.4 / 11.2 / 11.6%; dev
+11.5 / 18.5 / 17.5 / 16.8 / 13.5 / 14.8% against 11.5 / 16.8 / 14.9 / 15.1 / 14.8 / 15.2%.
+The tiny call (`call_us`) as the factor read worse on both runs scored so. A figure printed
+beside the unscaled one, not folded into the predictions: it helped in three dev runs of
+six and hurt in two, and the probe misses drift the steps see (`calibrate.host_scaling`).
 """
 
 from __future__ import annotations
