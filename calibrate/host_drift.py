@@ -20,25 +20,37 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-PROFILE_ONLY = "profile-only"
+from schedlab.calibrate.fidelity import PROFILE_ONLY
+from schedlab.calibrate.host_scaling import HostScaling
+
+
+def probe_ratios(scaling: Mapping[str, Any] | None, field: str) -> dict[str, tuple[float | None, float | None]]:
+    """Per workload of a results file's `host_scaling`: its probes' (before it, after it)
+    `field` (a `HostScaling` figure) over calibration's, None for a probe missing or cut
+    short or a figure not timed; empty where calibration kept no probe."""
+    cal = HostScaling.from_json((scaling or {}).get("calibration"))
+    if cal is None:
+        return {}
+    base = float(getattr(cal, field))
+
+    def over_cal(d: Any) -> float | None:
+        p = HostScaling.from_json(d)
+        here = 0.0 if p is None else float(getattr(p, field))
+        return here / base if here > 0 and base > 0 else None
+
+    return {str(m["workload"]): (over_cal(m.get("before")), over_cal(m.get("after")))
+            for m in (scaling or {}).get("models") or []}
 
 
 def mm_drift(scaling: Mapping[str, Any] | None) -> dict[str, float]:
-    """Per workload of a results file's `host_scaling`: the median over its probes (before and
-    after it) of their one-thread `mm` time over calibration's. Workloads with no probe, and
-    every workload where calibration kept none, are left out."""
-    if not scaling:
-        return {}
-    cal = scaling.get("calibration") or {}
-    base = float(cal.get("compute_1t_us") or 0.0)
-    if base <= 0:
-        return {}
+    """Per workload: the median over its probes (before and after it) of their one-thread
+    `mm` time over calibration's (`probe_ratios`). Workloads with no probe, and every
+    workload where calibration kept none, are left out."""
     drift: dict[str, float] = {}
-    for m in scaling.get("models") or []:
-        here = [float(p["compute_1t_us"]) / base for p in (m.get("before"), m.get("after"))
-                if p and float(p.get("compute_1t_us") or 0.0) > 0]
+    for workload, pair in probe_ratios(scaling, "compute_1t_us").items():
+        here = [x for x in pair if x is not None]
         if here:
-            drift[str(m["workload"])] = statistics.median(here)
+            drift[workload] = statistics.median(here)
     return drift
 
 

@@ -662,6 +662,7 @@ def print_host_scaling(scaling: dict[str, Any] | None, plans: list[dict[str, Any
     scored 9.8% and 19.7% profile-only on the held-out set ten minutes apart, 2026-11-28,
     while the `mm` ratio's median over the probes went from 1.02x to 1.13x). The tiny call
     is the interpreter's and dispatcher's share, which a small model's step is made of."""
+    from schedlab.calibrate.host_drift import probe_ratios
     from schedlab.calibrate.host_scaling import HostScaling
 
     if not scaling or not any(m.get("before") for m in scaling.get("models", [])):
@@ -675,13 +676,6 @@ def print_host_scaling(scaling: dict[str, Any] | None, plans: list[dict[str, Any
         p = HostScaling.from_json(d)
         return "   -  /   - " if p is None else f"{p.compute_speedup:5.2f} / {p.memory_speedup:4.2f}"
 
-    def against(d: Any, field: str) -> float | None:
-        p = HostScaling.from_json(d)
-        if p is None or cal is None:  # `cal` is set wherever `against_cal` names a field
-            return None
-        here, base = float(getattr(p, field)), float(getattr(cal, field))
-        return here / base if here > 0 and base > 0 else None
-
     def ratio(x: float | None) -> str:
         return "  -  " if x is None else f"{x:4.2f}x"
 
@@ -689,11 +683,12 @@ def print_host_scaling(scaling: dict[str, Any] | None, plans: list[dict[str, Any
         ", and its one-thread mm time" + (" and one tiny call" if "call_us" in against_cal else "") + " against calibration's:")
     print("\nthe host's speedup from one thread to all cores (compute mm / memory add; calibrate/host_scaling.py)" + heading)
     print(f"  {'at calibration':<26}{pair(scaling.get('calibration'))}")
+    per_field = {field: probe_ratios(scaling, field) for field in against_cal}
     ratios: dict[str, list[float]] = {field: [] for field in against_cal}
     for m in scaling["models"]:
         line = f"  {short(m['workload']):<26}{pair(m.get('before'))}  ->  {pair(m.get('after'))}"
         for field in against_cal:
-            here = [against(m.get("before"), field), against(m.get("after"), field)]
+            here = per_field[field][str(m["workload"])]
             ratios[field] += [x for x in here if x is not None]
             line += f"    {ratio(here[0])} -> {ratio(here[1])}"
         print(line)

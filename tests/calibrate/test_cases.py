@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from schedlab.calibrate.aten_call import decode, decode_call, resolve_target
-from schedlab.calibrate.cases import new_signatures, workload_cases
+from schedlab.calibrate.cases import Case, new_signatures, workload_cases
 from schedlab.calibrate.signature import GROUPED_CLASS, signature, signature_of
 from schedlab.calibrate.sweep import EXTRA_MATMUL_MIN_FLOPS, SweepConfig, sweep_cases, sweep_specs
 from schedlab.capture import capture
@@ -191,15 +191,20 @@ def test_sweep_times_max_and_average_pooling_over_map_sizes_and_windows() -> Non
             assert c.flops == sum(o.numel() for o in outs)
 
 
+def _added_cases(base: SweepConfig, more: SweepConfig, n_added: int) -> list[Case]:
+    """The cases `more` adds to `base`'s sweep, after every one of `base`'s, which stay as
+    drawn (the same targets and arguments in the same order)."""
+    plain, specs = sweep_specs(base), sweep_specs(more)
+    assert len(specs) == len(plain) + n_added
+    assert [(s.target, s.build.args) for s in specs[: len(plain)]] == [(s.target, s.build.args) for s in plain]
+    return list(sweep_cases(specs[len(plain):], set()))
+
+
 def test_extra_convolutions_come_from_a_stream_of_their_own() -> None:
     """`extra_convs` adds that many cases per convolution class, 2-D and 1-D, banded over the
     same range of work, after every other case, which stays as drawn."""
     base = SweepConfig(per_class=3, max_flops=1e6, max_elems=1 << 12)
-    more = sweep_specs(replace(base, extra_convs=4))
-    plain = sweep_specs(base)
-    assert len(more) == len(plain) + 16
-    assert [(s.target, s.build.args) for s in more[: len(plain)]] == [(s.target, s.build.args) for s in plain]
-    added = list(sweep_cases(more[len(plain):], set()))
+    added = _added_cases(base, replace(base, extra_convs=4), 16)
     assert sorted(c.op_class.removesuffix(GROUPED_CLASS) for c in added) == sorted(
         [k + d for k in ("convolution", "convolution_backward") for d in ("", "[1d]")] * 4)
     for cls in ("convolution", "convolution[1d]"):
@@ -211,11 +216,7 @@ def test_extra_matmuls_come_from_a_stream_of_their_own_above_a_megaflop() -> Non
     """`extra_matmuls` adds that many `mm` and `addmm` cases each (no `bmm`), banded from
     `EXTRA_MATMUL_MIN_FLOPS` to `max_flops`, after every other case, which stays as drawn."""
     base = SweepConfig(per_class=3, max_flops=1e8, max_elems=1 << 12)
-    more = sweep_specs(replace(base, extra_matmuls=5))
-    plain = sweep_specs(base)
-    assert len(more) == len(plain) + 10
-    assert [(s.target, s.build.args) for s in more[: len(plain)]] == [(s.target, s.build.args) for s in plain]
-    added = list(sweep_cases(more[len(plain):], set()))
+    added = _added_cases(base, replace(base, extra_matmuls=5), 10)
     assert sorted(c.op_class for c in added) == ["addmm"] * 5 + ["mm"] * 5
     for cls in ("mm", "addmm"):
         works = sorted(c.flops for c in added if c.op_class == cls)
@@ -227,14 +228,10 @@ def test_big_convolutions_span_the_range_above_the_cap_and_leave_every_other_cas
     both convolution kinds (2-D and 1-D), banded between the two caps, from random streams
     of their own, so the cases drawn without them stay as they were."""
     base = SweepConfig(per_class=3, max_flops=1e6, max_elems=1 << 12)
-    big = replace(base, big_conv_flops=1e8, big_convs=3)
-    plain, more = sweep_specs(base), sweep_specs(big)
-    assert len(more) == len(plain) + 12
-    assert [(s.target, s.build.args) for s in more[: len(plain)]] == [(s.target, s.build.args) for s in plain]
-    added = list(sweep_cases(more[len(plain):], set()))
+    added = _added_cases(base, replace(base, big_conv_flops=1e8, big_convs=3), 12)
     kinds = ["convolution", "convolution[1d]", "convolution_backward", "convolution_backward[1d]"]
     assert sorted(c.op_class.removesuffix(GROUPED_CLASS) for c in added) == [k for k in kinds for _ in range(3)]
     forward = sorted(c.flops for c in added if c.op_class.removesuffix(GROUPED_CLASS) == "convolution")
     assert all(1e6 < w <= 1e8 for w in forward), forward
     assert forward[-1] > 10 * forward[0]  # banded over the range, not bunched
-    assert len(sweep_specs(replace(base, big_conv_flops=1e5))) == len(plain)  # a cap under max_flops adds none
+    assert len(sweep_specs(replace(base, big_conv_flops=1e5))) == len(sweep_specs(base))  # a cap under max_flops adds none
