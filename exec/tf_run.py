@@ -32,7 +32,7 @@ from schedlab.graph import Graph, OutputRole
 from schedlab.plan import Plan
 from schedlab.tf.capture import graph_from_run, node_runs
 from schedlab.tf.model import TFModel
-from schedlab.tf.order import apply_order, order_honoured, order_sequence
+from schedlab.tf.order import apply_order, order_honoured, order_sequence, reversed_pairs
 from schedlab.tf.placement import apply_placement, device_index, honoured, node_devices
 from schedlab.tf.runtime import TFThreads, import_tensorflow, session_config
 from schedlab.tf.step import TFStep, build_step, eager_loss_and_grads, expected_update
@@ -195,8 +195,10 @@ def run_tensorflow(
     finally:
         session.close()
     if sequence is not None:
-        first = [graph.ops[e.op].name for e in sorted(events, key=lambda e: e.start_ns) if e.step == 0]
-        graph = dataclasses.replace(graph, meta={**graph.meta, "order_honoured": order_honoured(sequence, first)})
+        first = {graph.ops[e.op].name: e.start_ns for e in events if e.step == 0}
+        reversed_ = [list(pair) for pair in reversed_pairs(sequence, first)]
+        graph = dataclasses.replace(graph, meta={**graph.meta, "order_honoured": order_honoured(sequence, first),
+                                                 "order_reversed": reversed_})
     meta = base_meta(
         "exec", backend="tensorflow", workload=model.name, size=model.size, graph_hash=graph.hash,
         tensorflow=tf.__version__, threads={"intra_op": threads.intra_op, "inter_op": threads.inter_op,

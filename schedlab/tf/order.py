@@ -14,7 +14,7 @@ keep TF's order; `order_honoured` says how much of the sequence ran as planned.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from typing import Any
 
@@ -71,12 +71,22 @@ def apply_order(tf_graph: Any, sequence: Sequence[str]) -> int:
     return len(chain)
 
 
-def order_honoured(sequence: Sequence[str], ran: Sequence[str]) -> float:
-    """The share of consecutive pairs of the planned `sequence` (nodes that also `ran`) that
-    ran in that order; `ran` is the nodes in the order they started."""
-    at = {name: i for i, name in enumerate(ran)}
+def reversed_pairs(sequence: Sequence[str], ran: Sequence[str] | Mapping[str, int]) -> list[tuple[str, str]]:
+    """The consecutive pairs of the planned `sequence` (nodes that also `ran`) whose second
+    node started first.
+
+    `ran` is the nodes in the order they started, or each node's start time (ns). Two nodes
+    with one start time are not counted: a tie does not contradict the plan."""
+    at: Mapping[str, int] = ran if isinstance(ran, Mapping) else {name: i for i, name in enumerate(ran)}
     planned = [name for name in sequence if name in at]
-    pairs = list(pairwise(planned))
-    if not pairs:
+    return [(a, b) for a, b in pairwise(planned) if at[a] > at[b]]
+
+
+def order_honoured(sequence: Sequence[str], ran: Sequence[str] | Mapping[str, int]) -> float:
+    """The share of consecutive pairs of the planned `sequence` (nodes that also `ran`) that
+    ran in that order (`ran` as for `reversed_pairs`)."""
+    at_all = ran if isinstance(ran, Mapping) else set(ran)
+    n_pairs = max(sum(1 for name in sequence if name in at_all) - 1, 0)
+    if n_pairs == 0:
         return 1.0
-    return sum(1 for a, b in pairs if at[a] < at[b]) / len(pairs)
+    return 1.0 - len(reversed_pairs(sequence, ran)) / n_pairs

@@ -146,16 +146,21 @@ def test_an_order_runs_as_planned_through_control_dependencies() -> None:
     natural = [free.graph.ops[e.op].name for e in sorted(free.trace.events, key=lambda e: e.start_ns)]
     assert order_honoured(sequence, natural) < 0.9  # TF alone would not run it
     ordered = run_tensorflow(tiny_models.mlp(), IN_PROCESS, steps=2, warmup=0, plan=plan)
-    assert ordered.graph.meta["order_honoured"] == 1.0
+    assert ordered.graph.meta["order_honoured"] == 1.0, ordered.graph.meta["order_reversed"]
+    assert ordered.graph.meta["order_reversed"] == []
     assert ordered.check.numerics_ok
 
 
 def test_order_honoured_counts_planned_pairs_that_ran_in_order() -> None:
-    from schedlab.tf.order import order_honoured
+    from schedlab.tf.order import order_honoured, reversed_pairs
 
     assert order_honoured(["a", "b", "c", "d"], ["a", "b", "c", "d"]) == 1.0
     assert order_honoured(["a", "b", "c", "d"], ["b", "a", "c", "d"]) == pytest.approx(2 / 3)
     assert order_honoured(["a", "x", "b"], ["a", "b"]) == 1.0  # a node that did not run is skipped
+    # start times: a tie is no evidence against the plan, a later start is
+    assert order_honoured(["a", "b", "c"], {"a": 5, "b": 5, "c": 9}) == 1.0
+    assert order_honoured(["a", "b", "c"], {"a": 5, "b": 4, "c": 9}) == pytest.approx(1 / 2)
+    assert reversed_pairs(["a", "b", "c"], {"a": 5, "b": 4, "c": 9}) == [("a", "b")]
 
 
 def test_an_order_against_the_graphs_own_edges_never_closes_a_cycle() -> None:
