@@ -22,7 +22,7 @@ import numpy as np
 from scipy.optimize import least_squares, minimize_scalar
 
 from schedlab.calibrate.model import PARAM_NAMES, Array, WorkThreadsModel, predict_array
-from schedlab.calibrate.signature import GROUPED_CLASS, base_class
+from schedlab.calibrate.signature import GROUPED_CLASS, UNBLOCKED_CLASS, base_class
 from schedlab.graph import COMPUTE_CLASSES  # the fallback model is fitted on the other classes
 
 MIN_SIGNATURES_FULL_FIT = 8  # fewer: the fallback's shape, scaled to the class
@@ -40,7 +40,7 @@ MAX_US_PER_MB = 5000.0
 # their held-out cases by 72% and 26% and put held-out depthwise-cnn's one-slot step 80% slow;
 # as a factor of the dense fit (x1.9 for the backward, x1.4 forward), -1.9% where the dense fit
 # read -12.7%.
-SCALED_VARIANTS = (GROUPED_CLASS,)
+SCALED_VARIANTS = (GROUPED_CLASS, UNBLOCKED_CLASS)
 HOLDOUT_FRAC = 0.2
 MIN_SIGNATURES_HOLDOUT = 5  # fewer: no held-out error (null)
 CACHE_MB_RANGE = (0.05, 256.0)  # where the fitted cache cliff may lie

@@ -24,7 +24,7 @@ import functools
 import json
 from typing import Any
 
-from schedlab.graph import Graph, Op, kept_on
+from schedlab.graph import CONV_ARG, Graph, Op, kept_on
 
 STRIDED_MARK = "|strided"
 STRIDED_CLASS = "[strided]"  # a class model's name for the strided cases of a class (`Profile.class_key`)
@@ -62,7 +62,7 @@ def signature(op: Op) -> str:
 
 CONV1D_CLASS = "[1d]"  # a class model's name for the convolutions over one spatial dimension
 # Where a convolution call's arguments are (aten.convolution, aten.convolution_backward)
-_CONV_ARG = {"stride": {"convolution": 3, "convolution_backward": 4}, "groups": {"convolution": 8, "convolution_backward": 9}}
+_CONV_ARG = {"stride": {"convolution": 3, "convolution_backward": 4}, "groups": CONV_ARG["groups"]}
 
 
 def _conv_arg(op_class: str, args: Any, name: str) -> Any:
@@ -96,6 +96,26 @@ def is_grouped_conv(op_class: str, args: Any) -> bool:
     return isinstance(groups, int) and not isinstance(groups, bool) and groups > 1
 
 
+UNBLOCKED_CLASS = "[grouped-unblocked]"  # ... those whose groups fall off oneDNN's channel blocks
+CHANNEL_BLOCK = 8  # channels per group that oneDNN's fast grouped kernels take in multiples of (measured, below)
+
+
+def is_unblocked_groups(group_channels: tuple[int, int]) -> bool:
+    """Whether a grouped convolution of `group_channels` (`Op.group_channels`: input and
+    output channels per group) runs oneDNN's slow path: channels per group, in or out, not a
+    multiple of `CHANNEL_BLOCK`. A depthwise one (one input channel per group) has its own
+    kernel and is not. Measured on the 2-core AMD EPYC VM (AVX-512; 2026-12-07, torch 2.13, two
+    threads, 3x3 over 32x32, batch 8, 4 groups): forward 13-59 GFLOP/s at 2, 3, 4, 6, 10 and
+    12 channels per group against 87-157 at 8, 16 and 32; the backward (input and weight
+    gradients) 9-61 against 77-214, and it paid 990-1,774 us to wake its helpers with spinning
+    throttled (`calibrate.wake`) against 280-374; 8 in and 4, 6 or 10 out (or the reverse)
+    paid 1,814-2,674. So the two kinds of grouped convolution get a model each."""
+    c_in, c_out = group_channels
+    if c_in <= 1:
+        return False
+    return c_in % CHANNEL_BLOCK != 0 or c_out % CHANNEL_BLOCK != 0
+
+
 SHORT_ROW_CLASS = "[short]"  # a class model's name for a softmax over rows shorter than the vector
 
 
@@ -111,29 +131,35 @@ def short_row_floats() -> int:
     return 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
 
 
-def fit_class(op_class: str, strided: bool, args: Any = (), row_len: int = 0) -> str:
+def fit_class(
+    op_class: str, strided: bool, args: Any = (), row_len: int = 0, group_channels: tuple[int, int] = (0, 0),
+) -> str:
     """The class a measurement is fitted under: ``add``; for a call that reads a permuted
     input, ``add[strided]``; for a 1-D convolution, ``convolution[1d]``; for a softmax over
     rows shorter than this host's vector (`Op.row_len`, `short_row_floats`),
-    ``_softmax[short]``."""
+    ``_softmax[short]``; for a grouped 2-D convolution, ``convolution[grouped]``, or
+    ``convolution[grouped-unblocked]`` where its channels per group (`Op.group_channels`)
+    fall off oneDNN's blocks (`is_unblocked_groups`)."""
     if strided:
         return op_class + STRIDED_CLASS
     if 0 < row_len < short_row_floats():
         return op_class + SHORT_ROW_CLASS
     if is_conv1d(op_class, args):
         return op_class + CONV1D_CLASS
-    return op_class + GROUPED_CLASS if is_grouped_conv(op_class, args) else op_class
+    if not is_grouped_conv(op_class, args):
+        return op_class
+    return op_class + (UNBLOCKED_CLASS if is_unblocked_groups(group_channels) else GROUPED_CLASS)
 
 
 def op_fit_class(op: Op) -> str:
     """`fit_class` of `op`."""
-    return fit_class(op.op_class, op.strided, op.args, op.row_len)
+    return fit_class(op.op_class, op.strided, op.args, op.row_len, op.group_channels)
 
 
 def base_class(name: str) -> str:
     """`fit_class`'s op class: ``add[strided]`` -> ``add``, ``convolution[1d]`` -> ``convolution``."""
     return (name.removesuffix(STRIDED_CLASS).removesuffix(CONV1D_CLASS).removesuffix(GROUPED_CLASS)
-            .removesuffix(SHORT_ROW_CLASS))
+            .removesuffix(UNBLOCKED_CLASS).removesuffix(SHORT_ROW_CLASS))
 
 
 def graph_signatures(graph: Graph) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from torch.utils.flop_counter import sdpa_flop_count
 from schedlab.calibrate.aten_call import fast_callable, resolve_target
 from schedlab.calibrate.cases import Case
 from schedlab.calibrate.signature import fit_class, short_row_floats, signature_of
-from schedlab.capture import dtype_name, reads_strided, softmax_row_len, tensor_meta
+from schedlab.capture import conv_group_channels, dtype_name, reads_strided, softmax_row_len, tensor_meta
 from schedlab.flops import op_cost
 from schedlab.graph import op_class_of
 from schedlab.recurrent import LSTM_MODE, fused_layer_args
@@ -471,6 +471,35 @@ def _conv_specs(
     return _convolution_pair(_conv, _conv_backward, banded, count, rng)
 
 
+BLOCKED_GROUPS = (2, 4, 8, 16, 32)
+BLOCKED_GROUP_CHANNELS = (8, 16, 32)  # multiples of `calibrate.signature.CHANNEL_BLOCK`
+
+
+def _blocked_grouped_conv_specs(cfg: SweepConfig, rng: random.Random) -> list[SweepSpec]:
+    """`per_class` grouped 2-D convolutions per class whose channels per group are multiples
+    of oneDNN's block (`calibrate.signature.is_unblocked_groups`), as ResNeXt-like blocks
+    have them: the grouped draws of `_conv_specs` take channels per group at random, and of
+    the 11 grouped backward cases a quick calibration drew (2026-12-07) one had blocked groups
+    and three were depthwise, so the class that such models' convolutions take was fitted on
+    the slow path's cases (`is_unblocked_groups`): its wake fit charged held-out
+    grouped-resnet's convolution backward 1.3-7.8 ms, where the call paid 210-290 us timed
+    the same way. Work banded as `_conv_specs`."""
+    lo, hi = MIN_CONV_FLOPS, cfg.max_flops
+    Dims = tuple[int, int, int, int, int, int, int]
+
+    def draw() -> Dims | None:
+        groups, per_group = rng.choice(BLOCKED_GROUPS), rng.choice(BLOCKED_GROUP_CHANNELS)
+        c = groups * per_group
+        n, hw, k, s = _log_int(rng, 1, 32), _log_int(rng, 4, 64), rng.choice((3, 3, 5)), rng.choice((1, 1, 2))
+        d = (n, c, c, hw, k, s, groups)
+        return d if c <= 512 and 0 < _conv_flops(d) <= hi else None
+
+    def banded(i: int) -> Dims:
+        return _draw_in_band(rng, draw, _conv_flops, lo, hi, i, cfg.per_class)
+
+    return _convolution_pair(_conv, _conv_backward, banded, cfg.per_class, rng)
+
+
 CONV_BACKWARD_MASKS = ((True, True, False), (False, True, False), (True, True, True))  # input, weight, bias grads
 
 
@@ -755,6 +784,7 @@ def sweep_specs(cfg: SweepConfig) -> list[SweepSpec]:
     specs += _strided_specs(cfg, random.Random(cfg.seed + 2)) + _pooling_specs(cfg, random.Random(cfg.seed + 4))
     specs += _conv1d_specs(cfg, random.Random(cfg.seed + 6)) + _attention_specs(cfg, random.Random(cfg.seed + 8))
     specs += _short_row_specs(cfg, random.Random(cfg.seed + 9)) + _instance_norm_specs(cfg, random.Random(cfg.seed + 10))
+    specs += _blocked_grouped_conv_specs(cfg, random.Random(cfg.seed + 13))
     specs += _big_matmul_specs(cfg, random.Random(cfg.seed + 3))
     if cfg.big_conv_flops > cfg.max_flops and cfg.big_convs > 0:  # past the cap (`_big_conv_specs`)
         specs += _big_conv_specs(cfg)
@@ -809,8 +839,8 @@ def sweep_cases(specs: list[SweepSpec], seen: set[str]) -> Iterator[Case]:
         if sig in seen:
             continue
         seen.add(sig)
-        yield Case(sig, fit_class(op_class, strided, args, row_len), spec.target, flops, nbytes, fn, args, kwargs,
-                   SWEEP_SOURCE)
+        fit_key = fit_class(op_class, strided, args, row_len, conv_group_channels(op_class, args))
+        yield Case(sig, fit_key, spec.target, flops, nbytes, fn, args, kwargs, SWEEP_SOURCE)
 
 
 def _flatten(a: Any) -> Iterator[Any]:

@@ -34,6 +34,7 @@ from schedlab.errors import SchedlabError
 from schedlab.flops import op_cost
 from schedlab.graph import (
     COMPUTE_CLASSES,
+    CONV_ARG,
     Graph,
     GraphInput,
     GraphOutput,
@@ -211,6 +212,7 @@ class _Importer:
             is_view=is_view,
             strided=not is_view and reads_strided(op_class_of(str(target)), _traced_tensors(node.args)),
             row_len=softmax_row_len(op_class_of(str(target)), [_traced(a) for a in node.args]),
+            group_channels=conv_group_channels(op_class_of(str(target)), [_traced(a) for a in node.args]),
         )
         self.ops.append(op)
         return tuple(out_ids) if multi else out_ids[0]
@@ -243,6 +245,22 @@ def softmax_row_len(op_class: str, args: Sequence[Any]) -> int:
         return 0
     dim %= len(shape)
     return int(shape[dim]) if all(int(n) == 1 for n in shape[dim + 1:]) else 0
+
+
+def conv_group_channels(op_class: str, args: Sequence[Any]) -> tuple[int, int]:
+    """`Op.group_channels` of a call of `op_class` on `args` (as called: tensors, or traced
+    values): for a convolution or its backward of more than one group, its (input, output)
+    channels per group, read off its weight ([out, in / groups, *kernel]); otherwise (0, 0).
+    Capture asks it of every traced op, the sweep of every synthetic case."""
+    at_w, at_g = CONV_ARG["weight"].get(op_class), CONV_ARG["groups"].get(op_class)
+    if at_w is None or at_g is None or len(args) <= at_g:
+        return (0, 0)
+    weight, groups = args[at_w], args[at_g]
+    if not isinstance(weight, torch.Tensor) or weight.dim() < 3 or isinstance(groups, bool) or not isinstance(groups, int):
+        return (0, 0)
+    if groups <= 1:
+        return (0, 0)
+    return int(weight.shape[1]), int(weight.shape[0]) // groups
 
 
 def _traced(a: Any) -> Any:

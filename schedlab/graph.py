@@ -92,6 +92,18 @@ def op_class_of(target: str) -> str:
     return target
 
 
+# Where a convolution call (aten.convolution, aten.convolution_backward) has its weight and
+# its group count, in aten's argument order
+CONV_ARG = {"weight": {"convolution": 1, "convolution_backward": 2}, "groups": {"convolution": 8, "convolution_backward": 9}}
+
+
+def _channel_pair(d: Any) -> tuple[int, int]:
+    """`Op.group_channels` from its JSON: two counts of channels, each 0 or more."""
+    if not isinstance(d, (list, tuple)) or len(d) != 2 or not all(isinstance(n, int) and n >= 0 for n in d):
+        raise ValueError(f"group_channels must be two channel counts (0 or more), not {d!r}")
+    return int(d[0]), int(d[1])
+
+
 @dataclass(frozen=True)
 class TensorMeta:
     """Shape, dtype and size of one tensor value."""
@@ -155,6 +167,11 @@ class Op:
     # kernel is about ten times slower per element on a row shorter than the vector
     # (`calibrate.signature.fit_class`).
     row_len: int = 0
+    # A grouped convolution (or its backward): its (input, output) channels per group, from
+    # its weight (`schedlab.capture.conv_group_channels`); (0, 0) for every other op. oneDNN
+    # runs groups of channels that are not multiples of its vector block on a slower path
+    # (`calibrate.signature.fit_class`).
+    group_channels: tuple[int, int] = (0, 0)
 
     @property
     def op_class(self) -> str:
@@ -177,6 +194,7 @@ class Op:
             "is_view": self.is_view,
             **({"strided": True} if self.strided else {}),
             **({"row_len": self.row_len} if self.row_len else {}),
+            **({"group_channels": list(self.group_channels)} if any(self.group_channels) else {}),
         }
 
     @staticmethod
@@ -196,6 +214,7 @@ class Op:
             is_view=bool(d.get("is_view", False)),
             strided=bool(d.get("strided", False)),
             row_len=int(d.get("row_len", 0)),
+            group_channels=_channel_pair(d.get("group_channels", (0, 0))),
         )
 
 

@@ -72,7 +72,7 @@ class ColumnCostModel(Protocol):
 def content_keys(graph: Graph) -> tuple[Hashable, ...]:
     """Per op of `graph`: its target, kind, FLOPs, bytes, view-ness, numbers of inputs and
     outputs, its arguments with every tensor written as one tag (as `calibrate.signature`
-    writes them "T"), whether it reads a strided input and a softmax's row length. Computed once per graph object and kept on it."""
+    writes them "T"), whether it reads a strided input, a softmax's row length and a grouped convolution's channels per group. Computed once per graph object and kept on it."""
     return kept_on(graph, "_sim_content_keys", _content_keys)
 
 
@@ -80,7 +80,7 @@ def _content_keys(graph: Graph) -> tuple[Hashable, ...]:
     return tuple(
         (op.target, op.kind.value, repr(float(op.flops)), int(op.bytes_moved), op.is_view, len(op.inputs),
          len(op.outputs), _frozen(op.args), _frozen(op.kwargs) if op.kwargs else None, op.strided,
-         op.row_len)
+         op.row_len, op.group_channels)
         for op in graph.ops
     )  # fmt: skip
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import replace
 from typing import Any
 
@@ -11,14 +12,18 @@ import torch
 
 from schedlab.calibrate.aten_call import decode, decode_call, resolve_target
 from schedlab.calibrate.cases import Case, new_signatures, workload_cases
-from schedlab.calibrate.signature import GROUPED_CLASS, signature, signature_of
-from schedlab.calibrate.sweep import EXTRA_MATMUL_MIN_FLOPS, SweepConfig, sweep_cases, sweep_specs
+from schedlab.calibrate.signature import GROUPED_CLASS, UNBLOCKED_CLASS, is_unblocked_groups, signature, signature_of
+from schedlab.calibrate.sweep import EXTRA_MATMUL_MIN_FLOPS, SweepConfig, _conv_specs, sweep_cases, sweep_specs
 from schedlab.capture import capture
 from schedlab.errors import SchedlabError
 from schedlab.workloads import load_workload
 from schedlab.workloads.loader import Workload
 from tests.calibrate.factories import make_op
 
+
+def _ungrouped(op_class: str) -> str:
+    """A convolution class with its grouped variants taken as the dense class."""
+    return op_class.removesuffix(GROUPED_CLASS).removesuffix(UNBLOCKED_CLASS)
 
 def test_signature_names_work_and_non_tensor_args() -> None:
     op = make_op(target="aten.sum.dim_IntList", flops=10.0, nbytes=360, args=({"v": 3}, [0], True))
@@ -91,16 +96,17 @@ def test_sweep_spreads_each_class_over_its_whole_range_of_work() -> None:
     attention = "_scaled_dot_product_flash_attention_for_cpu"
     by_class: dict[str, list[float]] = {}
     for c in sweep_cases(sweep_specs(cfg), set()):
-        cls = c.op_class.removesuffix(GROUPED_CLASS)  # a grouped convolution is banded with the dense ones
+        cls = _ungrouped(c.op_class)  # a grouped convolution is banded with the dense ones
         compute = cls in ("mm", "convolution", attention, f"{attention}_backward")
         by_class.setdefault(cls, []).append(c.flops if compute else c.nbytes)
     for cls, lo, hi in (("mm", 1e3, 3e8), ("convolution", 1e4, 3e8), ("relu", 4 * 16 * 2, 4 * (1 << 20) * 2),
                         (attention, 1e4, 3e8)):
         works = by_class[cls]
-        assert len(works) == 6
+        streams = 2 if cls == "convolution" else 1  # and the blocked grouped ones, banded on their own
+        assert len(works) == 6 * streams
         step = (math.log(hi) - math.log(lo)) / 6
         bands = sorted(min(5, int((math.log(w) - math.log(lo)) // step)) for w in works)
-        assert bands == [0, 1, 2, 3, 4, 5], (cls, works)  # one case in every band
+        assert bands == sorted([0, 1, 2, 3, 4, 5] * streams), (cls, works)  # one case in every band
     for cls in ("_native_batch_norm_legit_functional", "native_batch_norm_backward", "native_group_norm",
                 "native_group_norm_backward", f"{attention}_backward", "_native_batch_norm_legit"):
         sizes = sorted(by_class[cls])
@@ -127,11 +133,14 @@ def test_sweep_times_instance_norm_as_a_captured_instance_norm_calls_it() -> Non
 def test_sweep_times_grouped_and_depthwise_convolutions_at_their_own_cost() -> None:
     """About one convolution draw in four is grouped: a few groups or one per channel
     (depthwise), its weight [O, C/g, k, k]; the FLOP count is the grouped one."""
-    specs = [s for s in sweep_specs(SweepConfig(per_class=40, max_flops=2e8)) if "convolution" in s.target]
-    convs = [c for c in sweep_cases(specs, set()) if c.op_class.removesuffix(GROUPED_CLASS) == "convolution"]
+    specs = _conv_specs(SweepConfig(per_class=40, max_flops=2e8), random.Random(0))  # not the blocked stream
+    convs = [c for c in sweep_cases(specs, set()) if _ungrouped(c.op_class) == "convolution"]
     grouped = [c for c in convs if c.args[-1] > 1]
     assert 0.1 * len(convs) <= len(grouped) <= 0.5 * len(convs)
-    assert all((c.op_class == "convolution[grouped]") == (c in grouped) for c in convs)  # fitted as their own class
+    for c in convs:  # fitted as their own class, by whether their groups are on oneDNN's blocks
+        channels = (c.args[1].shape[1], c.args[1].shape[0] // c.args[-1])
+        own = "convolution[grouped-unblocked]" if is_unblocked_groups(channels) else "convolution[grouped]"
+        assert c.op_class == (own if c in grouped else "convolution")
     assert any(c.args[-1] == c.args[0].shape[1] for c in grouped)  # depthwise
     assert any(1 < c.args[-1] < c.args[0].shape[1] for c in grouped)  # a few groups
     for c in grouped:
@@ -140,7 +149,8 @@ def test_sweep_times_grouped_and_depthwise_convolutions_at_their_own_cost() -> N
         assert w.shape[1] * groups == ch
         out = torch.ops.aten.convolution.default(*c.args)
         assert c.flops == 2 * n * out.shape[1] * out.shape[2] * out.shape[3] * w.shape[1] * w.shape[2] * w.shape[3]
-    backward = [c for c in sweep_cases(specs, set()) if c.op_class == "convolution_backward[grouped]"]
+    backward = [c for c in sweep_cases(specs, set()) if _ungrouped(c.op_class) != c.op_class
+                and c.op_class.startswith("convolution_backward")]
     assert any(c.args[9] > 1 for c in backward)
 
 
@@ -205,10 +215,10 @@ def test_extra_convolutions_come_from_a_stream_of_their_own() -> None:
     same range of work, after every other case, which stays as drawn."""
     base = SweepConfig(per_class=3, max_flops=1e6, max_elems=1 << 12)
     added = _added_cases(base, replace(base, extra_convs=4), 16)
-    assert sorted(c.op_class.removesuffix(GROUPED_CLASS) for c in added) == sorted(
+    assert sorted(_ungrouped(c.op_class) for c in added) == sorted(
         [k + d for k in ("convolution", "convolution_backward") for d in ("", "[1d]")] * 4)
     for cls in ("convolution", "convolution[1d]"):
-        works = sorted(c.flops for c in added if c.op_class.removesuffix(GROUPED_CLASS) == cls)
+        works = sorted(c.flops for c in added if _ungrouped(c.op_class) == cls)
         assert all(1e4 <= w <= 1e6 for w in works) and works[-1] > 10 * works[0], (cls, works)
 
 
@@ -230,8 +240,8 @@ def test_big_convolutions_span_the_range_above_the_cap_and_leave_every_other_cas
     base = SweepConfig(per_class=3, max_flops=1e6, max_elems=1 << 12)
     added = _added_cases(base, replace(base, big_conv_flops=1e8, big_convs=3), 12)
     kinds = ["convolution", "convolution[1d]", "convolution_backward", "convolution_backward[1d]"]
-    assert sorted(c.op_class.removesuffix(GROUPED_CLASS) for c in added) == [k for k in kinds for _ in range(3)]
-    forward = sorted(c.flops for c in added if c.op_class.removesuffix(GROUPED_CLASS) == "convolution")
+    assert sorted(_ungrouped(c.op_class) for c in added) == [k for k in kinds for _ in range(3)]
+    forward = sorted(c.flops for c in added if _ungrouped(c.op_class) == "convolution")
     assert all(1e6 < w <= 1e8 for w in forward), forward
     assert forward[-1] > 10 * forward[0]  # banded over the range, not bunched
     assert len(sweep_specs(replace(base, big_conv_flops=1e5))) == len(sweep_specs(base))  # a cap under max_flops adds none
