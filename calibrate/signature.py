@@ -24,7 +24,7 @@ import functools
 import json
 from typing import Any
 
-from schedlab.graph import CONV_ARG, Graph, Op, kept_on
+from schedlab.graph import Graph, Op, conv_arg, conv_groups, kept_on
 
 STRIDED_MARK = "|strided"
 STRIDED_CLASS = "[strided]"  # a class model's name for the strided cases of a class (`Profile.class_key`)
@@ -61,15 +61,6 @@ def signature(op: Op) -> str:
 
 
 CONV1D_CLASS = "[1d]"  # a class model's name for the convolutions over one spatial dimension
-# Where a convolution call's arguments are (aten.convolution, aten.convolution_backward)
-_CONV_ARG = {"stride": {"convolution": 3, "convolution_backward": 4}, "groups": CONV_ARG["groups"]}
-
-
-def _conv_arg(op_class: str, args: Any, name: str) -> Any:
-    """Argument `name` of a convolution call of `op_class` on `args`; None for another
-    class or a call without it."""
-    at = _CONV_ARG[name].get(op_class)
-    return None if at is None or len(args) <= at else args[at]
 
 
 def is_conv1d(op_class: str, args: Any) -> bool:
@@ -77,7 +68,7 @@ def is_conv1d(op_class: str, args: Any) -> bool:
     convolution over one spatial dimension (`nn.Conv1d`): its stride list has one element.
     oneDNN runs those at another rate per FLOP than 2-D ones of the same work, so they get
     a model of their own (`fit_class`)."""
-    stride = _conv_arg(op_class, args, "stride")
+    stride = conv_arg(op_class, args, "stride")
     return isinstance(stride, (list, tuple)) and len(stride) == 1
 
 
@@ -92,8 +83,7 @@ def is_grouped_conv(op_class: str, args: Any) -> bool:
     the class model fitted over every 2-D convolution put the 13 grouped backward cases at a
     median 0.38x their time (the dense ones 1.05x) and the 16 grouped forward ones at 0.89x,
     so they get a model of their own (`fit_class`)."""
-    groups = _conv_arg(op_class, args, "groups")
-    return isinstance(groups, int) and not isinstance(groups, bool) and groups > 1
+    return conv_groups(op_class, args) > 1
 
 
 UNBLOCKED_CLASS = "[grouped-unblocked]"  # ... those whose groups fall off oneDNN's channel blocks

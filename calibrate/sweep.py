@@ -482,7 +482,7 @@ def _blocked_grouped_conv_specs(cfg: SweepConfig, rng: random.Random) -> list[Sw
     the 11 grouped backward cases a quick calibration drew (2026-12-07) one had blocked groups
     and three were depthwise, so the class that such models' convolutions take was fitted on
     the slow path's cases (`is_unblocked_groups`): its wake fit charged held-out
-    grouped-resnet's convolution backward 1.3-7.8 ms, where the call paid 210-290 us timed
+    grouped-resnet's convolution backward 1.3-7.8 ms, where the call paid 208-284 us timed
     the same way. Work banded as `_conv_specs`."""
     lo, hi = MIN_CONV_FLOPS, cfg.max_flops
     Dims = tuple[int, int, int, int, int, int, int]

@@ -34,7 +34,6 @@ from schedlab.errors import SchedlabError
 from schedlab.flops import op_cost
 from schedlab.graph import (
     COMPUTE_CLASSES,
-    CONV_ARG,
     Graph,
     GraphInput,
     GraphOutput,
@@ -43,6 +42,8 @@ from schedlab.graph import (
     OpKind,
     OutputRole,
     TensorMeta,
+    conv_arg,
+    conv_groups,
     op_class_of,
     storage_root,
 )
@@ -252,13 +253,8 @@ def conv_group_channels(op_class: str, args: Sequence[Any]) -> tuple[int, int]:
     values): for a convolution or its backward of more than one group, its (input, output)
     channels per group, read off its weight ([out, in / groups, *kernel]); otherwise (0, 0).
     Capture asks it of every traced op, the sweep of every synthetic case."""
-    at_w, at_g = CONV_ARG["weight"].get(op_class), CONV_ARG["groups"].get(op_class)
-    if at_w is None or at_g is None or len(args) <= at_g:
-        return (0, 0)
-    weight, groups = args[at_w], args[at_g]
-    if not isinstance(weight, torch.Tensor) or weight.dim() < 3 or isinstance(groups, bool) or not isinstance(groups, int):
-        return (0, 0)
-    if groups <= 1:
+    groups, weight = conv_groups(op_class, args), conv_arg(op_class, args, "weight")
+    if groups <= 1 or not isinstance(weight, torch.Tensor) or weight.dim() < 3:
         return (0, 0)
     return int(weight.shape[1]), int(weight.shape[0]) // groups
 

@@ -92,9 +92,28 @@ def op_class_of(target: str) -> str:
     return target
 
 
-# Where a convolution call (aten.convolution, aten.convolution_backward) has its weight and
-# its group count, in aten's argument order
-CONV_ARG = {"weight": {"convolution": 1, "convolution_backward": 2}, "groups": {"convolution": 8, "convolution_backward": 9}}
+# Where a convolution call (aten.convolution, aten.convolution_backward) has its weight, its
+# stride list and its group count, in aten's argument order
+CONV_ARG = {
+    "weight": {"convolution": 1, "convolution_backward": 2},
+    "stride": {"convolution": 3, "convolution_backward": 4},
+    "groups": {"convolution": 8, "convolution_backward": 9},
+}
+
+
+def conv_arg(op_class: str, args: Any, name: str) -> Any:
+    """Argument `name` (a key of `CONV_ARG`) of a convolution call of `op_class` on `args`;
+    None for another class or a call without it."""
+    at = CONV_ARG[name].get(op_class)
+    return None if at is None or len(args) <= at else args[at]
+
+
+def conv_groups(op_class: str, args: Any) -> int:
+    """The group count of a convolution call of `op_class` on `args` (as called, or in the
+    Graph's encoding); 1 for another class, a call without it, or an argument that is no
+    count (a flag)."""
+    groups = conv_arg(op_class, args, "groups")
+    return groups if isinstance(groups, int) and not isinstance(groups, bool) and groups > 1 else 1
 
 
 def _channel_pair(d: Any) -> tuple[int, int]:

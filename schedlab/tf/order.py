@@ -77,16 +77,18 @@ def reversed_pairs(sequence: Sequence[str], ran: Sequence[str] | Mapping[str, in
 
     `ran` is the nodes in the order they started, or each node's start time (ns). Two nodes
     with one start time are not counted: a tie does not contradict the plan."""
-    at: Mapping[str, int] = ran if isinstance(ran, Mapping) else {name: i for i, name in enumerate(ran)}
-    planned = [name for name in sequence if name in at]
+    at, planned = _planned(sequence, ran)
     return [(a, b) for a, b in pairwise(planned) if at[a] > at[b]]
 
 
 def order_honoured(sequence: Sequence[str], ran: Sequence[str] | Mapping[str, int]) -> float:
     """The share of consecutive pairs of the planned `sequence` (nodes that also `ran`) that
     ran in that order (`ran` as for `reversed_pairs`)."""
-    at_all = ran if isinstance(ran, Mapping) else set(ran)
-    n_pairs = max(sum(1 for name in sequence if name in at_all) - 1, 0)
-    if n_pairs == 0:
-        return 1.0
-    return 1.0 - len(reversed_pairs(sequence, ran)) / n_pairs
+    n_pairs = len(_planned(sequence, ran)[1]) - 1
+    return 1.0 if n_pairs <= 0 else 1.0 - len(reversed_pairs(sequence, ran)) / n_pairs
+
+
+def _planned(sequence: Sequence[str], ran: Sequence[str] | Mapping[str, int]) -> tuple[Mapping[str, int], list[str]]:
+    """Each node of `ran`'s start (its place, or its time), and the nodes of `sequence` that ran."""
+    at: Mapping[str, int] = ran if isinstance(ran, Mapping) else {name: i for i, name in enumerate(ran)}
+    return at, [name for name in sequence if name in at]
