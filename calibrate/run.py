@@ -38,7 +38,7 @@ from schedlab.calibrate.cold import (
     time_cold,
 )
 from schedlab.calibrate.context import ContextCosts, Occurrence, bounded_warm, first_uses, fit_context
-from schedlab.calibrate.corun import measure_corun
+from schedlab.calibrate.corun import measure_corun_quiet
 from schedlab.calibrate.corun_fit import CorunRun, fit_corun_latency, measure_corun_runs, runs_from_report
 from schedlab.calibrate.coverage import COLD_PROBE, COVERAGE_MODELS, SHAPES, Shape
 from schedlab.calibrate.coverage import build as build_coverage
@@ -407,7 +407,7 @@ def run_calibration(
         # process, the oversubscription slowdown measured ~1.0 instead of the ~2x a fresh
         # process measures (and the executor sees).
         with bars.bar(1, "co-run", "step") as bar:
-            corun = measure_corun(cores, cfg.corun_s, cfg.corun_rounds)
+            corun, corun_foreign = measure_corun_quiet(cores, cfg.corun_s, cfg.corun_rounds)
             bar.update()
         wake_levels: list[WakeLevel] = []
         if cfg.thread_wake and cores > 1:  # how long a blocked co-run worker takes to run again (recorded)
@@ -471,6 +471,8 @@ def run_calibration(
         "points_under_floor": sum(p.call_us < floor for p in points),  # fitted as at it (fit.at_floor)
         "failures": acc.failures,
         "contended_points": acc.contended,
+        # other processes' CPU share during each reading of the co-run figures (`measure_corun_quiet`)
+        "corun_foreign_readings": [_round(f) for f in corun_foreign],
         "n_wake_points": len(acc.wake),
         # each case's wake as timed (class, flops, bytes, threads, extra us): a fit can be tried again offline
         "wake_points": [[p.op_class, p.flops, p.nbytes, p.threads, round(p.extra_us, 2)] for p in acc.wake],

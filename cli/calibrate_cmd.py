@@ -144,10 +144,30 @@ def summary(profile: Any, path: Path, wall_s: float) -> dict[str, Any]:
         "steal_frac": profile.meta.get("steal_frac"),
         "failures": len(profile.meta.get("failures", [])),
         "contended_points": profile.meta.get("contended_points", 0),
+        "corun_foreign_readings": profile.meta.get("corun_foreign_readings", []),
         "points": profile.meta.get("n_points", 0),
         "points_under_floor": profile.meta.get("points_under_floor", 0),
         "wall_s": round(wall_s, 1),
     }
+
+
+def _corun_readings_note(readings: list[float | None]) -> None:
+    """A note where the co-run figures were read more than once because other processes
+    used the CPU meanwhile (`calibrate.corun.measure_corun_quiet`), and a warning where
+    the last reading was still not quiet."""
+    from schedlab.calibrate.corun import QUIET_CPU_FRAC
+
+    if len(readings) < 2:
+        return
+    shares = ", ".join("?" if f is None else f"{100 * f:.1f}%" for f in readings)
+    kept = min((f for f in readings if f is not None), default=None)
+    quiet = kept is not None and kept <= QUIET_CPU_FRAC
+    print(
+        f"{'note' if quiet else 'warning'}: the co-run figures were read {len(readings)} times, other processes using "
+        f"{shares} of the CPU; the quietest reading is kept"
+        + ("" if quiet else " (still above the quiet threshold: calibrate again on an idle machine for two-slot plans)"),
+        file=sys.stderr,
+    )
 
 
 UNDER_FLOOR_NOTE_SHARE = 0.1  # above this share of points under the call floor, say so
@@ -506,6 +526,7 @@ def run(args: argparse.Namespace) -> int:
             "and were left out (their thread scaling comes from the class model)",
             file=sys.stderr,
         )
+    _corun_readings_note(s["corun_foreign_readings"])
     _under_floor_note(s)
     if s["failures"]:
         print(f"warning: {s['failures']} op(s) could not be benchmarked; see meta.failures in the profile", file=sys.stderr)

@@ -144,6 +144,7 @@ def test_calibrate_command_prints_a_json_summary(
     assert summary["wall_s"] >= 0
     assert summary["cold"] is None  # not asked for
     assert 0 <= summary["points_under_floor"] <= summary["points"] == Profile.load(out).meta["n_points"] > 0
+    assert 1 <= len(summary["corun_foreign_readings"]) <= 3  # the co-run figures, read until quiet
 
 
 def test_a_calibration_with_many_timings_under_the_call_floor_says_so(capsys: pytest.CaptureFixture[str]) -> None:
@@ -153,6 +154,17 @@ def test_a_calibration_with_many_timings_under_the_call_floor_says_so(capsys: py
     assert "536 of 2242 op timings ran under the call floor" in err and "read 1.90 us above" in err
     calibrate_cmd._under_floor_note({"points_under_floor": 50, "points": 2240, "dispatch_us": dispatch})
     assert capsys.readouterr().err == ""
+
+
+def test_a_calibration_that_read_the_corun_figures_again_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    calibrate_cmd._corun_readings_note([0.0])
+    assert capsys.readouterr().err == ""
+    calibrate_cmd._corun_readings_note([0.092, 0.004])
+    err = capsys.readouterr().err
+    assert err.startswith("note: the co-run figures were read 2 times") and "9.2%, 0.4%" in err
+    calibrate_cmd._corun_readings_note([0.2, None, 0.11])
+    err = capsys.readouterr().err
+    assert err.startswith("warning:") and "20.0%, ?, 11.0%" in err and "calibrate again" in err
 
 
 def test_calibrate_measures_cold_costs_unless_told_not_to(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -190,3 +190,49 @@ def test_the_oversubscription_probes_add_into_an_output_each_thread_keeps(monkey
     monkeypatch.setattr(corun, "serial_window", lambda duration_s, rounds: 0.0)
     corun.measure_corun(cores=2, duration_s=0.001, rounds=1)
     assert [name for name, intra in calls if intra == 2].count("AddInto") == 2  # the 1 MiB and 16 MiB adds
+
+
+def _figures_reading(monkeypatch: pytest.MonkeyPatch, shares: list[float | None]) -> list[float]:
+    """`measure_corun` faked to read the co-run figures beside other processes using
+    `shares` of the CPU in turn, each reading's mem_slowdown its index."""
+    from schedlab.calibrate import corun
+
+    calls: list[float] = []
+
+    def fake(cores: int, duration_s: float = 0.25, rounds: int = 3) -> corun.CorunFigures:
+        i = len(calls)
+        calls.append(float(i))
+        return corun.CorunFigures(float(i), 1.0, 1.0, measured=True, foreign_cpu_frac=shares[i])
+
+    monkeypatch.setattr(corun, "measure_corun", fake)
+    return calls
+
+
+def test_busy_corun_figures_are_read_again_until_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reading beside 9.2% of foreign CPU had inflated the two-team factors 1.2-1.3x:
+    the figures are read again, and the first quiet reading ends it."""
+    from schedlab.calibrate import corun
+
+    calls = _figures_reading(monkeypatch, [0.092, 0.01, 0.0])
+    figs, readings = corun.measure_corun_quiet(2, tries=3)
+    assert readings == [0.092, 0.01] and len(calls) == 2 and figs.mem_slowdown == 1.0
+
+
+def test_a_machine_that_stays_busy_keeps_the_quietest_corun_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    from schedlab.calibrate import corun
+
+    calls = _figures_reading(monkeypatch, [0.2, 0.05, 0.12])
+    figs, readings = corun.measure_corun_quiet(2, tries=3)
+    assert readings == [0.2, 0.05, 0.12] and len(calls) == 3
+    assert figs.foreign_cpu_frac == 0.05 and figs.mem_slowdown == 1.0
+    with pytest.raises(ValueError, match="tries"):
+        corun.measure_corun_quiet(2, tries=0)
+
+
+def test_a_quiet_or_unreadable_machine_reads_the_corun_figures_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from schedlab.calibrate import corun
+
+    for first in (0.0, None):
+        calls = _figures_reading(monkeypatch, [first, 0.0])
+        figs, readings = corun.measure_corun_quiet(2)
+        assert readings == [first] and len(calls) == 1 and figs.mem_slowdown == 0.0
