@@ -50,7 +50,7 @@ from schedlab.io import atomic_file, read_json, write_json_atomic
 from schedlab.workloads import Workload
 
 CACHE_SCHEMA = "schedlab.graph_cache"
-CACHE_VERSION = 4  # 2: ops record whether they read a strided input (Op.strided); 3: a softmax its row (Op.row_len); 4: a grouped convolution its channels per group (Op.group_channels)
+CACHE_VERSION = 5  # 2: ops record whether they read a strided input (Op.strided); 3: a softmax its row (Op.row_len); 4: a grouped convolution its channels per group (Op.group_channels); 5: a copy of long rows is not strided (capture.reads_strided)
 _LANGUAGE_DIR = Path(__file__).resolve().parent  # schedlab/: capture, graph, optim, workloads
 
 
