@@ -29,7 +29,10 @@ So the model has two measured parts (`schedlab calibrate --cold`; off by default
   extra (`fit_share`). Divided by their class's slope instead, and with compute-bound
   ops in, the share of four quick calibrations came out 0.31 to 0.72; as here, 0.67, 0.67 and 0.81.
   The cold probe (`coverage.COLD_PROBE`) has megabyte tensors so that a quick
-  calibration has such ops.
+  calibration has such ops. It is replayed over more steps after more untimed ones than
+  the other graphs (`run.replay_steps`): its first steps pay the allocator's fresh pages,
+  and timed in them the share of seven quick calibrations read 0.28-1.0 (2026-12-07/08,
+  AMD EPYC VM); past them, three read 0.75, 0.76 and 0.87.
 
 An op's cold extra is share x its class's slope x the MiB it moves (`ColdCosts.extra_us`).
 The Profile adds it to memory-bound ops (`Profile.cold_us`), and calibration takes it off
@@ -267,12 +270,20 @@ def cold_lookup(points: Sequence[ColdPoint]) -> Callable[[str, str, float], floa
     return cold_us
 
 
+def share_points(points: Sequence[ColdPoint], replayed: Iterable[ReplayedOp]) -> list[tuple[str, float, float, float]]:
+    """Each replayed op as the share is fitted on it: (op class, excess over hot in the
+    step, its cold extra (`cold_lookup`), hot time), all in us. Calibration keeps them in
+    the Profile's meta (``cold_share_points``), so that a fit of the share can be tried
+    again on a saved profile."""
+    cold_us = cold_lookup(points)
+    return [(o.op_class, o.excess_us, cold_us(o.signature, o.op_class, o.nbytes), o.hot_us) for o in replayed]
+
+
 def fit_cold(points: Sequence[ColdPoint], replayed: Iterable[ReplayedOp]) -> ColdCosts:
     """The cold costs from the calls timed cold, and the share (`fit_share`) from the
-    replayed ops, each divided by its cold extra (`cold_lookup`)."""
+    replayed ops, each divided by its cold extra (`share_points`)."""
     slopes, pooled = fit_slopes(points)
-    cold_us = cold_lookup(points)
-    share, n = fit_share((o.excess_us, cold_us(o.signature, o.op_class, o.nbytes), o.hot_us) for o in replayed)
+    share, n = fit_share((excess, cold, hot) for _, excess, cold, hot in share_points(points, replayed))
     return ColdCosts(share, slopes, pooled, len(points), n)
 
 

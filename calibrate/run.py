@@ -34,6 +34,7 @@ from schedlab.calibrate.cold import (
     Evictor,
     ReplayedOp,
     fit_cold,
+    share_points,
     tensor_bytes,
     time_cold,
 )
@@ -316,9 +317,30 @@ def _light(case: Case) -> Case:
     return replace(case, args=(), kwargs={})
 
 
+# The cold probe (`coverage.COLD_PROBE`), whose replayed ops the in-step share is fitted on,
+# replays more steps after more untimed ones than the other graphs: its megabyte outputs
+# take fresh pages from the allocator for the first steps. Replayed in a fresh process on
+# the 2-core AMD EPYC VM (2026-12-08, one thread, ten timed steps after one untimed): its
+# 8-12 MiB `pow`, `mul` and `add` took 1,300-1,760 us in the first one or two timed steps
+# and 74-215 us after (a spike of 1,300-1,600 us now and then later). Timed over three
+# steps after one, as the other graphs are, the share of seven quick calibrations of two
+# days read 0.28-1.0, its 14 ops' ratios 0 to 5.8 within one calibration.
+COLD_PROBE_WARMUP = 3
+COLD_PROBE_STEPS = 9
+
+
+def replay_steps(source: str, replay_rounds: int) -> tuple[int, int]:
+    """(timed steps, untimed steps first) a calibration graph named `source` is replayed
+    with: the cold probe's `COLD_PROBE_STEPS` (at least `replay_rounds`) after
+    `COLD_PROBE_WARMUP`, any other graph's `replay_rounds` after one."""
+    if source.startswith(f"coverage:{COLD_PROBE}/"):
+        return max(replay_rounds, COLD_PROBE_STEPS), COLD_PROBE_WARMUP
+    return replay_rounds, 1
+
+
 def _occurrences(
     graph: Graph, input_values: dict[int, Any], machine: Machine, dispatch: DispatchFigures, steps: int,
-    in_turn: InTurnCurve | None = None,
+    in_turn: InTurnCurve | None = None, warmup: int = 1,
 ) -> list[Occurrence]:
     """Every op of `graph` as it runs in a step of the executor (one slot, one thread),
     as a bare call's time (`calibrate.context`); views as "view:<class>".
@@ -329,7 +351,7 @@ def _occurrences(
     from schedlab.exec import run_steps
     from schedlab.plan import Plan
 
-    res = run_steps(graph, input_values, Plan(slots=1, threads=1), machine, steps=steps, warmup=1)
+    res = run_steps(graph, input_values, Plan(slots=1, threads=1), machine, steps=steps, warmup=warmup)
     durs: list[list[float]] = [[] for _ in graph.ops]
     for e in res.trace.events:
         durs[e.op].append(e.dur_ns / 1e3)
@@ -370,7 +392,8 @@ def _benchmark_all(
     with bars.bar(len(counted) + len(specs), f"benchmark ops x {len(threads)} thread counts", "op") as bar:
         for source, c in captured:
             bar.set_postfix_str(source)
-            acc.occurrences += _occurrences(c.graph, c.input_values, machine, dispatch, cfg.replay_rounds, acc.in_turn)
+            steps, warmup = replay_steps(source, cfg.replay_rounds)
+            acc.occurrences += _occurrences(c.graph, c.input_values, machine, dispatch, steps, acc.in_turn, warmup)
             _bench(workload_cases(c.graph, c.input_values, seen, source), threads, cfg, bar.update, acc, cores)
         bar.set_postfix_str("sweep")
         _bench(sweep_cases(specs, seen), threads, cfg, bar.update, acc, cores)
@@ -471,6 +494,9 @@ def run_calibration(
         "points_under_floor": sum(p.call_us < floor for p in points),  # fitted as at it (fit.at_floor)
         "failures": acc.failures,
         "contended_points": acc.contended,
+        # the replayed ops the cold share was fitted on (class, excess, cold extra, hot us): a fit can be tried again offline
+        "cold_share_points": [[c, round(x, 2), round(k, 2), round(h, 2)] for c, x, k, h in share_points(acc.cold, _replayed(acc))]
+        if cold is not None else None,
         # other processes' CPU share during each reading of the co-run figures (`measure_corun_quiet`)
         "corun_foreign_readings": [_round(f) for f in corun_foreign],
         "n_wake_points": len(acc.wake),
@@ -535,16 +561,21 @@ def _hot_us(acc: _Bench) -> dict[str, float]:
     return {c.signature: t for c, k, t in acc.results if k == 1}
 
 
-def _fit_cold(acc: _Bench) -> ColdCosts:
-    """The cold costs (`calibrate.cold`): slopes from the calls timed cold, the in-step share
-    from the replayed ops that ran in a step after their target's first use."""
+def _replayed(acc: _Bench) -> list[ReplayedOp]:
+    """The replayed ops the in-step share is fitted on: those that ran in a step after their
+    target's first use, not compute-bound (a view moves no bytes)."""
     hot = _hot_us(acc)
-    replayed = [  # the ops the share is charged to; a view moves no bytes
+    return [
         ReplayedOp(o.signature, o.op_class, o.nbytes, o.in_seq_us - hot[o.signature], hot[o.signature])
         for o in acc.occurrences
         if o.signature in hot and not o.first_use and o.op_class not in COMPUTE_CLASSES
     ]
-    return fit_cold(acc.cold, replayed)
+
+
+def _fit_cold(acc: _Bench) -> ColdCosts:
+    """The cold costs (`calibrate.cold`): slopes from the calls timed cold, the in-step share
+    from the replayed ops (`_replayed`)."""
+    return fit_cold(acc.cold, _replayed(acc))
 
 
 def _in_step(

@@ -20,6 +20,7 @@ from schedlab.calibrate.cold import (
     fit_cold,
     fit_share,
     fit_slopes,
+    share_points,
     time_cold,
 )
 from schedlab.calibrate.context import Occurrence, fit_context
@@ -74,6 +75,10 @@ def test_fit_cold_divides_each_replayed_op_by_its_own_cold_extra_else_its_class_
     assert costs.share == pytest.approx(0.7) and costs.n_share_ops == 3 and costs.n_points == 2
     assert costs.extra_us("relu", 8 * M, 1) == pytest.approx(140.0)
     assert costs.extra_us("relu", 8 * M, 2) == pytest.approx(0.7 * 15.0 * 8)
+    kept = share_points(points, replayed)  # what calibration keeps in meta.cold_share_points
+    assert kept == [("relu", 70.0, pytest.approx(100.0), 100.0), ("relu", 140.0, pytest.approx(200.0), 200.0),
+                    ("relu", 150.0, pytest.approx(200.0), 200.0)]
+    assert fit_share((x, k, h) for _, x, k, h in kept) == (costs.share, costs.n_share_ops)
 
 
 def costs() -> ColdCosts:

@@ -242,3 +242,14 @@ def test_with_trace_of_a_real_executor_step(tiny_profile: tuple[Profile, Path]) 
             assert bound.kernel_us(op, 1) == traced.kernel_us(op, 1)
         checked += 1
     assert checked >= 3
+
+
+def test_the_cold_probe_is_replayed_past_its_first_steps_fresh_pages() -> None:
+    """The probe's 8-12 MiB outputs took 1,300-1,760 us in the first timed steps after one
+    untimed step and 74-215 us after: the share it is fitted on skips them."""
+    from schedlab.calibrate.coverage import COLD_PROBE
+
+    assert run_mod.replay_steps(f"coverage:{COLD_PROBE}/square/sgd", 3) == (run_mod.COLD_PROBE_STEPS, run_mod.COLD_PROBE_WARMUP)
+    assert run_mod.replay_steps(f"coverage:{COLD_PROBE}/square/sgd", 20) == (20, run_mod.COLD_PROBE_WARMUP)
+    assert run_mod.replay_steps("coverage:convs/square/sgd", 3) == (3, 1) == run_mod.replay_steps("mlp/tiny/sgd", 3)
+    assert run_mod.COLD_PROBE_WARMUP > 1 and run_mod.COLD_PROBE_STEPS > 3
