@@ -32,7 +32,7 @@ So the model has two measured parts (`schedlab calibrate --cold`; off by default
   calibration has such ops. It is replayed over more steps after more untimed ones than
   the other graphs (`run.replay_steps`): its first steps pay the allocator's fresh pages,
   and timed in them the share of seven quick calibrations read 0.28-1.0 (2026-12-07/08,
-  AMD EPYC VM); past them, three read 0.75, 0.76 and 0.87.
+  AMD EPYC VM); past them, five read 0.53-0.87 (0.53, 0.73, 0.75, 0.76, 0.87).
 
 An op's cold extra is share x its class's slope x the MiB it moves (`ColdCosts.extra_us`).
 The Profile adds it to memory-bound ops (`Profile.cold_us`), and calibration takes it off
@@ -282,8 +282,13 @@ def share_points(points: Sequence[ColdPoint], replayed: Iterable[ReplayedOp]) ->
 def fit_cold(points: Sequence[ColdPoint], replayed: Iterable[ReplayedOp]) -> ColdCosts:
     """The cold costs from the calls timed cold, and the share (`fit_share`) from the
     replayed ops, each divided by its cold extra (`share_points`)."""
+    return cold_from(points, share_points(points, replayed))
+
+
+def cold_from(points: Sequence[ColdPoint], kept: Sequence[tuple[str, float, float, float]]) -> ColdCosts:
+    """`fit_cold` from the replayed ops' `share_points` already computed (`kept`)."""
     slopes, pooled = fit_slopes(points)
-    share, n = fit_share((excess, cold, hot) for _, excess, cold, hot in share_points(points, replayed))
+    share, n = fit_share((excess, cold, hot) for _, excess, cold, hot in kept)
     return ColdCosts(share, slopes, pooled, len(points), n)
 
 

@@ -33,7 +33,7 @@ from schedlab.calibrate.cold import (
     ColdPoint,
     Evictor,
     ReplayedOp,
-    fit_cold,
+    cold_from,
     share_points,
     tensor_bytes,
     time_cold,
@@ -324,7 +324,7 @@ def _light(case: Case) -> Case:
 # 8-12 MiB `pow`, `mul` and `add` took 1,300-1,760 us in the first one or two timed steps
 # and 74-215 us after (a spike of 1,300-1,600 us now and then later). Timed over three
 # steps after one, as the other graphs are, the share of seven quick calibrations of two
-# days read 0.28-1.0, its 14 ops' ratios 0 to 5.8 within one calibration.
+# days read 0.28-1.0, its 14 ops' ratios -0.01 to 5.81 within one calibration.
 COLD_PROBE_WARMUP = 3
 COLD_PROBE_STEPS = 9
 
@@ -462,7 +462,7 @@ def run_calibration(
     if not acc.results:
         raise SchedlabError("calibration measured no ops; nothing to fit" + "".join(f"\n  {f}" for f in acc.failures))
     floor = dispatch.call_floor_us
-    cold = _fit_cold(acc) if acc.evict is not None else None
+    cold, cold_kept = _fit_cold(acc) if acc.evict is not None else (None, None)
     acc.evict = None  # frees the eviction buffer
     context, in_step = _in_step(acc, roofline, cold)
     context = replace(context, in_turn=acc.in_turn)
@@ -494,9 +494,10 @@ def run_calibration(
         "points_under_floor": sum(p.call_us < floor for p in points),  # fitted as at it (fit.at_floor)
         "failures": acc.failures,
         "contended_points": acc.contended,
-        # the replayed ops the cold share was fitted on (class, excess, cold extra, hot us): a fit can be tried again offline
-        "cold_share_points": [[c, round(x, 2), round(k, 2), round(h, 2)] for c, x, k, h in share_points(acc.cold, _replayed(acc))]
-        if cold is not None else None,
+        # the replayed ops with a cold extra, which the cold share is fitted on (class, excess, cold extra, hot us;
+        # `fit_share` keeps those whose extra is large enough): a fit can be tried again offline
+        "cold_share_points": None if cold_kept is None else [[c, round(x, 2), round(k, 2), round(h, 2)]
+                                                             for c, x, k, h in cold_kept if k > 0],
         # other processes' CPU share during each reading of the co-run figures (`measure_corun_quiet`)
         "corun_foreign_readings": [_round(f) for f in corun_foreign],
         "n_wake_points": len(acc.wake),
@@ -572,10 +573,12 @@ def _replayed(acc: _Bench) -> list[ReplayedOp]:
     ]
 
 
-def _fit_cold(acc: _Bench) -> ColdCosts:
+def _fit_cold(acc: _Bench) -> tuple[ColdCosts, list[tuple[str, float, float, float]]]:
     """The cold costs (`calibrate.cold`): slopes from the calls timed cold, the in-step share
-    from the replayed ops (`_replayed`)."""
-    return fit_cold(acc.cold, _replayed(acc))
+    from the replayed ops (`_replayed`); and those ops as the share was fitted on them
+    (`cold.share_points`), which the Profile's meta keeps."""
+    kept = share_points(acc.cold, _replayed(acc))
+    return cold_from(acc.cold, kept), kept
 
 
 def _in_step(
